@@ -1,0 +1,55 @@
+# The two commands of the README, and the steps they are made of. Every target installs what it needs
+# (the virtual environment, the Go-built binaries, the simulated GPU libraries), so a fresh clone
+# needs nothing but `make test` or `make demo`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+VENV_STAMP := $(VENV)/.installed
+PY := $(VENV)/bin/python
+PYTHON_SOURCES := tessera tests demo
+
+.PHONY: help test demo venv binaries simgpu lint unit integration clean
+
+help:
+	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
+	@echo "make demo   set everything up and run the demo"
+	@echo "make binaries | simgpu | venv | lint | unit | integration | clean"
+
+# Reinstall when the dependency list changes; pip does nothing for what is already there.
+$(VENV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV_STAMP)
+
+# Control-plane, node and Helm binaries from the Go module proxy, cached under ~/.cache/tessera.
+binaries:
+	bash testbed/build-binaries.sh
+
+simgpu:
+	$(MAKE) -C simgpu
+
+lint: venv
+	$(VENV)/bin/ruff check $(PYTHON_SOURCES)
+	$(VENV)/bin/ruff format --check $(PYTHON_SOURCES)
+	$(VENV)/bin/mypy $(PYTHON_SOURCES)
+
+unit: venv simgpu
+	$(PY) -m pytest -m "not integration"
+
+integration: venv binaries
+	$(PY) -m pytest -m integration
+
+# pytest exits 5 when it collected no test; make treats that, like any non-zero status, as failure.
+test: venv binaries simgpu lint
+	$(PY) -m pytest
+
+demo: venv binaries simgpu
+	$(PY) -m demo
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Builds the third-party programs the test bed runs (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kubelet, etcd, helm; containerd, ctr, runc, crictl and CNI plugins for real
+# nodes) from the Go module proxy, at the versions pinned in versions.env, into a cache outside the repository keyed by version:
+#     ${TESSERA_CACHE:-~/.cache/tessera}/bin/<component>-<version>/<binary>
+# A component whose binaries are all present is not rebuilt. Each component is built in a scratch
+# folder and moved into place only when every binary exists, so an interrupted build never leaves a
+# half-filled cache entry behind.
+#
+# Usage: build-binaries.sh [kubernetes] [etcd] [helm] [containerd] [runc] [cri-tools] [cni-plugins]
+#        (default: all)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache=${TESSERA_CACHE:-$HOME/.cache/tessera}
+bin_root=$cache/bin
+src_root=$cache/src
+mkdir -p "$bin_root" "$src_root"
+
+# Static binaries, no VCS stamping (the wrapper module has no repository), toolchain as installed.
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+
+log() { printf '[build-binaries %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# complete DIR BIN... : true when DIR holds every named executable.
+complete() {
+  local dir=$1; shift
+  local b
+  for b in "$@"; do [[ -x $dir/$b ]] || return 1; done
+}
+
+# install_dir NAME-VERSION SCRATCH : atomically publish a finished scratch folder.
+publish() {
+  local final=$bin_root/$1 scratch=$2
+  rm -rf "$final"
+  mv "$scratch" "$final"
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION
+  local staging=v0.${v#v1.}
+  local minor=${v#v1.}; minor=${minor%%.*}
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+  local dest=$bin_root/kubernetes-$v
+  if complete "$dest" "${bins[@]}"; then log "kubernetes $v: cached in $dest"; return; fi
+
+  # k8s.io/kubernetes points its staging modules at ./staging with replace lines, which Go refuses
+  # for `go install pkg@version`. A private wrapper module that requires it and replaces every
+  # staging module by its published v0.x.y twin builds the same code.
+  local mod=$src_root/kubernetes-$v
+  mkdir -p "$mod"
+  local staging_modules=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go
+    cloud-provider cluster-bootstrap code-generator component-base component-helpers
+    controller-manager cri-api cri-client cri-streaming csi-translation-lib
+    dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
+    kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils
+    pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
+  {
+    echo "module tessera.local/kubernetes-binaries"
+    echo
+    echo "go 1.26.0"
+    echo
+    echo "require k8s.io/kubernetes $v"
+    echo
+    echo "replace ("
+    local m
+    for m in "${staging_modules[@]}"; do echo "	k8s.io/$m => k8s.io/$m $staging"; done
+    echo ")"
+  } > "$mod/go.mod"
+
+  # Stamp the real version: without it /version says v0.0.0-master and Helm's kubeVersion checks fail.
+  local pkg=k8s.io/component-base/version
+  local ldflags="-s -w -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.kubernetes-$v.XXXXXX")
+  log "kubernetes $v: building ${bins[*]} (cold: tens of minutes on 2 cores)"
+  local targets=()
+  local b
+  for b in "${bins[@]}"; do targets+=("k8s.io/kubernetes/cmd/$b"); done
+  (cd "$mod" && go build -mod=mod -trimpath -ldflags "$ldflags" -o "$scratch/" "${targets[@]}")
+  complete "$scratch" "${bins[@]}"
+  publish "kubernetes-$v" "$scratch"
+  log "kubernetes $v: done"
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION
+  local dest=$bin_root/etcd-$v
+  if complete "$dest" etcd; then log "etcd $v: cached in $dest"; return; fi
+  # etcd's server module has relative replace lines too; its published siblings are real versions,
+  # so a wrapper that only requires it needs no replace lines.
+  local mod=$src_root/etcd-$v
+  mkdir -p "$mod"
+  printf 'module tessera.local/etcd-binary\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$v" > "$mod/go.mod"
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.etcd-$v.XXXXXX")
+  log "etcd $v: building"
+  (cd "$mod" && go build -mod=mod -trimpath -ldflags "-s -w" -o "$scratch/etcd" go.etcd.io/etcd/server/v3)
+  publish "etcd-$v" "$scratch"
+  log "etcd $v: done"
+}
+
+build_helm() {
+  local v=$HELM_VERSION
+  local dest=$bin_root/helm-$v
+  if complete "$dest" helm; then log "helm $v: cached in $dest"; return; fi
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.helm-$v.XXXXXX")
+  log "helm $v: building"
+  GOBIN=$scratch go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" "helm.sh/helm/v3/cmd/helm@$v"
+  publish "helm-$v" "$scratch"
+  log "helm $v: done"
+}
+
+build_containerd() {
+  local v=$CONTAINERD_VERSION
+  local bins=(containerd containerd-shim-runc-v2 ctr)
+  local dest=$bin_root/containerd-$v
+  if complete "$dest" "${bins[@]}"; then log "containerd $v: cached in $dest"; return; fi
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.containerd-$v.XXXXXX")
+  log "containerd $v: building ${bins[*]}"
+  # No cgo: the btrfs snapshotter (the only cgo part) drops out by its build constraint; the node
+  # uses overlayfs. The version stamp is what `containerd --version` and the CRI Version call report.
+  local targets=()
+  local b
+  for b in "${bins[@]}"; do targets+=("github.com/containerd/containerd/v2/cmd/$b@$v"); done
+  GOBIN=$scratch go install -trimpath \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$v" "${targets[@]}"
+  complete "$scratch" "${bins[@]}"
+  publish "containerd-$v" "$scratch"
+  log "containerd $v: done"
+}
+
+build_runc() {
+  local v=$RUNC_VERSION
+  local dest=$bin_root/runc-$v
+  if complete "$dest" runc; then log "runc $v: cached in $dest"; return; fi
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.runc-$v.XXXXXX")
+  log "runc $v: building (cgo, needs gcc)"
+  # runc's nsenter is C, so cgo is required. Leaving out the `seccomp` tag avoids libseccomp: the
+  # kubelet asks for seccomp only for pods that request it (seccompDefault is off), and none here do.
+  CGO_ENABLED=1 GOBIN=$scratch go install -trimpath -tags urfave_cli_no_docs \
+    -ldflags "-s -w -X main.version=${v#v}" "github.com/opencontainers/runc@$v"
+  publish "runc-$v" "$scratch"
+  log "runc $v: done"
+}
+
+build_cri_tools() {
+  local v=$CRI_TOOLS_VERSION
+  local dest=$bin_root/cri-tools-$v
+  if complete "$dest" crictl; then log "cri-tools $v: cached in $dest"; return; fi
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.cri-tools-$v.XXXXXX")
+  log "cri-tools $v: building crictl"
+  GOBIN=$scratch go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" "sigs.k8s.io/cri-tools/cmd/crictl@$v"
+  publish "cri-tools-$v" "$scratch"
+  log "cri-tools $v: done"
+}
+
+build_cni_plugins() {
+  local v=$CNI_PLUGINS_VERSION
+  local bins=(bridge host-local)
+  local dest=$bin_root/cni-plugins-$v
+  if complete "$dest" "${bins[@]}"; then log "cni-plugins $v: cached in $dest"; return; fi
+  local scratch
+  scratch=$(mktemp -d "$bin_root/.cni-plugins-$v.XXXXXX")
+  log "cni-plugins $v: building ${bins[*]}"
+  local p=github.com/containernetworking/plugins/plugins
+  GOBIN=$scratch go install -trimpath -ldflags "-s -w" \
+    "$p/main/bridge@$v" "$p/ipam/host-local@$v"
+  complete "$scratch" "${bins[@]}"
+  publish "cni-plugins-$v" "$scratch"
+  log "cni-plugins $v: done"
+}
+
+components=("$@")
+[[ ${#components[@]} -gt 0 ]] || components=(etcd helm kubernetes containerd runc cri-tools cni-plugins)
+for c in "${components[@]}"; do
+  case $c in
+    kubernetes) build_kubernetes ;;
+    etcd) build_etcd ;;
+    helm) build_helm ;;
+    containerd) build_containerd ;;
+    runc) build_runc ;;
+    cri-tools) build_cri_tools ;;
+    cni-plugins) build_cni_plugins ;;
+    *)
+      echo "build-binaries.sh: unknown component '$c'" \
+        "(known: kubernetes etcd helm containerd runc cri-tools cni-plugins)" >&2
+      exit 2 ;;
+  esac
+done

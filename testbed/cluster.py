@@ -1,0 +1,331 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, built from the Go module proxy (build-binaries.sh) and run from a temporary folder.
+
+Ports are picked free at start, so two clusters on one machine do not collide; all state (certs,
+etcd data, kubeconfig, logs) lives in one folder that stop() removes. DRA and its consumable-capacity
+feature are on by default from Kubernetes 1.36, so no feature gates are set; tests check they are on.
+
+Run it by hand with `tessera-cluster up` (prints the kubeconfig path; Ctrl-C stops and cleans up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import shutil
+import signal
+import ssl
+import sys
+import tempfile
+import threading
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from tessera.testbed.binaries import binary, ensure_built
+from tessera.testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
+from tessera.testbed.process import ManagedProcess, free_port
+
+log = logging.getLogger(__name__)
+
+SERVICE_CIDR = "10.0.0.0/24"
+_START_TIMEOUT = 120.0
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) -> Path:
+    """A kubeconfig with file references (not embedded data), readable by kubectl and client-go."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: tessera
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: {user}
+  user:
+    client-certificate: {client.cert}
+    client-key: {client.key}
+contexts:
+- name: tessera
+  context: {{cluster: tessera, user: {user}}}
+current-context: tessera
+"""
+    )
+    path.chmod(0o600)
+    return path
+
+
+class LocalCluster:
+    """The control plane of one test cluster. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, state_dir: Path | None = None, keep_state: bool = False) -> None:
+        self._owns_state_dir = state_dir is None
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
+        self.keep_state = keep_state
+        self.log_dir = self.state_dir / "logs"
+        self.pki_dir = self.state_dir / "pki"
+        self.processes: list[ManagedProcess] = []
+        self.api_port = 0
+        self.controller_manager_port = 0
+        self.scheduler_port = 0
+        self.ca: CertificateAuthority | None = None
+        self.admin_kubeconfig = self.state_dir / "admin.kubeconfig"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def start(self) -> None:
+        """Start etcd, the API server, the controller manager and the scheduler; wait until each is
+        healthy. On any failure, stop what was started before raising."""
+        ensure_built("etcd", "kubernetes")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controller_manager()
+            self._start_scheduler()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("cluster up at %s (state in %s)", self.server, self.state_dir)
+
+    def stop(self) -> None:
+        """Stop every component (newest first) and remove the state folder unless asked to keep it."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        if self._owns_state_dir and not self.keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def log_tails(self, lines: int = 40) -> dict[str, str]:
+        """The last lines of each component's log, for a failing test's report."""
+        return {p.name: p.log_tail(lines) for p in self.processes}
+
+    # -- components ------------------------------------------------------------------------
+
+    def _write_pki(self) -> None:
+        self.ca = CertificateAuthority(self.pki_dir)
+        self._serving = self.ca.issue(
+            "apiserver",
+            common_name="kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ip_addresses=("127.0.0.1", "10.0.0.1"),
+            server=True,
+        )
+        self._admin = self.ca.issue(
+            "admin", common_name="tessera-admin", organizations=("system:masters",), client=True
+        )
+        self._service_account = write_service_account_keys(self.pki_dir)
+
+    def _start_etcd(self) -> None:
+        client_port, peer_port = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        etcd = self._spawn(
+            "etcd",
+            binary("etcd"),
+            "--data-dir",
+            self.state_dir / "etcd",
+            "--listen-client-urls",
+            self.etcd_url,
+            "--advertise-client-urls",
+            self.etcd_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"default={peer_url}",
+            # Tests write little and care about speed, not durability across power loss.
+            "--unsafe-no-fsync",
+        )
+        etcd.wait_until(lambda: _http_ok(f"{self.etcd_url}/health"), _START_TIMEOUT, "healthy etcd")
+
+    def _start_apiserver(self) -> None:
+        assert self.ca is not None
+        self.api_port = free_port()
+        apiserver = self._spawn(
+            "kube-apiserver",
+            binary("kube-apiserver"),
+            "--etcd-servers",
+            self.etcd_url,
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(self.api_port),
+            "--tls-cert-file",
+            self._serving.cert,
+            "--tls-private-key-file",
+            self._serving.key,
+            "--client-ca-file",
+            self.ca.pair.cert,
+            # Lets the API server reach kubelets (logs, exec) as a cluster admin.
+            "--kubelet-client-certificate",
+            self._admin.cert,
+            "--kubelet-client-key",
+            self._admin.key,
+            "--service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file",
+            self._service_account.cert,
+            "--service-account-signing-key-file",
+            self._service_account.key,
+            "--service-cluster-ip-range",
+            SERVICE_CIDR,
+            "--authorization-mode",
+            "Node,RBAC",
+            "--allow-privileged=true",
+            # No kube-proxy or Service network on loopback: do not publish apiserver endpoints.
+            "--endpoint-reconciler-type",
+            "none",
+        )
+        write_kubeconfig(self.admin_kubeconfig, self.server, self.ca.pair.cert, self._admin, "admin")
+        apiserver.wait_until(lambda: self._apiserver_ok("/readyz"), _START_TIMEOUT, "ready API server")
+
+    def _start_controller_manager(self) -> None:
+        assert self.ca is not None
+        port = free_port()
+        kcm = self._spawn(
+            "kube-controller-manager",
+            binary("kube-controller-manager"),
+            *self._secure_component_flags(port),
+            "--service-account-private-key-file",
+            self._service_account.key,
+            "--root-ca-file",
+            self.ca.pair.cert,
+            "--use-service-account-credentials=false",
+            # Node objects of the tests have no kubelet behind them; the node-lifecycle controller
+            # would taint them not-ready and evict their pods.
+            "--controllers",
+            "*,-node-lifecycle-controller",
+        )
+        kcm.wait_until(lambda: _https_ok(port, "/healthz"), _START_TIMEOUT, "healthy controller manager")
+        self.controller_manager_port = port
+
+    def _start_scheduler(self) -> None:
+        port = free_port()
+        scheduler = self._spawn(
+            "kube-scheduler", binary("kube-scheduler"), *self._secure_component_flags(port)
+        )
+        scheduler.wait_until(lambda: _https_ok(port, "/healthz"), _START_TIMEOUT, "healthy scheduler")
+        self.scheduler_port = port
+
+    def _secure_component_flags(self, port: int) -> list[str | Path]:
+        """Flags shared by the controller manager and the scheduler: admin credentials, loopback
+        only, no leader election (one replica), and a free secure port for /healthz and /metrics."""
+        kubeconfig = self.admin_kubeconfig
+        return [
+            "--kubeconfig",
+            kubeconfig,
+            "--authentication-kubeconfig",
+            kubeconfig,
+            "--authorization-kubeconfig",
+            kubeconfig,
+            "--leader-elect=false",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(port),
+        ]
+
+    def _spawn(self, name: str, *argv: str | Path) -> ManagedProcess:
+        process = ManagedProcess(name, list(argv), self.log_dir)
+        self.processes.append(process)
+        return process
+
+    # -- probes ----------------------------------------------------------------------------
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS context that trusts the cluster CA and presents the admin client certificate."""
+        assert self.ca is not None
+        context = ssl.create_default_context(cafile=str(self.ca.pair.cert))
+        context.load_cert_chain(str(self._admin.cert), str(self._admin.key))
+        return context
+
+    def _apiserver_ok(self, path: str) -> bool:
+        with urllib.request.urlopen(f"{self.server}{path}", context=self.admin_ssl_context(), timeout=5) as r:
+            return bool(r.status == 200)
+
+    def component_metrics(self, component: str) -> str:
+        """The Prometheus text of a control-plane component's /metrics, read as the admin."""
+        if component == "kube-apiserver":
+            url = f"{self.server}/metrics"
+            context = self.admin_ssl_context()
+        else:
+            port = self.scheduler_port if component == "kube-scheduler" else self.controller_manager_port
+            url = f"https://127.0.0.1:{port}/metrics"
+            # Those components serve a self-signed certificate; trust is not what is tested here.
+            context = self.admin_ssl_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen(url, context=context, timeout=10) as r:
+            return str(r.read().decode())
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return bool(r.status == 200)
+
+
+def _https_ok(port: int, path: str) -> bool:
+    """Health of a component serving a self-signed certificate; /healthz needs no credentials."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as r:
+        return bool(r.status == 200)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera-cluster",
+        description="Run a local Kubernetes control plane on loopback until interrupted.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the control plane and keep it running until SIGINT/SIGTERM")
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        help="folder for certs, etcd data, kubeconfig and logs "
+        "(default: a new temporary folder, removed at exit)",
+    )
+    sub.add_parser("build", help="build the pinned binaries into the cache (no-op when cached)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    if args.command == "build":
+        ensure_built()
+        return 0
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    if args.state_dir:
+        args.state_dir.mkdir(parents=True, exist_ok=True)
+    with LocalCluster(args.state_dir) as cluster:
+        print(f"export KUBECONFIG={cluster.admin_kubeconfig}", flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

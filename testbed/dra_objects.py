@@ -1,0 +1,109 @@
+"""Hand-written DRA objects for one shareable simulated GPU, as Tessera's driver will publish them.
+
+The control-plane smoke tests and the demo both use these, so what the demo shows is exactly what
+the tests prove. They are written in the resource.k8s.io/v1 JSON shape, as a user would write YAML,
+and returned as the client's typed models.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+DRIVER = "gpu.tessera.dev"
+
+
+def device_class(name: str) -> client.V1DeviceClass:
+    """A DeviceClass selecting every device of Tessera's driver."""
+    return client.V1DeviceClass.model_validate(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        }
+    )
+
+
+def shareable_gpu_slice(
+    name: str, node: str, memory: str = "80Gi", cores: int = 100
+) -> client.V1ResourceSlice:
+    """A ResourceSlice with one GPU on `node` whose memory (1Mi steps) and cores (steps of 1) are
+    consumable capacity, so several claims can each take a share of it."""
+    return client.V1ResourceSlice.model_validate(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {
+                        "name": "gpu-0",
+                        "allowMultipleAllocations": True,
+                        "attributes": {"uuid": {"string": "GPU-00000000-0000-0000-0000-000000000000"}},
+                        "capacity": {
+                            "memory": {
+                                "value": memory,
+                                "requestPolicy": {
+                                    "default": "1Mi",
+                                    "validRange": {"min": "1Mi", "step": "1Mi"},
+                                },
+                            },
+                            "cores": {
+                                "value": str(cores),
+                                "requestPolicy": {
+                                    "default": "1",
+                                    "validRange": {"min": "1", "max": str(cores), "step": "1"},
+                                },
+                            },
+                        },
+                    }
+                ],
+            },
+        }
+    )
+
+
+def share_claim_template(
+    name: str, device_class_name: str, capacity: dict[str, str]
+) -> client.V1ResourceClaimTemplate:
+    """A ResourceClaimTemplate with one request named `gpu` for the given capacity."""
+    return client.V1ResourceClaimTemplate.model_validate(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": device_class_name,
+                                    "capacity": {"requests": capacity},
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    )
+
+
+def pod_with_claim(name: str, template: str, image: str = "tessera.local/none") -> client.V1Pod:
+    """A pod whose one container uses the claim made from `template`."""
+    return client.V1Pod.model_validate(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [{"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        }
+    )

@@ -1,0 +1,47 @@
+"""Node objects with no kubelet behind them, for control-plane tests.
+
+The scheduler places pods only on Ready nodes with allocatable resources; with the node-lifecycle
+controller off (see cluster.py) such a node stays Ready for the life of the test. Pods bound to it
+are never started: tests of scheduling and allocation need nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kubernetes import client
+
+DEFAULT_ALLOCATABLE = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+
+
+def create_ready_node(
+    api: client.ApiClient,
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    allocatable: Mapping[str, str] | None = None,
+) -> client.V1Node:
+    """Create a Node and mark its status Ready with the given allocatable resources."""
+    core = client.CoreV1Api(api)
+    resources = dict(allocatable or DEFAULT_ALLOCATABLE)
+    node = core.create_node(
+        client.V1Node(
+            metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **(labels or {})})
+        )
+    )
+    # status is a subresource: the create above drops it, so it is written separately.
+    status = {
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "FakeNodeReady",
+                    "message": "fake node of the Tessera test bed: no kubelet runs behind it",
+                }
+            ],
+        }
+    }
+    core.patch_node_status(name, status)
+    return node

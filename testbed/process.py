@@ -1,0 +1,111 @@
+"""Child processes of the test bed: started with their output in a log file, stopped for sure.
+
+Every daemon the test bed starts (etcd, the control plane, later kubelets and containerd) goes
+through here, so they all share one policy: output goes to <log dir>/<name>.log, the child is killed
+if the test process dies (PR_SET_PDEATHSIG), and stop() escalates from SIGTERM to SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tessera.testbed.polling import Fatal, poll_until
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: take SIGKILL when the parent dies, so nothing is orphaned."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ManagedProcess:
+    """One long-running child process and its log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str | os.PathLike[str]],
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = [os.fspath(a) for a in argv]
+        self.log_path = log_dir / f"{name}.log"
+        self._log_file = self.log_path.open("ab")
+        log.info("starting %s: %s", name, " ".join(self.argv))
+        self._popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def running(self) -> bool:
+        return self._popen.poll() is None
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ready() until it is true; fail early, with the log tail, if the process exits."""
+
+        def check() -> bool:
+            if not self.running():
+                raise Fatal(
+                    f"{self.name} exited with status {self._popen.returncode} before {what}:\n"
+                    + self.log_tail()
+                )
+            return ready()
+
+        try:
+            poll_until(check, timeout, f"{self.name}: {what}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n{self.log_tail()}") from error.__cause__
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL whatever is left after `grace` seconds."""
+        if self.running():
+            log.info("stopping %s (pid %d)", self.name, self.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._popen.pid, signal.SIGTERM)
+            try:
+                self._popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0fs; killing it", self.name, grace)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._popen.pid, signal.SIGKILL)
+                self._popen.wait()
+        self._log_file.close()

@@ -1,0 +1,70 @@
+"""Fixtures shared by every test tier: the local control plane, API clients and namespaces.
+
+The cluster is session-scoped (starting it costs seconds; sharing it costs nothing because every test
+works in its own namespace and names its cluster-scoped objects uniquely). When a test that used the
+cluster fails, the tail of each component's log is attached to its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+
+import pytest
+from kubernetes import client
+
+from tessera.kube import api_client
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.fake_nodes import create_ready_node
+from tessera.testbed.names import unique_name
+from tessera.testbed.polling import poll_until
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> client.ApiClient:
+    return api_client(cluster.admin_kubeconfig)
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards."""
+    core = client.CoreV1Api(kube)
+    name = unique_name("test")
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    poll_until(lambda: core.read_namespaced_service_account("default", name), 30, "default ServiceAccount")
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def fake_node(kube: client.ApiClient) -> Iterator[Callable[..., str]]:
+    """Factory for Ready Node objects without a kubelet; every node made is deleted afterwards."""
+    made: list[str] = []
+
+    def make(labels: dict[str, str] | None = None) -> str:
+        name = unique_name("node")
+        create_ready_node(kube, name, labels)
+        made.append(name)
+        return name
+
+    yield make
+    core = client.CoreV1Api(kube)
+    for name in made:
+        core.delete_node(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    running = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(running, LocalCluster):
+        for component, tail in running.log_tails().items():
+            report.sections.append((f"{component} log (last lines)", tail))
+    return report
