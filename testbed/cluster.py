@@ -131,6 +131,7 @@ class LocalCluster:
         self._admin = self.ca.issue(
             "admin", common_name="tessera-admin", organizations=("system:masters",), client=True
         )
+        self._front_proxy = self.ca.issue("front-proxy-client", common_name="front-proxy-client", client=True)
         self._service_account = write_service_account_keys(self.pki_dir)
 
     def _start_etcd(self) -> None:
@@ -140,18 +141,12 @@ class LocalCluster:
         etcd = self._spawn(
             "etcd",
             binary("etcd"),
-            "--data-dir",
-            self.state_dir / "etcd",
-            "--listen-client-urls",
-            self.etcd_url,
-            "--advertise-client-urls",
-            self.etcd_url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"default={peer_url}",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
             # Tests write little and care about speed, not durability across power loss.
             "--unsafe-no-fsync",
         )
@@ -163,39 +158,37 @@ class LocalCluster:
         apiserver = self._spawn(
             "kube-apiserver",
             binary("kube-apiserver"),
-            "--etcd-servers",
-            self.etcd_url,
-            "--bind-address",
-            "127.0.0.1",
-            "--advertise-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(self.api_port),
-            "--tls-cert-file",
-            self._serving.cert,
-            "--tls-private-key-file",
-            self._serving.key,
-            "--client-ca-file",
-            self.ca.pair.cert,
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.api_port}",
+            f"--tls-cert-file={self._serving.cert}",
+            f"--tls-private-key-file={self._serving.key}",
+            f"--client-ca-file={self.ca.pair.cert}",
+            # Front-proxy (request-header) authentication: the scheduler and controller manager read
+            # this CA from kube-system/extension-apiserver-authentication for their own secure ports
+            # and log an error every few seconds without it; aggregated API servers need it too.
+            f"--requestheader-client-ca-file={self.ca.pair.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self._front_proxy.cert}",
+            f"--proxy-client-key-file={self._front_proxy.key}",
             # Lets the API server reach kubelets (logs, exec) as a cluster admin.
-            "--kubelet-client-certificate",
-            self._admin.cert,
-            "--kubelet-client-key",
-            self._admin.key,
-            "--service-account-issuer",
-            "https://kubernetes.default.svc.cluster.local",
-            "--service-account-key-file",
-            self._service_account.cert,
-            "--service-account-signing-key-file",
-            self._service_account.key,
-            "--service-cluster-ip-range",
-            SERVICE_CIDR,
-            "--authorization-mode",
-            "Node,RBAC",
+            f"--kubelet-client-certificate={self._admin.cert}",
+            f"--kubelet-client-key={self._admin.key}",
+            # Reach kubelets at their InternalIP: the default order prefers the Hostname address, and
+            # the names of the test bed's nodes resolve nowhere.
+            "--kubelet-preferred-address-types=InternalIP",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self._service_account.cert}",
+            f"--service-account-signing-key-file={self._service_account.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             # No kube-proxy or Service network on loopback: do not publish apiserver endpoints.
-            "--endpoint-reconciler-type",
-            "none",
+            "--endpoint-reconciler-type=none",
         )
         write_kubeconfig(self.admin_kubeconfig, self.server, self.ca.pair.cert, self._admin, "admin")
         apiserver.wait_until(lambda: self._apiserver_ok("/readyz"), _START_TIMEOUT, "ready API server")
@@ -207,15 +200,12 @@ class LocalCluster:
             "kube-controller-manager",
             binary("kube-controller-manager"),
             *self._secure_component_flags(port),
-            "--service-account-private-key-file",
-            self._service_account.key,
-            "--root-ca-file",
-            self.ca.pair.cert,
+            f"--service-account-private-key-file={self._service_account.key}",
+            f"--root-ca-file={self.ca.pair.cert}",
             "--use-service-account-credentials=false",
             # Node objects of the tests have no kubelet behind them; the node-lifecycle controller
             # would taint them not-ready and evict their pods.
-            "--controllers",
-            "*,-node-lifecycle-controller",
+            "--controllers=*,-node-lifecycle-controller",
         )
         kcm.wait_until(lambda: _https_ok(port, "/healthz"), _START_TIMEOUT, "healthy controller manager")
         self.controller_manager_port = port
@@ -228,22 +218,17 @@ class LocalCluster:
         scheduler.wait_until(lambda: _https_ok(port, "/healthz"), _START_TIMEOUT, "healthy scheduler")
         self.scheduler_port = port
 
-    def _secure_component_flags(self, port: int) -> list[str | Path]:
+    def _secure_component_flags(self, port: int) -> list[str]:
         """Flags shared by the controller manager and the scheduler: admin credentials, loopback
         only, no leader election (one replica), and a free secure port for /healthz and /metrics."""
         kubeconfig = self.admin_kubeconfig
         return [
-            "--kubeconfig",
-            kubeconfig,
-            "--authentication-kubeconfig",
-            kubeconfig,
-            "--authorization-kubeconfig",
-            kubeconfig,
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false",
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(port),
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
         ]
 
     def _spawn(self, name: str, *argv: str | Path) -> ManagedProcess:

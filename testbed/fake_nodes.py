@@ -23,7 +23,7 @@ def create_ready_node(
     """Create a Node and mark its status Ready with the given allocatable resources."""
     core = client.CoreV1Api(api)
     resources = dict(allocatable or DEFAULT_ALLOCATABLE)
-    node = core.create_node(
+    core.create_node(
         client.V1Node(
             metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **(labels or {})})
         )
@@ -44,4 +44,9 @@ def create_ready_node(
         }
     }
     core.patch_node_status(name, status)
+    # The API server's TaintNodesByCondition admission taints every new node not-ready; a kubelet
+    # would lift it on its first Ready heartbeat, and with no kubelet the test bed lifts it here.
+    node = core.patch_node(name, {"spec": {"taints": []}})
+    if node.spec and node.spec.taints:
+        raise RuntimeError(f"node {name} kept taints {node.spec.taints} after they were cleared")
     return node
