@@ -8,6 +8,7 @@ shares one GPU between pods through DRA consumable capacity. It starts the clust
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -23,6 +24,17 @@ from tessera.testbed.fake_nodes import create_ready_node
 from tessera.testbed.polling import poll_until
 
 NAMESPACE = "demo"
+# What kubectl shows of slices and claims: the share each claim got, on which device.
+SLICE_COLUMNS = (
+    "NODE:.spec.nodeName,DEVICE:.spec.devices[0].name,MEMORY:.spec.devices[0].capacity.memory.value,"
+    "CORES:.spec.devices[0].capacity.cores.value,SHAREABLE:.spec.devices[0].allowMultipleAllocations"
+)
+_RESULT = ".status.allocation.devices.results[0]"
+CLAIM_COLUMNS = (
+    f"CLAIM:.metadata.name,DEVICE:{_RESULT}.device,SHARE:{_RESULT}.shareID,"
+    f"MEMORY:{_RESULT}.consumedCapacity.memory,CORES:{_RESULT}.consumedCapacity.cores"
+)
+CONDITIONS = '{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\\n"}{end}'
 NODE = "gpu-node-1"
 
 
@@ -52,49 +64,19 @@ def main() -> int:
                 "gpu-share", dra_objects.DRIVER, {"memory": "30Gi", "cores": "40"}
             ),
         )
+
+        def scheduling_decision(pod: str) -> client.V1PodCondition | None:
+            return pod_state.condition(core.read_namespaced_pod(pod, NAMESPACE), "PodScheduled")
+
+        # One at a time, so the story reads the same on every run: two fit, the third does not.
         for pod in ("train-a", "train-b", "train-c"):
             core.create_namespaced_pod(NAMESPACE, dra_objects.pod_with_claim(pod, "gpu-share"))
+            poll_until(functools.partial(scheduling_decision, pod), 60, f"the scheduler to decide on {pod}")
 
-        def settled() -> bool:
-            pods = core.list_namespaced_pod(NAMESPACE).items
-            return all(pod_state.condition(p, "PodScheduled") is not None for p in pods)
-
-        poll_until(settled, 60, "the scheduler to decide on every pod")
-
-        kubectl(
-            cluster,
-            "get",
-            "resourceslices",
-            "-o",
-            "custom-columns="
-            "NODE:.spec.nodeName,DEVICE:.spec.devices[0].name,"
-            "MEMORY:.spec.devices[0].capacity.memory.value,CORES:.spec.devices[0].capacity.cores.value,"
-            "SHAREABLE:.spec.devices[0].allowMultipleAllocations",
-        )
+        kubectl(cluster, "get", "resourceslices", "-o", f"custom-columns={SLICE_COLUMNS}")
         kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-o", "wide")
-        kubectl(
-            cluster,
-            "get",
-            "resourceclaims",
-            "-n",
-            NAMESPACE,
-            "-o",
-            "custom-columns="
-            "CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,"
-            "SHARE:.status.allocation.devices.results[0].shareID,"
-            "MEMORY:.status.allocation.devices.results[0].consumedCapacity.memory,"
-            "CORES:.status.allocation.devices.results[0].consumedCapacity.cores",
-        )
-        kubectl(
-            cluster,
-            "get",
-            "pod",
-            "train-c",
-            "-n",
-            NAMESPACE,
-            "-o",
-            'jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\\n"}{end}',
-        )
+        kubectl(cluster, "get", "resourceclaims", "-n", NAMESPACE, "-o", f"custom-columns={CLAIM_COLUMNS}")
+        kubectl(cluster, "get", "pod", "train-c", "-n", NAMESPACE, "-o", f"jsonpath={CONDITIONS}")
         print("\nTwo 30Gi/40-core shares fit on the 80Gi GPU; the third does not, and says why.")
         print("Stopping the control plane and removing its state.")
     return 0
