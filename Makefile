@@ -31,7 +31,7 @@ binaries:
 	bash testbed/build-binaries.sh
 
 simgpu:
-	$(MAKE) -C simgpu
+	$(MAKE) -C simgpu -j2
 
 lint: venv
 	$(VENV)/bin/ruff check $(PYTHON_SOURCES)

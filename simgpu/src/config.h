@@ -1,0 +1,79 @@
+/*
+ * The simulated node's configuration: which GPUs exist and how they behave. Read from the file
+ * named by $SIMGPU_CONFIG (format: docs/simgpu.md). Both libraries parse the same file, so a
+ * node's CUDA and NVML views can never disagree.
+ */
+#ifndef SIMGPU_CONFIG_H
+#define SIMGPU_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SIM_CONFIG_ENV "SIMGPU_CONFIG"
+#define SIM_MAX_GPUS 16
+#define SIM_MAX_KERNELS 64
+#define SIM_NAME_LEN 96
+#define SIM_VERSION_LEN 80
+
+/* Faults are the only settings a running process picks up again when the file changes. */
+struct sim_gpu_faults {
+    uint64_t fail_alloc; /* this process's Nth allocation on the GPU fails; 0 = never */
+    bool lost;           /* the GPU has fallen off the bus */
+};
+
+struct sim_gpu_config {
+    char uuid[SIM_NAME_LEN];
+    char name[SIM_NAME_LEN];
+    uint64_t memory_bytes;
+    int sm_count;
+    int cc_major;
+    int cc_minor;
+    unsigned int pci_domain, pci_bus, pci_device, pci_function;
+    unsigned int pci_device_id;    /* NVML's pciDeviceId: device id << 16 | vendor 0x10de */
+    unsigned int pci_subsystem_id;
+    unsigned int minor;
+    int brand;                     /* nvmlBrandType_t */
+    unsigned int power_mw;
+    unsigned int power_limit_mw;
+    unsigned int temperature_c;
+    struct sim_gpu_faults faults;
+};
+
+/* How long a launch of one function occupies the device. */
+struct sim_kernel_config {
+    char name[128];
+    bool from_param0; /* duration is the first kernel parameter, a uint64 of nanoseconds */
+    uint64_t ns;      /* otherwise this fixed duration */
+};
+
+struct sim_config {
+    char path[PATH_MAX];
+    char state_file[PATH_MAX];
+    char driver_version[SIM_VERSION_LEN];
+    int cuda_driver_version;
+    uint64_t util_window_ns;
+    uint64_t default_kernel_ns;
+    uint64_t latency_ns; /* fault: added to every API call of both libraries */
+    int gpu_count;
+    struct sim_gpu_config gpus[SIM_MAX_GPUS];
+    int kernel_count;
+    struct sim_kernel_config kernels[SIM_MAX_KERNELS];
+};
+
+/*
+ * Parse `path` into `out`. Returns 0, or -1 with a message naming the file and line in `err`.
+ * Unknown sections, unknown keys, duplicate keys, malformed values and missing required keys
+ * are all errors: a typo must not silently yield a default GPU.
+ */
+int sim_config_load(const char *path, struct sim_config *out, char *err, size_t errlen);
+
+/* A hash of what the shared state's layout depends on (GPU count, UUIDs, memory sizes). */
+uint64_t sim_config_fingerprint(const struct sim_config *cfg);
+
+/* Parse "dddd:bb:dd.f" or "dddddddd:bb:dd.f" (hex); returns 0 on success. */
+int sim_parse_pci_bus_id(const char *text, unsigned int *domain, unsigned int *bus,
+                         unsigned int *device, unsigned int *function);
+
+#endif

@@ -1,0 +1,112 @@
+/* Process-local state of the simulated CUDA driver, shared by its source files. */
+#ifndef SIMGPU_CUDA_INTERNAL_H
+#define SIMGPU_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "log.h"
+#include "runtime.h"
+#include "simgpu_cuda.h"
+
+/* Handle validity: every object starts with a tag that is cleared when it is destroyed. */
+enum sim_tag {
+    TAG_CTX = 0x43545831,
+    TAG_STREAM = 0x53545231,
+    TAG_EVENT = 0x45564e31,
+    TAG_MODULE = 0x4d4f4431,
+    TAG_FUNCTION = 0x46554e31,
+    TAG_POOL = 0x504f4f31,
+    TAG_GRAPH = 0x47524131,
+    TAG_GRAPH_EXEC = 0x47455831,
+    TAG_ARRAY = 0x41525231,
+};
+
+struct CUstream_st {
+    uint32_t tag;
+    CUcontext ctx;
+    unsigned int flags;
+    int priority;
+    uint64_t last_end_ns; /* when the last work queued on this stream completes */
+};
+
+struct CUctx_st {
+    uint32_t tag;
+    CUdevice device;
+    unsigned int flags;
+    bool primary;
+    int primary_refs;        /* primary contexts: retains minus releases */
+    struct CUstream_st null; /* the context's default stream */
+    uint64_t last_end_ns;    /* when all work queued in this context completes */
+    struct CUctx_st *next;   /* all live contexts of the process */
+};
+
+struct CUevent_st {
+    uint32_t tag;
+    CUcontext ctx;
+    unsigned int flags;
+    bool recorded;
+    uint64_t at_ns; /* when the work before the record point completes */
+};
+
+struct sim_cuda {
+    pthread_mutex_t mu; /* guards all process-local objects below and in the other files */
+    bool initialized;
+    pid_t pid; /* a forked child must call nothing: CUDA does not survive fork */
+    struct sim_runtime rt;
+    struct CUctx_st primary[SIM_MAX_GPUS];
+    struct CUctx_st *contexts;
+    uint64_t alloc_attempts[SIM_MAX_GPUS]; /* for the fail_alloc fault */
+};
+
+extern struct sim_cuda sim_cuda;
+
+/* The guard at the top of every entry point that needs cuInit: initialisation, fork, faults. */
+CUresult sim_cuda_enter(void);
+#define SIM_ENTER()                                                                               \
+    do {                                                                                          \
+        CUresult enter_rc_ = sim_cuda_enter();                                                    \
+        if (enter_rc_ != CUDA_SUCCESS)                                                            \
+            return enter_rc_;                                                                     \
+    } while (0)
+
+/* What a call touching a GPU that has fallen off the bus returns. */
+#define SIM_CUDA_GPU_LOST CUDA_ERROR_DEVICE_UNAVAILABLE
+
+CUresult sim_check_device(CUdevice dev); /* valid ordinal, not lost */
+
+/* The calling thread's current context, or NULL. */
+CUcontext sim_current_ctx(void);
+/* Current context, valid and on a GPU that is still there; else the matching error. */
+CUresult sim_require_ctx(CUcontext *out);
+bool sim_ctx_valid(CUcontext ctx); /* needs sim_cuda.mu */
+
+/* Resolve a stream handle (NULL and the special handles mean the current context's default
+ * stream). */
+CUresult sim_resolve_stream(CUstream handle, struct CUstream_st **out);
+
+/* Queue `duration_ns` of device work on `stream`. */
+void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns);
+
+/* Wait for everything queued in `ctx` (synchronous copies and cuCtxSynchronize). */
+CUresult sim_ctx_wait(CUcontext ctx);
+
+/* Memory: reserve device bytes on `gpu` for this process, honouring the fail_alloc fault. */
+CUresult sim_devmem_reserve(int gpu, uint64_t bytes, uint32_t *handle);
+
+/* Free every allocation that belongs to `ctx` (context destruction). */
+void sim_memory_release_context(CUcontext ctx);
+void sim_pools_release_context(CUcontext ctx);
+/* A synchronisation point: pools give cached memory above their release threshold back. */
+void sim_pools_trim_after_sync(CUdevice dev);
+
+/* The proc-address table lookup (cuda_procaddr.c). */
+CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status);
+
+/* The fallback for real entry points the simulator does not implement (cuda_stubs.c). */
+void *sim_cuda_stub_lookup(const char *symbol);
+
+#endif

@@ -1,0 +1,453 @@
+/*
+ * Modules, functions, kernel launches and (minimal) graphs. Modules accept any image: the
+ * simulator never runs device code, it only needs to know how long a launch of each function
+ * occupies the GPU, which the configuration's [kernels] section says (a fixed duration, or
+ * "param0": the first kernel parameter, a uint64 of nanoseconds), defaulting to
+ * default_kernel_ns.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_internal.h"
+
+struct CUfunc_st {
+    uint32_t tag;
+    CUmodule module;
+    const struct sim_kernel_config *kernel; /* NULL: default duration */
+    struct CUfunc_st *next;
+    char name[];
+};
+
+struct CUmod_st {
+    uint32_t tag;
+    CUcontext ctx;
+    struct CUfunc_st *functions;
+};
+
+struct sim_graph_node {
+    uint64_t duration_ns; /* parameters are captured when the node is added, as CUDA does */
+    struct sim_graph_node *next;
+};
+
+struct CUgraph_st {
+    uint32_t tag;
+    struct sim_graph_node *first, *last;
+};
+
+struct CUgraphExec_st {
+    uint32_t tag;
+    size_t count;
+    struct sim_graph_node nodes[];
+};
+
+static CUresult load(CUmodule *module, const void *image)
+{
+    if (module == NULL || image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx = NULL;
+    CUresult rc = sim_require_ctx(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUmodule m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->tag = TAG_MODULE;
+    m->ctx = ctx;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    SIM_ENTER();
+    return load(module, image);
+}
+
+SIMGPU_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image,
+                                       unsigned int numOptions, void *options,
+                                       void **optionValues)
+{
+    SIM_ENTER();
+    if (numOptions > 0 && (options == NULL || optionValues == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    return load(module, image);
+}
+
+SIMGPU_API CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    SIM_ENTER();
+    if (fname == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (access(fname, R_OK) != 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    return load(module, fname);
+}
+
+static bool module_valid(CUmodule m)
+{
+    return m != NULL && m->tag == TAG_MODULE;
+}
+
+SIMGPU_API CUresult cuModuleUnload(CUmodule module)
+{
+    SIM_ENTER();
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = module_valid(module);
+    if (valid)
+        module->tag = 0;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (struct CUfunc_st *f = module->functions, *next = NULL; f != NULL; f = next) {
+        next = f->next;
+        free(f);
+    }
+    free(module);
+    return CUDA_SUCCESS;
+}
+
+static const struct sim_kernel_config *kernel_config(const char *name)
+{
+    const struct sim_config *cfg = &sim_cuda.rt.cfg;
+    for (int i = 0; i < cfg->kernel_count; i++) {
+        if (strcmp(cfg->kernels[i].name, name) == 0)
+            return &cfg->kernels[i];
+    }
+    return NULL;
+}
+
+SIMGPU_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule module, const char *name)
+{
+    SIM_ENTER();
+    if (hfunc == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUresult rc = module_valid(module) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = NULL;
+    if (rc == CUDA_SUCCESS) {
+        f = module->functions;
+        while (f != NULL && strcmp(f->name, name) != 0)
+            f = f->next;
+    }
+    if (rc == CUDA_SUCCESS && f == NULL) {
+        f = calloc(1, sizeof *f + strlen(name) + 1);
+        if (f == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            f->tag = TAG_FUNCTION;
+            f->module = module;
+            f->kernel = kernel_config(name);
+            strcpy(f->name, name);
+            f->next = module->functions;
+            module->functions = f;
+        }
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (rc == CUDA_SUCCESS)
+        *hfunc = f;
+    return rc;
+}
+
+static bool function_valid(CUfunction f)
+{
+    return f != NULL && f->tag == TAG_FUNCTION && module_valid(f->module);
+}
+
+SIMGPU_API CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    SIM_ENTER();
+    if (value == NULL || attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_SIMGPU_LIMIT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!function_valid(hfunc))
+        return CUDA_ERROR_INVALID_HANDLE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *value = 1024;
+        break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+        *value = 32;
+        break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: {
+        const struct sim_gpu_config *g = &sim_cuda.rt.cfg.gpus[hfunc->module->ctx->device];
+        *value = g->cc_major * 10 + g->cc_minor;
+        break;
+    }
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        *value = -1;
+        break;
+    default:
+        *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
+{
+    SIM_ENTER();
+    if (!function_valid(hfunc))
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* Only the two attributes CUDA lets programs set; they do not change simulated timing. */
+    if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+        return value >= 0 && value <= 232448 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (attrib == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)
+        return value >= -1 && value <= 100 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The first kernel parameter, from either kernelParams or the packed `extra` buffer. */
+static int first_param_u64(void **params, void **extra, uint64_t *out)
+{
+    if (params != NULL && params[0] != NULL) {
+        memcpy(out, params[0], sizeof *out);
+        return 0;
+    }
+    const void *buffer = NULL;
+    size_t size = 0;
+    for (size_t i = 0; extra != NULL && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            buffer = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1] != NULL)
+            size = *(size_t *)extra[i + 1];
+        else
+            return -1;
+    }
+    if (buffer == NULL || size < sizeof *out)
+        return -1;
+    memcpy(out, buffer, sizeof *out);
+    return 0;
+}
+
+struct launch {
+    CUfunction f;
+    unsigned int grid[3], block[3], shared;
+    void **params, **extra;
+    bool cooperative;
+};
+
+/* Validate a launch and work out its duration (the checks a real launch fails with). */
+static CUresult prepare(const struct launch *l, uint64_t *duration)
+{
+    if (!function_valid(l->f))
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUcontext ctx = NULL;
+    CUresult rc = sim_require_ctx(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (l->f->module->ctx->device != ctx->device)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t threads = (uint64_t)l->block[0] * l->block[1] * l->block[2];
+    uint64_t blocks = (uint64_t)l->grid[0] * l->grid[1] * l->grid[2];
+    if (blocks == 0 || threads == 0 || threads > 1024 || l->block[0] > 1024 ||
+        l->block[1] > 1024 || l->block[2] > 64 || l->grid[0] > 2147483647u ||
+        l->grid[1] > 65535 || l->grid[2] > 65535 || l->shared > 232448 ||
+        (l->params != NULL && l->extra != NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (l->cooperative) {
+        /* Every block must be resident at once. */
+        uint64_t per_sm = 2048 / threads < 32 ? 2048 / threads : 32;
+        if (blocks > per_sm * (uint64_t)sim_cuda.rt.cfg.gpus[ctx->device].sm_count)
+            return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+    const struct sim_kernel_config *k = l->f->kernel;
+    if (k == NULL)
+        *duration = sim_cuda.rt.cfg.default_kernel_ns;
+    else if (!k->from_param0)
+        *duration = k->ns;
+    else if (first_param_u64(l->params, l->extra, duration) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(const struct launch *l, CUstream stream)
+{
+    uint64_t duration = 0;
+    CUresult rc = prepare(l, &duration);
+    struct CUstream_st *s = NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = sim_resolve_stream(stream, &s);
+    if (rc == CUDA_SUCCESS)
+        sim_stream_submit(s, duration);
+    return rc;
+}
+
+SIMGPU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream stream,
+                                   void **kernelParams, void **extra)
+{
+    SIM_ENTER();
+    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
+                       sharedMemBytes, kernelParams, extra, false};
+    return launch(&l, stream);
+}
+
+SIMGPU_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                     void **kernelParams, void **extra)
+{
+    SIM_ENTER();
+    if (config == NULL || (config->numAttrs > 0 && config->attrs == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct launch l = {f,
+                       {config->gridDimX, config->gridDimY, config->gridDimZ},
+                       {config->blockDimX, config->blockDimY, config->blockDimZ},
+                       config->sharedMemBytes,
+                       kernelParams,
+                       extra,
+                       false};
+    return launch(&l, config->hStream);
+}
+
+SIMGPU_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                              unsigned int gridDimY, unsigned int gridDimZ,
+                                              unsigned int blockDimX, unsigned int blockDimY,
+                                              unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                              CUstream stream, void **kernelParams)
+{
+    SIM_ENTER();
+    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
+                       sharedMemBytes, kernelParams, NULL, true};
+    return launch(&l, stream);
+}
+
+/* ---- Graphs: kernel nodes only, run in insertion order (which respects dependencies). ---- */
+
+SIMGPU_API CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
+{
+    SIM_ENTER();
+    if (graph == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->tag = TAG_GRAPH;
+    *graph = g;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphDestroy(CUgraph graph)
+{
+    SIM_ENTER();
+    if (graph == NULL || graph->tag != TAG_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    graph->tag = 0;
+    for (struct sim_graph_node *n = graph->first, *next = NULL; n != NULL; n = next) {
+        next = n->next;
+        free(n);
+    }
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_kernel_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t numDeps, const struct launch *l)
+{
+    if (node == NULL || graph == NULL || graph->tag != TAG_GRAPH || (numDeps > 0 && deps == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t duration = 0;
+    CUresult rc = prepare(l, &duration);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sim_graph_node *n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->duration_ns = duration;
+    if (graph->last != NULL)
+        graph->last->next = n;
+    else
+        graph->first = n;
+    graph->last = n;
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                         size_t numDeps, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    SIM_ENTER();
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct launch l = {p->func, {p->gridDimX, p->gridDimY, p->gridDimZ},
+                       {p->blockDimX, p->blockDimY, p->blockDimZ}, p->sharedMemBytes,
+                       p->kernelParams, p->extra, false};
+    return add_kernel_node(node, graph, deps, numDeps, &l);
+}
+
+SIMGPU_API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph,
+                                            const CUgraphNode *deps, size_t numDeps,
+                                            const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    SIM_ENTER();
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct launch l = {p->func, {p->gridDimX, p->gridDimY, p->gridDimZ},
+                       {p->blockDimX, p->blockDimY, p->blockDimZ}, p->sharedMemBytes,
+                       p->kernelParams, p->extra, false};
+    return add_kernel_node(node, graph, deps, numDeps, &l);
+}
+
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph)
+{
+    if (exec == NULL || graph == NULL || graph->tag != TAG_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t count = 0;
+    for (const struct sim_graph_node *n = graph->first; n != NULL; n = n->next)
+        count++;
+    CUgraphExec e = calloc(1, sizeof *e + count * sizeof e->nodes[0]);
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->tag = TAG_GRAPH_EXEC;
+    e->count = count;
+    size_t i = 0;
+    for (const struct sim_graph_node *n = graph->first; n != NULL; n = n->next)
+        e->nodes[i++] = *n;
+    *exec = e;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                                unsigned long long flags)
+{
+    SIM_ENTER();
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(exec, graph);
+}
+
+SIMGPU_API CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,
+                                          char *logBuffer, size_t bufferSize)
+{
+    SIM_ENTER();
+    if (errorNode != NULL)
+        *errorNode = NULL;
+    if (logBuffer != NULL && bufferSize > 0)
+        logBuffer[0] = '\0';
+    return instantiate(exec, graph);
+}
+
+SIMGPU_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+    SIM_ENTER();
+    if (exec == NULL || exec->tag != TAG_GRAPH_EXEC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    for (size_t i = 0; i < exec->count; i++)
+        sim_stream_submit(s, exec->nodes[i].duration_ns);
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    SIM_ENTER();
+    if (exec == NULL || exec->tag != TAG_GRAPH_EXEC)
+        return CUDA_ERROR_INVALID_VALUE;
+    exec->tag = 0;
+    free(exec);
+    return CUDA_SUCCESS;
+}

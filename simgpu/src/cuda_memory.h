@@ -1,0 +1,60 @@
+/*
+ * The process's record of its device allocations. Device memory is backed by private anonymous
+ * host mappings (reserved lazily, so a simulated 80 GiB costs nothing until written), which makes
+ * copies and memsets real: data written to the device reads back. Device pointers are therefore
+ * host addresses, unique per process as unified addressing requires.
+ */
+#ifndef SIMGPU_CUDA_MEMORY_H
+#define SIMGPU_CUDA_MEMORY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_internal.h"
+
+enum sim_alloc_kind {
+    ALLOC_DEVICE,  /* cuMemAlloc, cuMemAllocPitch */
+    ALLOC_MANAGED, /* cuMemAllocManaged: counted on the device, also host-accessible */
+    ALLOC_POOL,    /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
+    ALLOC_HOST,    /* cuMemAllocHost: pinned host memory, not counted on the device */
+};
+
+struct sim_alloc_rec {
+    uintptr_t base;
+    size_t size;
+    CUcontext ctx;
+    enum sim_alloc_kind kind;
+    uint32_t handle; /* shared-table reservation; unused for ALLOC_HOST */
+    CUmemoryPool pool;
+    struct sim_alloc_rec *next;
+};
+
+/* Bytes are accounted in units of this, as real allocators round small requests up. */
+#define SIM_ALLOC_ROUNDING 512u
+
+/* Reserve device memory and map backing for it; the record is linked into the registry. */
+CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind, CUmemoryPool pool,
+                   struct sim_alloc_rec **out);
+
+/* Unlink, unmap and give the reservation back. Needs mu. */
+void sim_free_rec(struct sim_alloc_rec *rec);
+
+/* Add to / remove from the registry without touching the reservation (pool caching). Need mu. */
+void sim_link_alloc(struct sim_alloc_rec *rec);
+void sim_unlink_alloc(struct sim_alloc_rec *rec);
+
+/* A pool allocation freed with its context: drop it from the pool's statistics. Needs mu. */
+void sim_pool_forget(CUmemoryPool pool, size_t bytes);
+
+/* The allocation starting exactly at `ptr`, or NULL. Needs mu. */
+struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr);
+
+/* Whether [ptr, ptr+bytes) lies in device memory of this process (any kind but host, or a
+ * mapped VMM range). Takes mu. */
+bool sim_device_range_valid(uintptr_t ptr, size_t bytes);
+
+/* Whether [ptr, ptr+bytes) lies within one mapped VMM range (cuda_vmm.c). Needs mu. */
+bool sim_vmm_range_mapped(uintptr_t ptr, size_t bytes);
+
+#endif

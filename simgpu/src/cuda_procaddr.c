@@ -1,0 +1,175 @@
+/*
+ * cuGetProcAddress: the CUDA runtime (and the shim) fetch entry points by base name and the
+ * CUDA version whose ABI they expect. The table maps each base name to the implementation
+ * introduced at each version; a request gets the newest entry not newer than its version.
+ * Per-thread-default-stream requests get the same functions: the simulator's default stream
+ * semantics do not differ between the two modes.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+struct proc_entry {
+    const char *name;
+    int version;
+    void *fn;
+};
+
+#define E(name, version, fn) {name, version, (void *)(fn)}
+
+static const struct proc_entry table[] = {
+    E("cuInit", 2000, cuInit),
+    E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    E("cuGetErrorName", 6000, cuGetErrorName),
+    E("cuGetErrorString", 6000, cuGetErrorString),
+    E("cuGetProcAddress", 11030, cuGetProcAddress),
+    E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    E("cuDeviceGet", 2000, cuDeviceGet),
+    E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    E("cuDeviceGetName", 2000, cuDeviceGetName),
+    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    E("cuDeviceComputeCapability", 2000, cuDeviceComputeCapability),
+    E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    E("cuDevicePrimaryCtxSetFlags", 7000, cuDevicePrimaryCtxSetFlags),
+    E("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxCreate", 12050, cuCtxCreate_v4),
+    E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxGetFlags", 7000, cuCtxGetFlags),
+    E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
+    E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    E("cuMemAlloc", 3020, cuMemAlloc_v2),
+    E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    E("cuMemFree", 3020, cuMemFree_v2),
+    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    E("cuMemFreeHost", 2000, cuMemFreeHost),
+    E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    E("cuMemcpy", 4000, cuMemcpy),
+    E("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    E("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    E("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    E("cuMemsetD8", 3020, cuMemsetD8_v2),
+    E("cuMemsetD32", 3020, cuMemsetD32_v2),
+    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    E("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    E("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    E("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemCreate", 10020, cuMemCreate),
+    E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap),
+    E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemSetAccess", 10020, cuMemSetAccess),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2),
+    E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    E("cuArrayGetDescriptor", 3020, cuArrayGetDescriptor_v2),
+    E("cuArrayDestroy", 2000, cuArrayDestroy),
+    E("cuStreamCreate", 2000, cuStreamCreate),
+    E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    E("cuStreamQuery", 2000, cuStreamQuery),
+    E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    E("cuEventCreate", 2000, cuEventCreate),
+    E("cuEventRecord", 2000, cuEventRecord),
+    E("cuEventQuery", 2000, cuEventQuery),
+    E("cuEventSynchronize", 2000, cuEventSynchronize),
+    E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    E("cuEventDestroy", 4000, cuEventDestroy_v2),
+    E("cuModuleLoad", 2000, cuModuleLoad),
+    E("cuModuleLoadData", 2000, cuModuleLoadData),
+    E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    E("cuModuleUnload", 2000, cuModuleUnload),
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    E("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
+    E("cuFuncSetAttribute", 9000, cuFuncSetAttribute),
+    E("cuLaunchKernel", 4000, cuLaunchKernel),
+    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    E("cuGraphCreate", 10000, cuGraphCreate),
+    E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),
+    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", 10000, cuGraphLaunch),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+};
+
+CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status)
+{
+    if (symbol == NULL || pfn == NULL ||
+        (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                               CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    const struct proc_entry *best = NULL;
+    bool known = false;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(table[i].name, symbol) != 0)
+            continue;
+        known = true;
+        if (table[i].version <= version && (best == NULL || table[i].version > best->version))
+            best = &table[i];
+    }
+    void *stub = known ? NULL : sim_cuda_stub_lookup(symbol);
+    if (best != NULL || stub != NULL) {
+        *pfn = best != NULL ? best->fn : stub;
+        if (status != NULL)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    if (status != NULL)
+        *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                        : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+SIMGPU_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                     cuuint64_t flags)
+{
+    return sim_proc_address(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+SIMGPU_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                        cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return sim_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+}

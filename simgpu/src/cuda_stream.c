@@ -1,0 +1,266 @@
+/*
+ * Streams and events. A stream only remembers when its last queued work ends; the device
+ * timeline (timeline.c) decides when work actually runs. Synchronisation sleeps until then.
+ */
+#include <stdlib.h>
+
+#include "cuda_internal.h"
+#include "timeline.h"
+
+CUresult sim_resolve_stream(CUstream handle, struct CUstream_st **out)
+{
+    if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+        CUcontext ctx = NULL;
+        CUresult rc = sim_require_ctx(&ctx);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        *out = &ctx->null;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = handle->tag == TAG_STREAM && sim_ctx_valid(handle->ctx);
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (sim_fault_gpu_lost(&sim_cuda.rt, handle->ctx->device))
+        return SIM_CUDA_GPU_LOST;
+    *out = handle;
+    return CUDA_SUCCESS;
+}
+
+void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns)
+{
+    CUcontext ctx = stream->ctx;
+    pthread_mutex_lock(&sim_cuda.mu);
+    uint64_t after = stream->last_end_ns;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    uint64_t end = sim_tl_submit(&sim_cuda.rt.node, ctx->device, after, duration_ns);
+    pthread_mutex_lock(&sim_cuda.mu);
+    if (end > stream->last_end_ns)
+        stream->last_end_ns = end;
+    if (end > ctx->last_end_ns)
+        ctx->last_end_ns = end;
+    pthread_mutex_unlock(&sim_cuda.mu);
+}
+
+static CUresult create(CUstream *stream, unsigned int flags, int priority)
+{
+    if (stream == NULL || (flags & ~(unsigned int)CU_STREAM_NON_BLOCKING) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx = NULL;
+    CUresult rc = sim_require_ctx(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->tag = TAG_STREAM;
+    s->ctx = ctx;
+    s->flags = flags;
+    /* Priorities run from 0 (lowest) to -5 (highest); others are clamped, as documented. */
+    s->priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    *stream = s;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+    SIM_ENTER();
+    return create(stream, flags, 0);
+}
+
+SIMGPU_API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned int flags, int priority)
+{
+    SIM_ENTER();
+    return create(stream, flags, priority);
+}
+
+SIMGPU_API CUresult cuStreamDestroy_v2(CUstream stream)
+{
+    SIM_ENTER();
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = stream->tag == TAG_STREAM;
+    if (valid)
+        stream->tag = 0;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(stream); /* queued work still completes on the device timeline */
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamSynchronize(CUstream stream)
+{
+    SIM_ENTER();
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    uint64_t until = s->last_end_ns;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    sim_sleep_until(until);
+    if (sim_fault_gpu_lost(&sim_cuda.rt, s->ctx->device))
+        return SIM_CUDA_GPU_LOST;
+    sim_pools_trim_after_sync(s->ctx->device);
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamQuery(CUstream stream)
+{
+    SIM_ENTER();
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool done = sim_now_ns() >= s->last_end_ns;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+static bool event_valid(CUevent event)
+{
+    return event != NULL && event->tag == TAG_EVENT;
+}
+
+SIMGPU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
+{
+    SIM_ENTER();
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    rc = CUDA_ERROR_INVALID_HANDLE;
+    if (event_valid(event)) {
+        if (event->recorded && event->at_ns > s->last_end_ns)
+            s->last_end_ns = event->at_ns;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx)
+{
+    SIM_ENTER();
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc == CUDA_SUCCESS)
+        *pctx = s->ctx;
+    return rc;
+}
+
+SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)
+{
+    SIM_ENTER();
+    const unsigned int known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                               CU_EVENT_INTERPROCESS;
+    if (event == NULL || (flags & ~known) != 0 ||
+        ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx = NULL;
+    CUresult rc = sim_require_ctx(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->tag = TAG_EVENT;
+    e->ctx = ctx;
+    e->flags = flags;
+    *event = e;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    SIM_ENTER();
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t now = sim_now_ns();
+    pthread_mutex_lock(&sim_cuda.mu);
+    rc = CUDA_ERROR_INVALID_HANDLE;
+    if (event_valid(event) && event->ctx == s->ctx) {
+        event->recorded = true;
+        event->at_ns = s->last_end_ns > now ? s->last_end_ns : now;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+SIMGPU_API CUresult cuEventQuery(CUevent event)
+{
+    SIM_ENTER();
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    if (event_valid(event))
+        rc = !event->recorded || sim_now_ns() >= event->at_ns ? CUDA_SUCCESS
+                                                               : CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+SIMGPU_API CUresult cuEventSynchronize(CUevent event)
+{
+    SIM_ENTER();
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = event_valid(event);
+    uint64_t until = valid && event->recorded ? event->at_ns : 0;
+    CUdevice dev = valid ? event->ctx->device : 0;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    sim_sleep_until(until);
+    if (sim_fault_gpu_lost(&sim_cuda.rt, dev))
+        return SIM_CUDA_GPU_LOST;
+    sim_pools_trim_after_sync(dev);
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    SIM_ENTER();
+    if (ms == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUresult rc = CUDA_SUCCESS;
+    if (!event_valid(start) || !event_valid(end) || !start->recorded || !end->recorded ||
+        ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING))
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else if (sim_now_ns() < start->at_ns || sim_now_ns() < end->at_ns)
+        rc = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)((double)((int64_t)(end->at_ns - start->at_ns)) / 1e6);
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+SIMGPU_API CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    return cuEventElapsedTime(ms, start, end);
+}
+
+SIMGPU_API CUresult cuEventDestroy_v2(CUevent event)
+{
+    SIM_ENTER();
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = event_valid(event);
+    if (valid)
+        event->tag = 0;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(event);
+    return CUDA_SUCCESS;
+}

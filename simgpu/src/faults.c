@@ -1,0 +1,64 @@
+/*
+ * Fault injection. Faults live in the same configuration file as the GPUs; a test or the test
+ * bed rewrites the file (atomically, by rename) and every process notices on its next API call,
+ * so a GPU can fall off the bus under running workloads. Only fault keys are taken from a changed
+ * file; the GPU topology of a running process never changes.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "runtime.h"
+#include "timeline.h"
+
+static bool file_changed(const struct stat *a, const struct stat *b)
+{
+    return a->st_ino != b->st_ino || a->st_dev != b->st_dev || a->st_size != b->st_size ||
+           a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec;
+}
+
+static void reload_faults(struct sim_runtime *rt)
+{
+    static struct sim_config fresh; /* large; reloads are serialised by watch_mu */
+    char err[1024];
+    if (sim_config_load(rt->cfg.path, &fresh, err, sizeof err) != 0) {
+        sim_log("keeping previous fault settings: %s", err);
+        return;
+    }
+    if (fresh.gpu_count != rt->cfg.gpu_count)
+        sim_log("%s: GPU count changed; only fault settings apply to running processes",
+                rt->cfg.path);
+    for (int i = 0; i < rt->cfg.gpu_count && i < fresh.gpu_count; i++) {
+        __atomic_store_n(&rt->cfg.gpus[i].faults.lost, fresh.gpus[i].faults.lost,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&rt->cfg.gpus[i].faults.fail_alloc, fresh.gpus[i].faults.fail_alloc,
+                         __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&rt->cfg.latency_ns, fresh.latency_ns, __ATOMIC_RELAXED);
+}
+
+void sim_faults_on_call(struct sim_runtime *rt)
+{
+    struct stat now;
+    if (stat(rt->cfg.path, &now) == 0) {
+        pthread_mutex_lock(&rt->watch_mu);
+        if (file_changed(&now, &rt->watched)) {
+            rt->watched = now;
+            reload_faults(rt);
+        }
+        pthread_mutex_unlock(&rt->watch_mu);
+    }
+    uint64_t latency = __atomic_load_n(&rt->cfg.latency_ns, __ATOMIC_RELAXED);
+    if (latency > 0)
+        sim_sleep_until(sim_now_ns() + latency);
+}
+
+bool sim_fault_gpu_lost(struct sim_runtime *rt, int gpu)
+{
+    return __atomic_load_n(&rt->cfg.gpus[gpu].faults.lost, __ATOMIC_RELAXED);
+}
+
+uint64_t sim_fault_fail_alloc(struct sim_runtime *rt, int gpu)
+{
+    return __atomic_load_n(&rt->cfg.gpus[gpu].faults.fail_alloc, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,415 @@
+/*
+ * Conformance of the CUDA driver API subset the shim and its tests rely on: results and error
+ * codes of each call, success and failure paths. Exit status 0 and "PASS" when every check
+ * holds; each failed check is reported on stderr. Runs unchanged against a real GPU's libcuda.
+ */
+#include <unistd.h>
+
+#include "simgpu_test.h"
+
+static void *lib;
+
+static void before_init(void)
+{
+    LOAD(lib, cuDeviceGetCount);
+    LOAD(lib, cuGetErrorName);
+    LOAD(lib, cuGetErrorString);
+    LOAD(lib, cuDriverGetVersion);
+    LOAD(lib, cuInit);
+    int n = 0;
+    const char *s = NULL;
+    EXPECT_EQ(p_cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    EXPECT_EQ(p_cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s), CUDA_SUCCESS);
+    EXPECT_TRUE(s != NULL && strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
+    EXPECT_EQ(p_cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &s), CUDA_SUCCESS);
+    EXPECT_TRUE(s != NULL && strcmp(s, "invalid argument") == 0);
+    EXPECT_EQ(p_cuGetErrorName((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuDriverGetVersion(&n), CUDA_SUCCESS);
+    EXPECT_TRUE(n >= 11000);
+    EXPECT_EQ(p_cuInit(1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuInit(0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuInit(0), CUDA_SUCCESS);
+}
+
+static void devices(void)
+{
+    LOAD(lib, cuDeviceGetCount);
+    LOAD(lib, cuDeviceGet);
+    LOAD(lib, cuDeviceGetName);
+    LOAD(lib, cuDeviceGetUuid);
+    LOAD(lib, cuDeviceTotalMem_v2);
+    LOAD(lib, cuDeviceGetAttribute);
+    LOAD(lib, cuDeviceGetPCIBusId);
+    LOAD(lib, cuDeviceGetByPCIBusId);
+    int n = 0, v = 0;
+    CUdevice d = -1;
+    char name[128], bus[32];
+    size_t total = 0;
+    CUuuid uuid;
+    EXPECT_EQ(p_cuDeviceGetCount(&n), CUDA_SUCCESS);
+    EXPECT_TRUE(n >= 1);
+    EXPECT_EQ(p_cuDeviceGet(&d, n), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(p_cuDeviceGet(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuDeviceGet(&d, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
+    EXPECT_TRUE(strlen(name) > 0);
+    EXPECT_EQ(p_cuDeviceGetName(name, sizeof name, 99), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(p_cuDeviceGetUuid(&uuid, d), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceTotalMem_v2(&total, d), CUDA_SUCCESS);
+    EXPECT_TRUE(total > 0);
+    EXPECT_EQ(p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d),
+              CUDA_SUCCESS);
+    EXPECT_TRUE(v >= 3);
+    EXPECT_EQ(p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_WARP_SIZE, d), CUDA_SUCCESS);
+    EXPECT_EQ(v, 32);
+    EXPECT_EQ(p_cuDeviceGetAttribute(&v, (CUdevice_attribute)0, d), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuDeviceGetPCIBusId(bus, sizeof bus, d), CUDA_SUCCESS);
+    CUdevice again = -1;
+    EXPECT_EQ(p_cuDeviceGetByPCIBusId(&again, bus), CUDA_SUCCESS);
+    EXPECT_EQ(again, d);
+    EXPECT_EQ(p_cuDeviceGetByPCIBusId(&again, "not-a-bus-id"), CUDA_ERROR_INVALID_VALUE);
+    printf("device 0: %s, %zu bytes, %s\n", name, total, bus);
+}
+
+static void contexts(void)
+{
+    LOAD(lib, cuCtxGetCurrent);
+    LOAD(lib, cuCtxSetCurrent);
+    LOAD(lib, cuCtxCreate_v2);
+    LOAD(lib, cuCtxDestroy_v2);
+    LOAD(lib, cuCtxPushCurrent_v2);
+    LOAD(lib, cuCtxPopCurrent_v2);
+    LOAD(lib, cuCtxGetDevice);
+    LOAD(lib, cuCtxSynchronize);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuDevicePrimaryCtxRetain);
+    LOAD(lib, cuDevicePrimaryCtxRelease_v2);
+    LOAD(lib, cuDevicePrimaryCtxGetState);
+    CUcontext cur = (CUcontext)1, primary = NULL, mine = NULL, popped = NULL;
+    CUdeviceptr p = 0;
+    CUdevice dev = -1;
+    unsigned int flags = 0;
+    int active = -1;
+    EXPECT_EQ(p_cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    EXPECT_TRUE(cur == NULL);
+    EXPECT_EQ(p_cuMemAlloc_v2(&p, 1024), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(p_cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(p_cuCtxPopCurrent_v2(&popped), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(p_cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+    EXPECT_EQ(active, 0);
+    EXPECT_EQ(p_cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+    EXPECT_EQ(active, 1);
+    EXPECT_EQ(p_cuCtxDestroy_v2(primary), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(p_cuCtxCreate_v2(&mine, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    EXPECT_TRUE(cur == mine);
+    EXPECT_EQ(p_cuCtxPushCurrent_v2(primary), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+    EXPECT_TRUE(cur == primary);
+    EXPECT_EQ(p_cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+    EXPECT_TRUE(popped == primary);
+    EXPECT_EQ(p_cuCtxGetDevice(&dev), CUDA_SUCCESS);
+    EXPECT_EQ(dev, 0);
+    EXPECT_EQ(p_cuCtxDestroy_v2(mine), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuCtxDestroy_v2(mine), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT_EQ(p_cuCtxCreate_v2(&mine, 0x1000, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    /* The primary context stays retained for the rest of the program. */
+    EXPECT_EQ(p_cuDevicePrimaryCtxRelease_v2(5000), CUDA_ERROR_INVALID_DEVICE);
+}
+
+static void memory(void)
+{
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuMemGetInfo_v2);
+    LOAD(lib, cuMemcpyHtoD_v2);
+    LOAD(lib, cuMemcpyDtoH_v2);
+    LOAD(lib, cuMemcpyDtoD_v2);
+    LOAD(lib, cuMemsetD32_v2);
+    LOAD(lib, cuMemGetAddressRange_v2);
+    LOAD(lib, cuMemAllocPitch_v2);
+    LOAD(lib, cuMemAllocManaged);
+    LOAD(lib, cuMemAllocHost_v2);
+    LOAD(lib, cuMemFreeHost);
+    LOAD(lib, cuDeviceTotalMem_v2);
+    size_t free0 = 0, free1 = 0, total = 0, size = 0, pitch = 0;
+    CUdeviceptr a = 0, b = 0, base = 0;
+    const size_t n = 1 << 20;
+    uint32_t *host = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n / 4; i++)
+        host[i] = (uint32_t)i * 2654435761u;
+    EXPECT_EQ(p_cuMemAlloc_v2(&a, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free0, &total), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAlloc_v2(&a, n), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAlloc_v2(&b, n), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_TRUE(free0 - free1 >= 2 * n);
+    EXPECT_EQ(p_cuMemsetD32_v2(a, 0xdeadbeef, n / 4), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemcpyDtoH_v2(back, a, n), CUDA_SUCCESS);
+    EXPECT_EQ(back[n / 4 - 1], 0xdeadbeef);
+    EXPECT_EQ(p_cuMemcpyHtoD_v2(a, host, n), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemcpyDtoD_v2(b, a, n), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemcpyDtoH_v2(back, b, n), CUDA_SUCCESS);
+    EXPECT_EQ(memcmp(host, back, n), 0);
+    EXPECT_EQ(p_cuMemGetAddressRange_v2(&base, &size, a + 100), CUDA_SUCCESS);
+    EXPECT_TRUE(base == a && size >= n);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemFree_v2(b), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceTotalMem_v2(&total, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAlloc_v2(&a, total + (1ULL << 30)), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(p_cuMemAllocPitch_v2(&a, &pitch, 1000, 10, 4), CUDA_SUCCESS);
+    EXPECT_TRUE(pitch >= 1000);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocPitch_v2(&a, &pitch, 1000, 10, 3), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemAllocManaged(&a, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    ((volatile char *)a)[10] = 42; /* managed memory is host-accessible */
+    EXPECT_EQ(((volatile char *)a)[10], 42);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocManaged(&a, 4096, 0x40), CUDA_ERROR_INVALID_VALUE);
+    void *pinned = NULL;
+    EXPECT_EQ(p_cuMemAllocHost_v2(&pinned, 4096), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeHost(pinned), CUDA_SUCCESS);
+    free(host);
+    free(back);
+}
+
+static void pools_and_async(void)
+{
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamDestroy_v2);
+    LOAD(lib, cuStreamSynchronize);
+    LOAD(lib, cuMemAllocAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemPoolCreate);
+    LOAD(lib, cuMemPoolDestroy);
+    LOAD(lib, cuMemAllocFromPoolAsync);
+    LOAD(lib, cuMemPoolGetAttribute);
+    LOAD(lib, cuMemPoolTrimTo);
+    LOAD(lib, cuDeviceGetDefaultMemPool);
+    CUstream s = NULL;
+    CUdeviceptr p = 0, q = 0;
+    CUmemoryPool pool = NULL, dflt = NULL;
+    cuuint64_t used = 1;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    EXPECT_EQ(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&p, 1 << 20, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeAsync(p, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolCreate(&pool, &props), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocFromPoolAsync(&q, 3 << 20, pool, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+              CUDA_SUCCESS);
+    EXPECT_TRUE(used >= (3 << 20));
+    EXPECT_EQ(p_cuMemFreeAsync(q, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+              CUDA_SUCCESS);
+    EXPECT_EQ(used, 0);
+    EXPECT_EQ(p_cuMemPoolDestroy(pool), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocFromPoolAsync(&q, 1 << 20, NULL, s), CUDA_ERROR_INVALID_VALUE);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
+    EXPECT_EQ(p_cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void vmm(void)
+{
+    LOAD(lib, cuMemGetAllocationGranularity);
+    LOAD(lib, cuMemCreate);
+    LOAD(lib, cuMemRelease);
+    LOAD(lib, cuMemAddressReserve);
+    LOAD(lib, cuMemAddressFree);
+    LOAD(lib, cuMemMap);
+    LOAD(lib, cuMemUnmap);
+    LOAD(lib, cuMemSetAccess);
+    LOAD(lib, cuMemsetD8_v2);
+    LOAD(lib, cuMemcpyDtoH_v2);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t gran = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    EXPECT_EQ(p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_SUCCESS);
+    EXPECT_TRUE(gran > 0);
+    EXPECT_EQ(p_cuMemCreate(&h, gran + 1, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemCreate(&h, 2 * gran, &prop, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAddressReserve(&va, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemMap(va, 2 * gran, 0, h, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemMap(va, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    EXPECT_EQ(p_cuMemSetAccess(va, 2 * gran, &access, 1), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemSetAccess(va, 4 * gran, &access, 1), CUDA_ERROR_INVALID_VALUE);
+    unsigned char byte = 0;
+    EXPECT_EQ(p_cuMemsetD8_v2(va, 7, 2 * gran), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemcpyDtoH_v2(&byte, va + gran, 1), CUDA_SUCCESS);
+    EXPECT_EQ(byte, 7);
+    EXPECT_EQ(p_cuMemRelease(h), CUDA_SUCCESS); /* still mapped: memory lives on */
+    EXPECT_EQ(p_cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemUnmap(va, gran), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemUnmap(va, 2 * gran), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAddressFree(va, 4 * gran), CUDA_SUCCESS);
+}
+
+static void arrays(void)
+{
+    LOAD(lib, cuArrayCreate_v2);
+    LOAD(lib, cuArrayGetDescriptor_v2);
+    LOAD(lib, cuArrayDestroy);
+    CUDA_ARRAY_DESCRIPTOR d = {256, 256, CU_AD_FORMAT_FLOAT, 4}, out;
+    CUarray a = NULL;
+    EXPECT_EQ(p_cuArrayCreate_v2(&a, &d), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuArrayGetDescriptor_v2(&out, a), CUDA_SUCCESS);
+    EXPECT_TRUE(out.Width == 256 && out.NumChannels == 4 && out.Format == CU_AD_FORMAT_FLOAT);
+    EXPECT_EQ(p_cuArrayDestroy(a), CUDA_SUCCESS);
+    d.NumChannels = 3;
+    EXPECT_EQ(p_cuArrayCreate_v2(&a, &d), CUDA_ERROR_INVALID_VALUE);
+}
+
+static void execution(void)
+{
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuModuleUnload);
+    LOAD(lib, cuLaunchKernel);
+    LOAD(lib, cuLaunchKernelEx);
+    LOAD(lib, cuLaunchCooperativeKernel);
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamQuery);
+    LOAD(lib, cuStreamSynchronize);
+    LOAD(lib, cuStreamDestroy_v2);
+    LOAD(lib, cuEventCreate);
+    LOAD(lib, cuEventRecord);
+    LOAD(lib, cuEventQuery);
+    LOAD(lib, cuEventSynchronize);
+    LOAD(lib, cuEventElapsedTime);
+    LOAD(lib, cuEventDestroy_v2);
+    LOAD(lib, cuGraphCreate);
+    LOAD(lib, cuGraphAddKernelNode_v2);
+    LOAD(lib, cuGraphInstantiateWithFlags);
+    LOAD(lib, cuGraphLaunch);
+    LOAD(lib, cuGraphExecDestroy);
+    LOAD(lib, cuGraphDestroy);
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    CUstream s = NULL;
+    CUevent start = NULL, end = NULL, untimed = NULL;
+    uint64_t ns = 20 * 1000000ULL;
+    void *params[] = {&ns};
+    float ms = 0;
+    EXPECT_EQ(p_cuModuleLoadData(&m, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuModuleLoadData(&m, sleep_kernel_ptx), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventCreate(&start, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventCreate(&end, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventRecord(start, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventRecord(end, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(p_cuEventQuery(end), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(p_cuEventElapsedTime(&ms, start, end), CUDA_ERROR_NOT_READY);
+    uint64_t t = test_now_ns();
+    EXPECT_EQ(p_cuEventSynchronize(end), CUDA_SUCCESS);
+    EXPECT_TRUE(test_now_ns() - t >= 15 * 1000000ULL); /* synchronisation waited for the kernel */
+    EXPECT_EQ(p_cuStreamQuery(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventElapsedTime(&ms, start, end), CUDA_SUCCESS);
+    EXPECT_TRUE(ms >= 19.5f && ms < 40.0f);
+    EXPECT_EQ(p_cuEventRecord(untimed, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventElapsedTime(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(p_cuLaunchKernel(f, 1, 1, 1, 2048, 1, 1, 0, s, params, NULL),
+              CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuLaunchKernel(f, 0, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL),
+              CUDA_ERROR_INVALID_HANDLE);
+    ns = 1000000;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    EXPECT_EQ(p_cuLaunchKernelEx(&cfg, f, params, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLaunchCooperativeKernel(f, 1 << 20, 1, 1, 1024, 1, 1, 0, s, params),
+              CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    CUgraph g = NULL;
+    CUgraphNode node = NULL;
+    CUgraphExec exec = NULL;
+    CUDA_KERNEL_NODE_PARAMS_v2 kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = f;
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+    kp.kernelParams = params;
+    EXPECT_EQ(p_cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphAddKernelNode_v2(&node, g, NULL, 0, &kp), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(g), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventDestroy_v2(start), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventDestroy_v2(end), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventDestroy_v2(untimed), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
+}
+
+static void proc_address(void)
+{
+    LOAD(lib, cuGetProcAddress);
+    LOAD(lib, cuGetProcAddress_v2);
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+    EXPECT_EQ(p_cuGetProcAddress("cuMemAlloc", &fn, 12000, 0), CUDA_SUCCESS);
+    EXPECT_TRUE(fn == dlsym(lib, "cuMemAlloc_v2"));
+    EXPECT_EQ(p_cuGetProcAddress("cuCtxCreate", &fn, 3020, 0), CUDA_SUCCESS);
+    EXPECT_TRUE(fn == dlsym(lib, "cuCtxCreate_v2"));
+    EXPECT_EQ(p_cuGetProcAddress_v2("cuMemFree", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT,
+                                    &status),
+              CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
+    EXPECT_TRUE(fn == dlsym(lib, "cuMemFree_v2"));
+    EXPECT_EQ(p_cuGetProcAddress_v2("cuNoSuchFunction", &fn, 12000, 0, &status),
+              CUDA_ERROR_NOT_FOUND);
+    EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    EXPECT_TRUE(fn == NULL);
+    EXPECT_EQ(p_cuGetProcAddress_v2("cuMemAllocAsync", &fn, 10000, 0, &status),
+              CUDA_ERROR_NOT_FOUND);
+    EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    EXPECT_EQ(p_cuGetProcAddress(NULL, &fn, 12000, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
+    before_init();
+    devices();
+    contexts();
+    memory();
+    pools_and_async();
+    vmm();
+    arrays();
+    execution();
+    proc_address();
+    if (test_failures > 0) {
+        printf("FAIL %d\n", test_failures);
+        return 1;
+    }
+    printf("PASS\n");
+    return 0;
+}

@@ -1,0 +1,88 @@
+/*
+ * Shared helpers for the simgpu test programs. The programs reach the driver the way real
+ * applications do - dlopen("libcuda.so.1") / dlopen("libnvidia-ml.so.1") and dlsym - so the same
+ * binaries run against the simulated libraries (LD_LIBRARY_PATH=build/simgpu) and against
+ * NVIDIA's on a machine with a GPU. $TEST_LIBCUDA / $TEST_LIBNVML name another library file.
+ */
+#ifndef SIMGPU_TEST_H
+#define SIMGPU_TEST_H
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "simgpu_cuda.h"
+#include "simgpu_nvml.h"
+
+static inline void *test_open(const char *env, const char *soname)
+{
+    const char *path = getenv(env);
+    void *lib = dlopen(path != NULL && path[0] != '\0' ? path : soname, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        fprintf(stderr, "cannot load %s: %s\n", soname, dlerror());
+        exit(2);
+    }
+    return lib;
+}
+
+static inline void *test_sym(void *lib, const char *name)
+{
+    void *p = dlsym(lib, name);
+    if (p == NULL) {
+        fprintf(stderr, "missing symbol %s\n", name);
+        exit(2);
+    }
+    return p;
+}
+
+/* Declare a pointer named like the API function, typed from the header, resolved by dlsym. */
+#define LOAD(lib, fn) __typeof__(&fn) p_##fn = (__typeof__(&fn))test_sym(lib, #fn)
+
+static int test_failures __attribute__((unused)); /* for EXPECT_* in the conformance programs */
+
+#define EXPECT_EQ(got, want)                                                                      \
+    do {                                                                                          \
+        long long g_ = (long long)(got), w_ = (long long)(want);                                  \
+        if (g_ != w_) {                                                                           \
+            fprintf(stderr, "%s:%d: %s = %lld, expected %s = %lld\n", __FILE__, __LINE__, #got,  \
+                    g_, #want, w_);                                                               \
+            test_failures++;                                                                      \
+        }                                                                                         \
+    } while (0)
+
+#define EXPECT_TRUE(cond) EXPECT_EQ(!!(cond), 1)
+
+static inline uint64_t test_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * A real kernel that spins on the GPU's global timer for `ns` nanoseconds, so a test program
+ * keeps a real GPU busy for exactly as long as it keeps the simulated one busy (where the
+ * [kernels] section maps simgpu_sleep_ns to param0).
+ */
+static const char sleep_kernel_ptx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    ".visible .entry simgpu_sleep_ns(.param .u64 ns)\n"
+    "{\n"
+    "  .reg .pred %p;\n"
+    "  .reg .b64 %d<5>;\n"
+    "  ld.param.u64 %d1, [ns];\n"
+    "  mov.u64 %d2, %globaltimer;\n"
+    "  add.u64 %d3, %d2, %d1;\n"
+    "WAIT:\n"
+    "  mov.u64 %d4, %globaltimer;\n"
+    "  setp.lt.u64 %p, %d4, %d3;\n"
+    "  @%p bra WAIT;\n"
+    "  ret;\n"
+    "}\n";
+
+#endif
