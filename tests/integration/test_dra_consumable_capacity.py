@@ -67,6 +67,17 @@ def bound_node(core: client.CoreV1Api, namespace: str, pod: str) -> str | None:
     return pod_state.bound_node(core.read_namespaced_pod(pod, namespace))
 
 
+def unschedulable(core: client.CoreV1Api, namespace: str, pod: str) -> client.V1PodCondition:
+    """Wait for the scheduler to give up on the pod; its PodScheduled=False condition says why."""
+    condition = poll_until(
+        lambda: pod_state.unschedulable_condition(core.read_namespaced_pod(pod, namespace)),
+        60,
+        f"PodScheduled=False on {pod}",
+    )
+    assert condition.reason == "Unschedulable"
+    return condition
+
+
 def test_two_shares_of_one_gpu_and_a_third_that_does_not_fit(
     kube: client.ApiClient, namespace: str, device_class: str, gpu_node: str
 ) -> None:
@@ -92,13 +103,8 @@ def test_two_shares_of_one_gpu_and_a_third_that_does_not_fit(
 
     core.create_namespaced_pod(namespace, dra_objects.pod_with_claim("third", "share"))
 
-    condition = poll_until(
-        lambda: pod_state.unschedulable_condition(core.read_namespaced_pod("third", namespace)),
-        60,
-        "PodScheduled=False on the third pod",
-    )
-    assert condition.reason == "Unschedulable"
-    assert "claim" in (condition.message or "").lower(), condition.message
+    condition = unschedulable(core, namespace, "third")
+    assert "cannot allocate all claims" in (condition.message or ""), condition.message
     assert pod_state.bound_node(core.read_namespaced_pod("third", namespace)) is None
 
 
@@ -113,9 +119,5 @@ def test_a_share_larger_than_the_gpu_is_never_allocated(
     )
     core.create_namespaced_pod(namespace, dra_objects.pod_with_claim("big", "too-big"))
 
-    condition = poll_until(
-        lambda: pod_state.unschedulable_condition(core.read_namespaced_pod("big", namespace)),
-        60,
-        "PodScheduled=False",
-    )
-    assert condition.reason == "Unschedulable"
+    condition = unschedulable(core, namespace, "big")
+    assert "cannot allocate all claims" in (condition.message or ""), condition.message
