@@ -474,6 +474,46 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *er
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 
+/* Per-thread default stream variants: a NULL stream means the calling thread's per-thread default
+ * stream (what cuda.h maps the names to under CUDA_API_PER_THREAD_DEFAULT_STREAM). */
+CUresult cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn, int cudaVersion,
+                                  cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes);
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes,
+                                   CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t count);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t count);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count,
+                              CUstream stream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t count,
+                               CUstream stream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream stream);
+CUresult cuStreamSynchronize_ptsz(CUstream stream);
+CUresult cuStreamQuery_ptsz(CUstream stream);
+CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
+CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx);
+CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                             void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream stream,
+                                        void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,7 @@
-/* CUDA arrays: opaque device memory, counted against the GPU like any allocation. */
+/*
+ * CUDA arrays: opaque device memory, counted against the GPU like any allocation and, like any
+ * allocation, freed with the context that made them.
+ */
 #include <stdlib.h>
 
 #include "cuda_internal.h"
@@ -7,8 +10,35 @@
 struct CUarray_st {
     uint32_t tag;
     CUDA_ARRAY3D_DESCRIPTOR desc;
+    CUcontext ctx;
     uint32_t handle;
+    struct CUarray_st *next; /* the process's live arrays */
 };
+
+static struct CUarray_st *arrays; /* guarded by sim_cuda.mu */
+
+/* Give the array's memory back and make its handle invalid. Needs mu. */
+static void release(CUarray a)
+{
+    for (CUarray *link = &arrays; *link != NULL; link = &(*link)->next) {
+        if (*link == a) {
+            *link = a->next;
+            break;
+        }
+    }
+    a->tag = 0;
+    sim_mem_release(&sim_cuda.rt.node, a->handle);
+}
+
+void sim_arrays_release_context(CUcontext ctx)
+{
+    for (CUarray a = arrays, next = NULL; a != NULL; a = next) {
+        next = a->next;
+        /* Not freed: the program may still hold the handle, which must read as invalid. */
+        if (a->ctx == ctx)
+            release(a);
+    }
+}
 
 static size_t format_bytes(CUarray_format f)
 {
@@ -52,6 +82,11 @@ static CUresult create(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
     }
     a->tag = TAG_ARRAY;
     a->desc = *desc;
+    a->ctx = ctx;
+    pthread_mutex_lock(&sim_cuda.mu);
+    a->next = arrays;
+    arrays = a;
+    pthread_mutex_unlock(&sim_cuda.mu);
     *array = a;
     return CUDA_SUCCESS;
 }
@@ -91,10 +126,13 @@ SIMGPU_API CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *desc, CUarray
 SIMGPU_API CUresult cuArrayDestroy(CUarray array)
 {
     SIM_ENTER();
-    if (array == NULL || array->tag != TAG_ARRAY)
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = array != NULL && array->tag == TAG_ARRAY;
+    if (valid)
+        release(array);
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
         return CUDA_ERROR_INVALID_HANDLE;
-    array->tag = 0;
-    sim_mem_release(&sim_cuda.rt.node, array->handle);
     free(array);
     return CUDA_SUCCESS;
 }

@@ -80,6 +80,7 @@ static void ctx_teardown(CUcontext ctx)
 {
     sim_memory_release_context(ctx);
     sim_pools_release_context(ctx);
+    sim_arrays_release_context(ctx);
     ctx->tag = 0;
     ctx->null.tag = 0;
 }

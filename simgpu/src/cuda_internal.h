@@ -83,9 +83,18 @@ CUcontext sim_current_ctx(void);
 CUresult sim_require_ctx(CUcontext *out);
 bool sim_ctx_valid(CUcontext ctx); /* needs sim_cuda.mu */
 
-/* Resolve a stream handle (NULL and the special handles mean the current context's default
- * stream). */
-CUresult sim_resolve_stream(CUstream handle, struct CUstream_st **out);
+/* What a NULL stream handle names: the context's legacy default stream (the plain entry points)
+ * or the calling thread's per-thread default stream in it (the _ptsz/_ptds entry points). */
+enum sim_default_stream { SIM_LEGACY, SIM_PER_THREAD };
+
+/* Resolve a stream handle: NULL per `mode`, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD as named,
+ * anything else must be a live stream. */
+CUresult sim_resolve_stream(CUstream handle, enum sim_default_stream mode,
+                            struct CUstream_st **out);
+
+/* Sleep until the work queued on `stream` ends; CUDA_ERROR_DEVICE_UNAVAILABLE if the GPU was
+ * lost meanwhile. */
+CUresult sim_stream_wait(struct CUstream_st *stream);
 
 /* Queue `duration_ns` of device work on `stream`. */
 void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns);
@@ -99,12 +108,9 @@ CUresult sim_devmem_reserve(int gpu, uint64_t bytes, uint32_t *handle);
 /* Free every allocation that belongs to `ctx` (context destruction). */
 void sim_memory_release_context(CUcontext ctx);
 void sim_pools_release_context(CUcontext ctx);
+void sim_arrays_release_context(CUcontext ctx);
 /* A synchronisation point: pools give cached memory above their release threshold back. */
 void sim_pools_trim_after_sync(CUdevice dev);
-
-/* The proc-address table lookup (cuda_procaddr.c). */
-CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                          CUdriverProcAddressQueryResult *status);
 
 /* The fallback for real entry points the simulator does not implement (cuda_stubs.c). */
 void *sim_cuda_stub_lookup(const char *symbol);

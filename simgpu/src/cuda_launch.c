@@ -261,16 +261,28 @@ static CUresult prepare(const struct launch *l, uint64_t *duration)
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(const struct launch *l, CUstream stream)
+static CUresult launch(const struct launch *l, CUstream stream, enum sim_default_stream mode)
 {
     uint64_t duration = 0;
     CUresult rc = prepare(l, &duration);
     struct CUstream_st *s = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = sim_resolve_stream(stream, &s);
+        rc = sim_resolve_stream(stream, mode, &s);
     if (rc == CUDA_SUCCESS)
         sim_stream_submit(s, duration);
     return rc;
+}
+
+static CUresult launch_kernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                              unsigned int gridDimZ, unsigned int blockDimX,
+                              unsigned int blockDimY, unsigned int blockDimZ,
+                              unsigned int sharedMemBytes, CUstream stream, void **kernelParams,
+                              void **extra, enum sim_default_stream mode)
+{
+    SIM_ENTER();
+    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
+                       sharedMemBytes, kernelParams, extra, false};
+    return launch(&l, stream, mode);
 }
 
 SIMGPU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -279,14 +291,22 @@ SIMGPU_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
                                    unsigned int sharedMemBytes, CUstream stream,
                                    void **kernelParams, void **extra)
 {
-    SIM_ENTER();
-    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
-                       sharedMemBytes, kernelParams, extra, false};
-    return launch(&l, stream);
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         sharedMemBytes, stream, kernelParams, extra, SIM_LEGACY);
 }
 
-SIMGPU_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
-                                     void **kernelParams, void **extra)
+SIMGPU_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream stream, void **kernelParams, void **extra)
+{
+    return launch_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                         sharedMemBytes, stream, kernelParams, extra, SIM_PER_THREAD);
+}
+
+static CUresult launch_kernel_ex(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                 void **extra, enum sim_default_stream mode)
 {
     SIM_ENTER();
     if (config == NULL || (config->numAttrs > 0 && config->attrs == NULL))
@@ -298,7 +318,31 @@ SIMGPU_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
                        kernelParams,
                        extra,
                        false};
-    return launch(&l, config->hStream);
+    return launch(&l, config->hStream, mode);
+}
+
+SIMGPU_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                     void **kernelParams, void **extra)
+{
+    return launch_kernel_ex(config, f, kernelParams, extra, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                          void **kernelParams, void **extra)
+{
+    return launch_kernel_ex(config, f, kernelParams, extra, SIM_PER_THREAD);
+}
+
+static CUresult launch_cooperative(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream stream,
+                                   void **kernelParams, enum sim_default_stream mode)
+{
+    SIM_ENTER();
+    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
+                       sharedMemBytes, kernelParams, NULL, true};
+    return launch(&l, stream, mode);
 }
 
 SIMGPU_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
@@ -307,10 +351,19 @@ SIMGPU_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
                                               unsigned int blockDimZ, unsigned int sharedMemBytes,
                                               CUstream stream, void **kernelParams)
 {
-    SIM_ENTER();
-    struct launch l = {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ},
-                       sharedMemBytes, kernelParams, NULL, true};
-    return launch(&l, stream);
+    return launch_cooperative(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                              sharedMemBytes, stream, kernelParams, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                                   unsigned int gridDimY, unsigned int gridDimZ,
+                                                   unsigned int blockDimX, unsigned int blockDimY,
+                                                   unsigned int blockDimZ,
+                                                   unsigned int sharedMemBytes, CUstream stream,
+                                                   void **kernelParams)
+{
+    return launch_cooperative(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                              sharedMemBytes, stream, kernelParams, SIM_PER_THREAD);
 }
 
 /* ---- Graphs: kernel nodes only, run in insertion order (which respects dependencies). ---- */
@@ -428,18 +481,28 @@ SIMGPU_API CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgr
     return instantiate(exec, graph);
 }
 
-SIMGPU_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+static CUresult graph_launch(CUgraphExec exec, CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
     if (exec == NULL || exec->tag != TAG_GRAPH_EXEC)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     for (size_t i = 0; i < exec->count; i++)
         sim_stream_submit(s, exec->nodes[i].duration_ns);
     return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+    return graph_launch(exec, stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+    return graph_launch(exec, stream, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuGraphExecDestroy(CUgraphExec exec)

@@ -247,10 +247,22 @@ SIMGPU_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /*
  * Copies and memsets: data moves at once and takes no device time. The synchronous forms first
- * wait for the context's queued kernels, as the legacy default stream orders them.
+ * wait for the default stream's queued work: for the legacy default stream, everything queued in
+ * the context (it synchronises with the other streams); for the per-thread default stream (the
+ * _ptds entry points), only the calling thread's own.
  */
+static CUresult wait_default_stream(CUcontext ctx, enum sim_default_stream mode)
+{
+    if (mode == SIM_LEGACY)
+        return sim_ctx_wait(ctx);
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(NULL, mode, &s);
+    return rc == CUDA_SUCCESS ? sim_stream_wait(s) : rc;
+}
+
+/* `sync`: a synchronous form, else an async one queued on `stream`. */
 static CUresult copy(void *dst, const void *src, size_t bytes, bool dst_dev, bool src_dev,
-                     CUstream stream, bool sync)
+                     CUstream stream, bool sync, enum sim_default_stream mode)
 {
     SIM_ENTER();
     CUcontext ctx = NULL;
@@ -263,9 +275,9 @@ static CUresult copy(void *dst, const void *src, size_t bytes, bool dst_dev, boo
         (src_dev && !sim_device_range_valid((uintptr_t)src, bytes)))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    if (!sync && (rc = sim_resolve_stream(stream, &s)) != CUDA_SUCCESS)
+    if (!sync && (rc = sim_resolve_stream(stream, mode, &s)) != CUDA_SUCCESS)
         return rc;
-    if (sync && (rc = sim_ctx_wait(ctx)) != CUDA_SUCCESS)
+    if (sync && (rc = wait_default_stream(ctx, mode)) != CUDA_SUCCESS)
         return rc;
     memmove(dst, src, bytes);
     return CUDA_SUCCESS;
@@ -273,44 +285,82 @@ static CUresult copy(void *dst, const void *src, size_t bytes, bool dst_dev, boo
 
 SIMGPU_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)
 {
-    return copy((void *)dst, src, bytes, true, false, NULL, true);
+    return copy((void *)dst, src, bytes, true, false, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t bytes)
+{
+    return copy((void *)dst, src, bytes, true, false, NULL, true, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes)
 {
-    return copy(dst, (const void *)src, bytes, false, true, NULL, true);
+    return copy(dst, (const void *)src, bytes, false, true, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t bytes)
+{
+    return copy(dst, (const void *)src, bytes, false, true, NULL, true, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
-    return copy((void *)dst, (const void *)src, bytes, true, true, NULL, true);
+    return copy((void *)dst, (const void *)src, bytes, true, true, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return copy((void *)dst, (const void *)src, bytes, true, true, NULL, true, SIM_PER_THREAD);
 }
 
 /* Unified addressing: either side may be host or device memory. */
 SIMGPU_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
-    return copy((void *)dst, (const void *)src, bytes, false, false, NULL, true);
+    return copy((void *)dst, (const void *)src, bytes, false, false, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return copy((void *)dst, (const void *)src, bytes, false, false, NULL, true, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes,
                                          CUstream stream)
 {
-    return copy((void *)dst, src, bytes, true, false, stream, false);
+    return copy((void *)dst, src, bytes, true, false, stream, false, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes,
+                                              CUstream stream)
+{
+    return copy((void *)dst, src, bytes, true, false, stream, false, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes,
                                          CUstream stream)
 {
-    return copy(dst, (const void *)src, bytes, false, true, stream, false);
+    return copy(dst, (const void *)src, bytes, false, true, stream, false, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes,
+                                              CUstream stream)
+{
+    return copy(dst, (const void *)src, bytes, false, true, stream, false, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)
 {
-    return copy((void *)dst, (const void *)src, bytes, false, false, stream, false);
+    return copy((void *)dst, (const void *)src, bytes, false, false, stream, false, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                       CUstream stream)
+{
+    return copy((void *)dst, (const void *)src, bytes, false, false, stream, false, SIM_PER_THREAD);
 }
 
 static CUresult memset_n(CUdeviceptr dst, uint32_t value, unsigned int width, size_t count,
-                         CUstream stream, bool sync)
+                         CUstream stream, bool sync, enum sim_default_stream mode)
 {
     SIM_ENTER();
     CUcontext ctx = NULL;
@@ -323,9 +373,9 @@ static CUresult memset_n(CUdeviceptr dst, uint32_t value, unsigned int width, si
         !sim_device_range_valid((uintptr_t)dst, count * width))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    if (!sync && (rc = sim_resolve_stream(stream, &s)) != CUDA_SUCCESS)
+    if (!sync && (rc = sim_resolve_stream(stream, mode, &s)) != CUDA_SUCCESS)
         return rc;
-    if (sync && (rc = sim_ctx_wait(ctx)) != CUDA_SUCCESS)
+    if (sync && (rc = wait_default_stream(ctx, mode)) != CUDA_SUCCESS)
         return rc;
     if (width == 1) {
         memset((void *)dst, (int)value, count);
@@ -339,22 +389,44 @@ static CUresult memset_n(CUdeviceptr dst, uint32_t value, unsigned int width, si
 
 SIMGPU_API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count)
 {
-    return memset_n(dst, value, 1, count, NULL, true);
+    return memset_n(dst, value, 1, count, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t count)
+{
+    return memset_n(dst, value, 1, count, NULL, true, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t count)
 {
-    return memset_n(dst, value, 4, count, NULL, true);
+    return memset_n(dst, value, 4, count, NULL, true, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned int value, size_t count)
+{
+    return memset_n(dst, value, 4, count, NULL, true, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count,
                                     CUstream stream)
 {
-    return memset_n(dst, value, 1, count, stream, false);
+    return memset_n(dst, value, 1, count, stream, false, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t count,
+                                         CUstream stream)
+{
+    return memset_n(dst, value, 1, count, stream, false, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count,
                                      CUstream stream)
 {
-    return memset_n(dst, value, 4, count, stream, false);
+    return memset_n(dst, value, 4, count, stream, false, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int value, size_t count,
+                                          CUstream stream)
+{
+    return memset_n(dst, value, 4, count, stream, false, SIM_PER_THREAD);
 }

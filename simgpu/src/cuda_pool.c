@@ -84,12 +84,13 @@ void sim_pools_release_context(CUcontext ctx)
         trim(current_pools[ctx->device], 0);
 }
 
-static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream)
+static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+                           enum sim_default_stream mode)
 {
     if (dptr == NULL || bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (sim_fault_gpu_lost(&sim_cuda.rt, s->ctx->device))
@@ -133,23 +134,41 @@ static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, C
 SIMGPU_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     SIM_ENTER();
-    return alloc_from(dptr, bytesize, NULL, stream);
+    return alloc_from(dptr, bytesize, NULL, stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    SIM_ENTER();
+    return alloc_from(dptr, bytesize, NULL, stream, SIM_PER_THREAD);
+}
+
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                CUstream stream, enum sim_default_stream mode)
+{
+    SIM_ENTER();
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_from(dptr, bytesize, pool, stream, mode);
 }
 
 SIMGPU_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                             CUstream stream)
 {
-    SIM_ENTER();
-    if (pool == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    return alloc_from(dptr, bytesize, pool, stream);
+    return alloc_from_pool(dptr, bytesize, pool, stream, SIM_LEGACY);
 }
 
-SIMGPU_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+SIMGPU_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                 CUmemoryPool pool, CUstream stream)
+{
+    return alloc_from_pool(dptr, bytesize, pool, stream, SIM_PER_THREAD);
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim_cuda.mu);
@@ -166,6 +185,16 @@ SIMGPU_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
+}
+
+SIMGPU_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    return free_async(dptr, stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    return free_async(dptr, stream, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)

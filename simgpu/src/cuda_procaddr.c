@@ -1,9 +1,11 @@
 /*
  * cuGetProcAddress: the CUDA runtime (and the shim) fetch entry points by base name and the
  * CUDA version whose ABI they expect. The table maps each base name to the implementation
- * introduced at each version; a request gets the newest entry not newer than its version.
- * Per-thread-default-stream requests get the same functions: the simulator's default stream
- * semantics do not differ between the two modes.
+ * introduced at each version; a request gets the newest entry not newer than its version. An
+ * entry point whose default stream matters also has a per-thread default stream variant (the
+ * exported _ptsz/_ptds symbol), returned for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+ * A base name the table knows only at newer versions is CUDA_ERROR_NOT_FOUND with
+ * CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: the simulator has no pre-3.2 (32-bit) ABIs.
  */
 #include <string.h>
 
@@ -13,9 +15,11 @@ struct proc_entry {
     const char *name;
     int version;
     void *fn;
+    void *per_thread; /* the per-thread default stream variant, or NULL if there is none */
 };
 
-#define E(name, version, fn) {name, version, (void *)(fn)}
+#define E(name, version, fn) {name, version, (void *)(fn), NULL}
+#define P(name, version, fn, per_thread) {name, version, (void *)(fn), (void *)(per_thread)}
 
 static const struct proc_entry table[] = {
     E("cuInit", 2000, cuInit),
@@ -23,7 +27,7 @@ static const struct proc_entry table[] = {
     E("cuGetErrorName", 6000, cuGetErrorName),
     E("cuGetErrorString", 6000, cuGetErrorString),
     E("cuGetProcAddress", 11030, cuGetProcAddress),
-    E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2, cuGetProcAddress_v2_ptsz),
     E("cuDeviceGet", 2000, cuDeviceGet),
     E("cuDeviceGetCount", 2000, cuDeviceGetCount),
     E("cuDeviceGetName", 2000, cuDeviceGetName),
@@ -62,20 +66,20 @@ static const struct proc_entry table[] = {
     E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
     E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
     E("cuMemFreeHost", 2000, cuMemFreeHost),
-    E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
-    E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
-    E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
-    E("cuMemcpy", 4000, cuMemcpy),
-    E("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
-    E("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
-    E("cuMemcpyAsync", 4000, cuMemcpyAsync),
-    E("cuMemsetD8", 3020, cuMemsetD8_v2),
-    E("cuMemsetD32", 3020, cuMemsetD32_v2),
-    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
-    E("cuMemsetD32Async", 3020, cuMemsetD32Async),
-    E("cuMemAllocAsync", 11020, cuMemAllocAsync),
-    E("cuMemFreeAsync", 11020, cuMemFreeAsync),
-    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds),
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds),
+    P("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds),
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz),
+    P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz),
+    P("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz),
+    P("cuMemsetD8", 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds),
+    P("cuMemsetD32", 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds),
+    P("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz),
+    P("cuMemsetD32Async", 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
     E("cuMemPoolCreate", 11020, cuMemPoolCreate),
     E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
     E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
@@ -99,12 +103,12 @@ static const struct proc_entry table[] = {
     E("cuStreamCreate", 2000, cuStreamCreate),
     E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
-    E("cuStreamSynchronize", 2000, cuStreamSynchronize),
-    E("cuStreamQuery", 2000, cuStreamQuery),
-    E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
-    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz),
+    P("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
+    P("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz),
     E("cuEventCreate", 2000, cuEventCreate),
-    E("cuEventRecord", 2000, cuEventRecord),
+    P("cuEventRecord", 2000, cuEventRecord, cuEventRecord_ptsz),
     E("cuEventQuery", 2000, cuEventQuery),
     E("cuEventSynchronize", 2000, cuEventSynchronize),
     E("cuEventElapsedTime", 2000, cuEventElapsedTime),
@@ -117,9 +121,10 @@ static const struct proc_entry table[] = {
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
     E("cuFuncSetAttribute", 9000, cuFuncSetAttribute),
-    E("cuLaunchKernel", 4000, cuLaunchKernel),
-    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
-    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    P("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel,
+      cuLaunchCooperativeKernel_ptsz),
     E("cuGraphCreate", 10000, cuGraphCreate),
     E("cuGraphDestroy", 10000, cuGraphDestroy),
     E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
@@ -127,17 +132,19 @@ static const struct proc_entry table[] = {
     E("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),
     E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
-    E("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
 };
 
-CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                          CUdriverProcAddressQueryResult *status)
+static CUresult proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             bool per_thread_by_default, CUdriverProcAddressQueryResult *status)
 {
     if (symbol == NULL || pfn == NULL ||
-        (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
-                               CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) != 0)
+        (flags != CU_GET_PROC_ADDRESS_DEFAULT && flags != CU_GET_PROC_ADDRESS_LEGACY_STREAM &&
+         flags != CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
         return CUDA_ERROR_INVALID_VALUE;
+    bool per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ||
+                      (flags == CU_GET_PROC_ADDRESS_DEFAULT && per_thread_by_default);
     *pfn = NULL;
     const struct proc_entry *best = NULL;
     bool known = false;
@@ -150,7 +157,10 @@ CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_
     }
     void *stub = known ? NULL : sim_cuda_stub_lookup(symbol);
     if (best != NULL || stub != NULL) {
-        *pfn = best != NULL ? best->fn : stub;
+        if (best == NULL)
+            *pfn = stub; /* the stubs' variants are the same function */
+        else
+            *pfn = per_thread && best->per_thread != NULL ? best->per_thread : best->fn;
         if (status != NULL)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
@@ -164,12 +174,21 @@ CUresult sim_proc_address(const char *symbol, void **pfn, int version, cuuint64_
 SIMGPU_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                      cuuint64_t flags)
 {
-    return sim_proc_address(symbol, pfn, cudaVersion, flags, NULL);
+    return proc_address(symbol, pfn, cudaVersion, flags, false, NULL);
 }
 
 SIMGPU_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                         cuuint64_t flags,
                                         CUdriverProcAddressQueryResult *symbolStatus)
 {
-    return sim_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+    return proc_address(symbol, pfn, cudaVersion, flags, false, symbolStatus);
+}
+
+/* What cuda.h names cuGetProcAddress under CUDA_API_PER_THREAD_DEFAULT_STREAM: the default
+ * flags mean the per-thread default stream. */
+SIMGPU_API CUresult cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn, int cudaVersion,
+                                             cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return proc_address(symbol, pfn, cudaVersion, flags, true, symbolStatus);
 }

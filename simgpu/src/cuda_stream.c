@@ -7,13 +7,66 @@
 #include "cuda_internal.h"
 #include "timeline.h"
 
-CUresult sim_resolve_stream(CUstream handle, struct CUstream_st **out)
+/*
+ * Per-thread default streams: one per thread and context, made on first use. A context's handle
+ * is never reused for another context (destroyed contexts are not freed), so a stale entry can
+ * only ever name its own context again. Entries are freed when their thread exits.
+ */
+struct per_thread_stream {
+    struct CUstream_st stream;
+    struct per_thread_stream *next;
+};
+
+static __thread struct per_thread_stream *per_thread_streams;
+static pthread_key_t per_thread_key;
+static pthread_once_t per_thread_once = PTHREAD_ONCE_INIT;
+
+static void free_per_thread_streams(void *head)
+{
+    for (struct per_thread_stream *p = head, *next; p != NULL; p = next) {
+        next = p->next;
+        free(p);
+    }
+}
+
+static void make_per_thread_key(void)
+{
+    if (pthread_key_create(&per_thread_key, free_per_thread_streams) != 0)
+        sim_log("cannot register per-thread stream cleanup; they leak at thread exit");
+}
+
+static CUresult per_thread_stream(CUcontext ctx, struct CUstream_st **out)
+{
+    for (struct per_thread_stream *p = per_thread_streams; p != NULL; p = p->next) {
+        if (p->stream.ctx == ctx) {
+            *out = &p->stream;
+            return CUDA_SUCCESS;
+        }
+    }
+    struct per_thread_stream *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->stream.tag = TAG_STREAM;
+    p->stream.ctx = ctx;
+    p->next = per_thread_streams;
+    per_thread_streams = p;
+    pthread_once(&per_thread_once, make_per_thread_key);
+    pthread_setspecific(per_thread_key, per_thread_streams);
+    *out = &p->stream;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_resolve_stream(CUstream handle, enum sim_default_stream mode,
+                            struct CUstream_st **out)
 {
     if (handle == NULL || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
         CUcontext ctx = NULL;
         CUresult rc = sim_require_ctx(&ctx);
         if (rc != CUDA_SUCCESS)
             return rc;
+        if (handle == CU_STREAM_PER_THREAD ||
+            (handle == NULL && mode == SIM_PER_THREAD))
+            return per_thread_stream(ctx, out);
         *out = &ctx->null;
         return CUDA_SUCCESS;
     }
@@ -26,6 +79,16 @@ CUresult sim_resolve_stream(CUstream handle, struct CUstream_st **out)
         return SIM_CUDA_GPU_LOST;
     *out = handle;
     return CUDA_SUCCESS;
+}
+
+CUresult sim_stream_wait(struct CUstream_st *stream)
+{
+    pthread_mutex_lock(&sim_cuda.mu);
+    uint64_t until = stream->last_end_ns;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    sim_sleep_until(until);
+    return sim_fault_gpu_lost(&sim_cuda.rt, stream->ctx->device) ? SIM_CUDA_GPU_LOST
+                                                                 : CUDA_SUCCESS;
 }
 
 void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns)
@@ -91,28 +154,33 @@ SIMGPU_API CUresult cuStreamDestroy_v2(CUstream stream)
     return CUDA_SUCCESS;
 }
 
-SIMGPU_API CUresult cuStreamSynchronize(CUstream stream)
+static CUresult stream_synchronize(CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    pthread_mutex_lock(&sim_cuda.mu);
-    uint64_t until = s->last_end_ns;
-    pthread_mutex_unlock(&sim_cuda.mu);
-    sim_sleep_until(until);
-    if (sim_fault_gpu_lost(&sim_cuda.rt, s->ctx->device))
-        return SIM_CUDA_GPU_LOST;
-    sim_pools_trim_after_sync(s->ctx->device);
-    return CUDA_SUCCESS;
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_stream_wait(s);
+    if (rc == CUDA_SUCCESS)
+        sim_pools_trim_after_sync(s->ctx->device);
+    return rc;
 }
 
-SIMGPU_API CUresult cuStreamQuery(CUstream stream)
+SIMGPU_API CUresult cuStreamSynchronize(CUstream stream)
+{
+    return stream_synchronize(stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamSynchronize_ptsz(CUstream stream)
+{
+    return stream_synchronize(stream, SIM_PER_THREAD);
+}
+
+static CUresult stream_query(CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim_cuda.mu);
@@ -121,18 +189,29 @@ SIMGPU_API CUresult cuStreamQuery(CUstream stream)
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+SIMGPU_API CUresult cuStreamQuery(CUstream stream)
+{
+    return stream_query(stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamQuery_ptsz(CUstream stream)
+{
+    return stream_query(stream, SIM_PER_THREAD);
+}
+
 static bool event_valid(CUevent event)
 {
     return event != NULL && event->tag == TAG_EVENT;
 }
 
-SIMGPU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
+static CUresult stream_wait_event(CUstream stream, CUevent event, unsigned int flags,
+                                  enum sim_default_stream mode)
 {
     SIM_ENTER();
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim_cuda.mu);
@@ -146,16 +225,36 @@ SIMGPU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned i
     return rc;
 }
 
-SIMGPU_API CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx)
+SIMGPU_API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
+{
+    return stream_wait_event(stream, event, flags, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags)
+{
+    return stream_wait_event(stream, event, flags, SIM_PER_THREAD);
+}
+
+static CUresult stream_get_ctx(CUstream stream, CUcontext *pctx, enum sim_default_stream mode)
 {
     SIM_ENTER();
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc == CUDA_SUCCESS)
         *pctx = s->ctx;
     return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx)
+{
+    return stream_get_ctx(stream, pctx, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
+{
+    return stream_get_ctx(stream, pctx, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)
@@ -180,11 +279,11 @@ SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
-SIMGPU_API CUresult cuEventRecord(CUevent event, CUstream stream)
+static CUresult event_record(CUevent event, CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
     struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, &s);
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t now = sim_now_ns();
@@ -197,6 +296,16 @@ SIMGPU_API CUresult cuEventRecord(CUevent event, CUstream stream)
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
+}
+
+SIMGPU_API CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    return event_record(event, stream, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuEventRecord_ptsz(CUevent event, CUstream stream)
+{
+    return event_record(event, stream, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuEventQuery(CUevent event)

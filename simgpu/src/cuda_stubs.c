@@ -53,6 +53,23 @@
     X(cuDestroyExternalSemaphore) X(cuProfilerStart) X(cuProfilerStop) X(cuGetExportTable)        \
     X(cuCoredumpGetAttribute) X(cuThreadExchangeStreamCaptureMode) X(cuUserObjectCreate)
 
+/* Their per-thread default stream variants, exported for dlsym; cuGetProcAddress answers the
+ * base name with the same function whatever its flags. */
+#define SIM_CUDA_STUB_VARIANTS(X)                                                                 \
+    X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2_ptds) X(cuMemcpy3D_v2_ptds)                    \
+    X(cuMemcpyHtoA_v2_ptds) X(cuMemcpyAtoH_v2_ptds) X(cuMemcpyPeer_ptds)                          \
+    X(cuMemsetD16_v2_ptds) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2_ptds)                       \
+    X(cuMemsetD2D32_v2_ptds) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpy2DAsync_v2_ptsz)              \
+    X(cuMemcpy3DAsync_v2_ptsz) X(cuMemcpyPeerAsync_ptsz) X(cuMemsetD16Async_ptsz)                 \
+    X(cuMemPrefetchAsync_ptsz) X(cuStreamGetPriority_ptsz) X(cuStreamGetFlags_ptsz)               \
+    X(cuStreamGetId_ptsz) X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
+    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing_ptsz)        \
+    X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetAttribute_ptsz) X(cuStreamSetAttribute_ptsz)   \
+    X(cuStreamCopyAttributes_ptsz) X(cuStreamWaitValue32_v2_ptsz) X(cuStreamWriteValue32_v2_ptsz) \
+    X(cuStreamBatchMemOp_v2_ptsz) X(cuEventRecordWithFlags_ptsz) X(cuLaunchHostFunc_ptsz)         \
+    X(cuSignalExternalSemaphoresAsync_ptsz) X(cuWaitExternalSemaphoresAsync_ptsz)                 \
+    X(cuGraphUpload_ptsz)
+
 static CUresult not_supported(void)
 {
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -62,6 +79,7 @@ static CUresult not_supported(void)
     extern __typeof__(not_supported) name                                                         \
         __attribute__((alias("not_supported"), visibility("default")));
 SIM_CUDA_STUBS(DEFINE_STUB)
+SIM_CUDA_STUB_VARIANTS(DEFINE_STUB)
 
 #define STUB_NAME(name) #name,
 static const char *const stub_names[] = {SIM_CUDA_STUBS(STUB_NAME)};

@@ -8,8 +8,10 @@ from tessera.simgpu.node import NodeFactory
 
 def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:
     """tests/simgpu/programs/cuda_api.c passes: init, devices, contexts, memory (plain, pitched,
-    managed, pinned host, async, pools, VMM, arrays), modules, launches, events, graphs and
-    cuGetProcAddress in both signatures, each with its failure paths."""
+    managed, pinned host, async, pools, VMM, arrays, which die with their context), modules,
+    launches, events, graphs, the per-thread default stream of the _ptsz/_ptds entry points, and
+    cuGetProcAddress in all three signatures honouring the requested version and stream flags,
+    each with its failure paths."""
     done = make_node(name="cuda").program("cuda_api")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
@@ -21,6 +23,38 @@ def test_nvml_conformance(make_node: NodeFactory) -> None:
     done = make_node(name="nvml").program("nvml_api")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_null_arguments_and_invalid_handles(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/error_paths.c passes: every CUDA and NVML entry point given a NULL
+    output, a NULL or out-of-range handle, or called before init / without a context returns
+    NVIDIA's error code for it (table-driven, one row per call)."""
+    done = make_node(name="errors").program("error_paths")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_proc_address_refuses_abis_older_than_simulated(make_node: NodeFactory) -> None:
+    """The simulator has no pre-CUDA-3.2 (32-bit size) ABIs: asking for cuMemAlloc at 3010 is
+    CUDA_ERROR_NOT_FOUND with CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT and a NULL pointer,
+    never the 64-bit function under the old ABI (a real driver returns its v1 function). Flags
+    other than DEFAULT, LEGACY_STREAM and PER_THREAD_DEFAULT_STREAM are CUDA_ERROR_INVALID_VALUE."""
+    seen = make_node(name="procabi").python_json(
+        """
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+def query(name, version, flags):
+    fn = ctypes.c_void_p(1)
+    status = ctypes.c_int(-1)
+    rc = cu.cuGetProcAddress_v2(name, ctypes.byref(fn), version, ctypes.c_uint64(flags),
+                                ctypes.byref(status))
+    return [rc, status.value, fn.value]
+print(json.dumps(dict(
+    v1=query(b"cuMemAlloc", 3010, 0), v2=query(b"cuMemAlloc", 3020, 0)[:2],
+    both_flags=query(b"cuLaunchKernel", 12000, 3)[0], bad_flag=query(b"cuLaunchKernel", 12000, 4)[0])))
+"""
+    )
+    assert seen == {"v1": [500, 2, None], "v2": [0, 0], "both_flags": 1, "bad_flag": 1}
 
 
 def test_unimplemented_entry_points_report_not_supported(make_node: NodeFactory) -> None:

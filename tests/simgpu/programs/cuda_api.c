@@ -3,6 +3,7 @@
  * codes of each call, success and failure paths. Exit status 0 and "PASS" when every check
  * holds; each failed check is reported on stderr. Runs unchanged against a real GPU's libcuda.
  */
+#include <pthread.h>
 #include <unistd.h>
 
 #include "simgpu_test.h"
@@ -265,8 +266,12 @@ static void vmm(void)
 static void arrays(void)
 {
     LOAD(lib, cuArrayCreate_v2);
+    LOAD(lib, cuArray3DCreate_v2);
     LOAD(lib, cuArrayGetDescriptor_v2);
     LOAD(lib, cuArrayDestroy);
+    LOAD(lib, cuCtxCreate_v2);
+    LOAD(lib, cuCtxDestroy_v2);
+    LOAD(lib, cuMemGetInfo_v2);
     CUDA_ARRAY_DESCRIPTOR d = {256, 256, CU_AD_FORMAT_FLOAT, 4}, out;
     CUarray a = NULL;
     EXPECT_EQ(p_cuArrayCreate_v2(&a, &d), CUDA_SUCCESS);
@@ -275,6 +280,25 @@ static void arrays(void)
     EXPECT_EQ(p_cuArrayDestroy(a), CUDA_SUCCESS);
     d.NumChannels = 3;
     EXPECT_EQ(p_cuArrayCreate_v2(&a, &d), CUDA_ERROR_INVALID_VALUE);
+
+    /* Arrays die with their context, like every allocation: 2 x 64 MiB made in a context that
+     * is then destroyed without cuArrayDestroy are free again. The slack allows for the
+     * context's own memory on a real GPU. */
+    const size_t mib = 1 << 20, slack = 32 * mib;
+    size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+    CUcontext ctx = NULL;
+    CUarray a2 = NULL, a3 = NULL;
+    CUDA_ARRAY_DESCRIPTOR d2 = {2048, 2048, CU_AD_FORMAT_FLOAT, 4};         /* 64 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {256, 256, 64, CU_AD_FORMAT_FLOAT, 4, 0}; /* 64 MiB */
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free0, &total), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuCtxCreate_v2(&ctx, 0, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuArrayCreate_v2(&a2, &d2), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuArray3DCreate_v2(&a3, &d3), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_TRUE(free0 - free1 >= 128 * mib);
+    EXPECT_EQ(p_cuCtxDestroy_v2(ctx), CUDA_SUCCESS); /* the previous context is current again */
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free2, &total), CUDA_SUCCESS);
+    EXPECT_TRUE(free2 + slack >= free0);
 }
 
 static void execution(void)
@@ -368,10 +392,95 @@ static void execution(void)
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
 }
 
+/* The per-thread default stream: the _ptsz/_ptds entry points' NULL stream is the calling
+ * thread's own stream, which does not wait for other threads' work (the legacy default stream
+ * waits for every blocking stream, per-thread default streams included). */
+struct other_thread {
+    CUcontext ctx;
+    CUdeviceptr dev;
+    int query_rc, ptds_copy_rc, legacy_copy_rc;
+    uint64_t ptds_copy_ns, legacy_copy_ns;
+};
+
+static void *other_thread_main(void *arg)
+{
+    LOAD(lib, cuCtxSetCurrent);
+    LOAD(lib, cuStreamQuery_ptsz);
+    LOAD(lib, cuMemcpyHtoD_v2_ptds);
+    LOAD(lib, cuMemcpyHtoD_v2);
+    struct other_thread *o = arg;
+    char buf[64] = {0};
+    p_cuCtxSetCurrent(o->ctx);
+    o->query_rc = p_cuStreamQuery_ptsz(NULL);
+    uint64_t t = test_now_ns();
+    o->ptds_copy_rc = p_cuMemcpyHtoD_v2_ptds(o->dev, buf, sizeof buf);
+    o->ptds_copy_ns = test_now_ns() - t;
+    t = test_now_ns();
+    o->legacy_copy_rc = p_cuMemcpyHtoD_v2(o->dev, buf, sizeof buf);
+    o->legacy_copy_ns = test_now_ns() - t;
+    return NULL;
+}
+
+static void per_thread_default_stream(void)
+{
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuModuleUnload);
+    LOAD(lib, cuCtxGetCurrent);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuLaunchKernel_ptsz);
+    LOAD(lib, cuStreamQuery_ptsz);
+    LOAD(lib, cuStreamQuery);
+    LOAD(lib, cuStreamSynchronize_ptsz);
+    const uint64_t ms = 1000000ULL;
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    uint64_t ns = 300 * ms;
+    void *params[] = {&ns};
+    struct other_thread o;
+    memset(&o, 0, sizeof o);
+    EXPECT_EQ(p_cuModuleLoadData(&m, sleep_kernel_ptx), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuCtxGetCurrent(&o.ctx), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAlloc_v2(&o.dev, 64), CUDA_SUCCESS);
+    uint64_t t = test_now_ns();
+    EXPECT_EQ(p_cuLaunchKernel_ptsz(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamQuery_ptsz(NULL), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(p_cuStreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_NOT_READY);
+    pthread_t th;
+    EXPECT_EQ(pthread_create(&th, NULL, other_thread_main, &o), 0);
+    pthread_join(th, NULL);
+    EXPECT_EQ(o.query_rc, CUDA_SUCCESS);      /* its own per-thread stream is idle */
+    EXPECT_EQ(o.ptds_copy_rc, CUDA_SUCCESS);  /* ... so its synchronous copy does not wait */
+    EXPECT_TRUE(o.ptds_copy_ns < 100 * ms);
+    EXPECT_EQ(o.legacy_copy_rc, CUDA_SUCCESS); /* the legacy one waits for our kernel */
+    EXPECT_TRUE(test_now_ns() - t >= 250 * ms);
+    EXPECT_EQ(p_cuStreamSynchronize_ptsz(NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamQuery_ptsz(NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFree_v2(o.dev), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
+}
+
+/* cuGetProcAddress(name, version, flags) must give exactly the symbol dlsym gives for `want`. */
+static void expect_proc(const char *name, int version, cuuint64_t flags, const char *want)
+{
+    LOAD(lib, cuGetProcAddress_v2);
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult rc = p_cuGetProcAddress_v2(name, &fn, version, flags, &status);
+    if (rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || fn != dlsym(lib, want)) {
+        fprintf(stderr, "cuGetProcAddress(%s, %d, %llu) = %d/%d, not %s\n", name, version,
+                (unsigned long long)flags, (int)rc, (int)status, want);
+        test_failures++;
+    }
+}
+
 static void proc_address(void)
 {
     LOAD(lib, cuGetProcAddress);
     LOAD(lib, cuGetProcAddress_v2);
+    LOAD(lib, cuGetProcAddress_v2_ptsz);
     void *fn = NULL;
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
     EXPECT_EQ(p_cuGetProcAddress("cuMemAlloc", &fn, 12000, 0), CUDA_SUCCESS);
@@ -391,6 +500,63 @@ static void proc_address(void)
               CUDA_ERROR_NOT_FOUND);
     EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
     EXPECT_EQ(p_cuGetProcAddress(NULL, &fn, 12000, 0), CUDA_ERROR_INVALID_VALUE);
+
+    /* The requested version picks the ABI. */
+    expect_proc("cuCtxCreate", 11040, 0, "cuCtxCreate_v3");
+    expect_proc("cuGetProcAddress", 11030, 0, "cuGetProcAddress");
+    expect_proc("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
+    expect_proc("cuDevicePrimaryCtxRelease", 7000, 0, "cuDevicePrimaryCtxRelease");
+    expect_proc("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2");
+
+    /* Default and legacy flags give the legacy-stream functions; the per-thread flag gives the
+     * _ptsz/_ptds variants where they exist and the plain function where none does. */
+    static const struct {
+        const char *name, *legacy, *per_thread;
+    } streamed[] = {
+        {"cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+        {"cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
+        {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel",
+         "cuLaunchCooperativeKernel_ptsz"},
+        {"cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz"},
+        {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds"},
+        {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds"},
+        {"cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds"},
+        {"cuMemcpy", "cuMemcpy", "cuMemcpy_ptds"},
+        {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"},
+        {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz"},
+        {"cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz"},
+        {"cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds"},
+        {"cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds"},
+        {"cuMemsetD8Async", "cuMemsetD8Async", "cuMemsetD8Async_ptsz"},
+        {"cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz"},
+        {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
+        {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
+        {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
+        {"cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
+        {"cuStreamQuery", "cuStreamQuery", "cuStreamQuery_ptsz"},
+        {"cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"},
+        {"cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz"},
+        {"cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz"},
+        {"cuGetProcAddress", "cuGetProcAddress_v2", "cuGetProcAddress_v2_ptsz"},
+        {"cuMemAlloc", "cuMemAlloc_v2", "cuMemAlloc_v2"},
+        {"cuStreamCreate", "cuStreamCreate", "cuStreamCreate"},
+    };
+    for (size_t i = 0; i < sizeof streamed / sizeof streamed[0]; i++) {
+        expect_proc(streamed[i].name, 12000, CU_GET_PROC_ADDRESS_DEFAULT, streamed[i].legacy);
+        expect_proc(streamed[i].name, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                    streamed[i].legacy);
+        expect_proc(streamed[i].name, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                    streamed[i].per_thread);
+    }
+    /* What cuda.h calls cuGetProcAddress under per-thread compilation defaults to per-thread. */
+    EXPECT_EQ(p_cuGetProcAddress_v2_ptsz("cuLaunchKernel", &fn, 12000,
+                                         CU_GET_PROC_ADDRESS_DEFAULT, &status),
+              CUDA_SUCCESS);
+    EXPECT_TRUE(fn == dlsym(lib, "cuLaunchKernel_ptsz"));
+    EXPECT_EQ(p_cuGetProcAddress_v2_ptsz("cuLaunchKernel", &fn, 12000,
+                                         CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status),
+              CUDA_SUCCESS);
+    EXPECT_TRUE(fn == dlsym(lib, "cuLaunchKernel"));
 }
 
 int main(void)
@@ -405,6 +571,7 @@ int main(void)
     vmm();
     arrays();
     execution();
+    per_thread_default_stream();
     proc_address();
     if (test_failures > 0) {
         printf("FAIL %d\n", test_failures);
