@@ -10,12 +10,12 @@ VENV_STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 PYTHON_SOURCES := tessera tests demo
 
-.PHONY: help test demo venv binaries simgpu lint unit integration clean
+.PHONY: help test demo venv host-packages binaries simgpu lint unit integration e2e clean
 
 help:
 	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
 	@echo "make demo   set everything up and run the demo"
-	@echo "make binaries | simgpu | venv | lint | unit | integration | clean"
+	@echo "make host-packages | binaries | simgpu | venv | lint | unit | integration | e2e | clean"
 
 # Reinstall when the dependency list changes; pip does nothing for what is already there.
 $(VENV_STAMP): pyproject.toml
@@ -26,8 +26,12 @@ $(VENV_STAMP): pyproject.toml
 
 venv: $(VENV_STAMP)
 
+# Debian packages the builds and the real nodes need (gcc, libseccomp-dev for runc, iproute2).
+host-packages:
+	bash testbed/install-host-packages.sh
+
 # Control-plane, node and Helm binaries from the Go module proxy, cached under ~/.cache/tessera.
-binaries:
+binaries: host-packages
 	bash testbed/build-binaries.sh
 
 simgpu:
@@ -39,10 +43,14 @@ lint: venv
 	$(VENV)/bin/mypy $(PYTHON_SOURCES)
 
 unit: venv simgpu
-	$(PY) -m pytest -m "not integration"
+	$(PY) -m pytest -m "not integration and not e2e"
 
 integration: venv binaries
 	$(PY) -m pytest -m integration
+
+# Real nodes (kubelet, containerd, runc) need root; the tests skip with that reason otherwise.
+e2e: venv binaries
+	$(PY) -m pytest -m e2e
 
 # pytest exits 5 when it collected no test; make treats that, like any non-zero status, as failure.
 test: venv binaries simgpu lint

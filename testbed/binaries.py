@@ -48,6 +48,10 @@ COMPONENTS: dict[str, Component] = {
         ),
         Component("etcd", "ETCD_VERSION", ("etcd",)),
         Component("helm", "HELM_VERSION", ("helm",)),
+        Component("containerd", "CONTAINERD_VERSION", ("containerd", "containerd-shim-runc-v2", "ctr")),
+        Component("runc", "RUNC_VERSION", ("runc",)),
+        Component("cri-tools", "CRI_TOOLS_VERSION", ("crictl",)),
+        Component("cni-plugins", "CNI_PLUGINS_VERSION", ("bridge", "host-local")),
     )
 }
 

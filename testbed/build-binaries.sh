@@ -141,13 +141,22 @@ build_containerd() {
 build_runc() {
   local v=$RUNC_VERSION
   local dest=$bin_root/runc-$v
-  if complete "$dest" runc; then log "runc $v: cached in $dest"; return; fi
+  # A runc cached by an earlier version of this script may lack seccomp; such a cache entry is stale.
+  if complete "$dest" runc && "$dest/runc" --version | grep -q '^libseccomp:'; then
+    log "runc $v: cached in $dest"; return
+  fi
   local scratch
   scratch=$(mktemp -d "$bin_root/.runc-$v.XXXXXX")
-  log "runc $v: building (cgo, needs gcc)"
-  # runc's nsenter is C, so cgo is required. Leaving out the `seccomp` tag avoids libseccomp: the
-  # kubelet asks for seccomp only for pods that request it (seccompDefault is off), and none here do.
-  CGO_ENABLED=1 GOBIN=$scratch go install -trimpath -tags urfave_cli_no_docs \
+  # runc's nsenter is C, so cgo is required; the `seccomp` tag links libseccomp, because containerd
+  # gives every pod sandbox the runtime/default seccomp profile and a runc without seccomp refuses
+  # it ("config provided but seccomp not supported"). libpathrs (a Rust library) stays out: runc
+  # falls back to its Go implementation.
+  if ! pkg-config --exists libseccomp; then
+    echo "build-binaries.sh: runc needs gcc and libseccomp-dev: run testbed/install-host-packages.sh" >&2
+    exit 1
+  fi
+  log "runc $v: building (cgo, gcc, libseccomp)"
+  CGO_ENABLED=1 GOBIN=$scratch go install -trimpath -tags "seccomp urfave_cli_no_docs" \
     -ldflags "-s -w -X main.version=${v#v}" "github.com/opencontainers/runc@$v"
   publish "runc-$v" "$scratch"
   log "runc $v: done"

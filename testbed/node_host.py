@@ -1,0 +1,221 @@
+"""The machine-wide resources a test-bed node takes, and giving them back: its bridge (address and pod
+network), its cgroup tree, its mounts, and processes that outlive the daemons (containerd shims and
+the containers they run).
+
+All of these are outside the node's folder, or survive a killed daemon, so node.py calls here both to
+set a node up and to clean it after a stop or a crash. Every clean-up step tolerates finding nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.testbed.containerd_config import PodNetwork
+
+log = logging.getLogger(__name__)
+
+BRIDGE_PREFIX = "tessera"
+_MAX_NODES = 250
+# /var/log/containers holds the kubelet's symlinks to container logs; the kubelet hard-codes it.
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+# -- network -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeBridge:
+    """A bridge named tessera<index> holding 10.244.<index>.1/24: the node's address and the gateway
+    of its pods' subnet.
+
+    Why not 127.0.0.1: the kubelet refuses a loopback node IP (validateNodeIP), and without a node
+    IP it would pick the machine's default-route address and bind there. The test machines' kernel
+    has no dummy-interface driver, but bridges work; a bridge's address is as local to the machine as
+    loopback, each node gets its own, and the CNI bridge plugin adopts the bridge for the node's pods.
+    """
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"{BRIDGE_PREFIX}{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"10.244.{self.index}.1"
+
+    def pod_network(self, ipam_dir: Path) -> PodNetwork:
+        return PodNetwork(
+            name=f"tessera-node-{self.index}",
+            bridge=self.name,
+            subnet=f"10.244.{self.index}.0/24",
+            gateway=self.address,
+            ipam_dir=ipam_dir,
+        )
+
+
+def claim_bridge() -> NodeBridge:
+    """Create the first free tessera<N> bridge. Creating a link is atomic, so two test processes on
+    one machine cannot claim the same index."""
+    for index in range(1, _MAX_NODES + 1):
+        bridge = NodeBridge(index)
+        if _ip("link", "add", bridge.name, "type", "bridge", check=False).returncode != 0:
+            continue
+        _ip("addr", "add", f"{bridge.address}/24", "dev", bridge.name)
+        _ip("link", "set", bridge.name, "up")
+        return bridge
+    raise RuntimeError(f"no free bridge name {BRIDGE_PREFIX}1..{_MAX_NODES}")
+
+
+def delete_bridge(name: str) -> None:
+    """Remove a node's bridge (the pods' veth ends go with their network namespaces)."""
+    _ip("link", "del", name, check=False)
+
+
+# -- cgroups -------------------------------------------------------------------------------------
+
+
+def cgroup_mounts() -> list[Path]:
+    """Every cgroup hierarchy mounted on this machine (one per v1 controller set, or the v2 root)."""
+    mounts: list[Path] = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2"):
+            mounts.append(Path(_unescape(fields[1])))
+    return mounts
+
+
+def create_cgroup_root(name: str) -> None:
+    """Create /<name> in every hierarchy: the kubelet's cgroupRoot must exist in each controller.
+
+    On v1 a new cpuset cgroup starts with no CPUs and memory nodes, and nothing can join it until
+    they are set; copy them from the parent as `cgroup.clone_children` would.
+    """
+    for mount in cgroup_mounts():
+        group = mount / name
+        group.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (group / knob).exists() and not (group / knob).read_text().strip():
+                (group / knob).write_text((mount / knob).read_text())
+
+
+def remove_cgroup_tree(name: str, timeout: float = 10.0) -> None:
+    """Kill whatever still runs in /<name> (the node's containers) and remove its cgroups,
+    deepest first, in every hierarchy."""
+    for mount in cgroup_mounts():
+        top = mount / name
+        if not top.is_dir():
+            continue
+        deadline = time.monotonic() + timeout
+        groups = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for group in [*groups, top]:
+            while True:
+                _kill_members(group)
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        log.warning("could not remove cgroup %s", group)
+                        break
+                    time.sleep(0.1)
+
+
+def _kill_members(group: Path) -> None:
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+# -- mounts and processes ------------------------------------------------------------------------
+
+
+def _unescape(field: str) -> str:
+    """Decode the octal escapes (\\040 for a space, ...) of /proc mount tables."""
+    return field.encode().decode("unicode_escape")
+
+
+def mounts_under(directory: Path) -> list[Path]:
+    """Mount points at or below `directory`, deepest first (the order they can be unmounted in)."""
+    prefix = str(directory).rstrip("/")
+    points: list[Path] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = _unescape(line.split()[4])
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(Path(point))
+    return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_all_under(directory: Path) -> None:
+    """Lazily unmount everything at or below `directory`: pod volumes, container root filesystems,
+    network-namespace pins and the kubelet's own bind mount of its root dir (made rshared at start)."""
+    for _ in range(5):  # a mount stacked on another shows up again after the top one goes
+        points = mounts_under(directory)
+        if not points:
+            return
+        for point in points:
+            subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
+    log.warning("mounts left under %s: %s", directory, mounts_under(directory))
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (a node's unique folder): its containerd shims,
+    started with the node's socket in their arguments, which outlive a killed containerd."""
+    found: list[int] = []
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def kill_processes_mentioning(text: str) -> None:
+    for pid in processes_mentioning(text):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+SHIM_SOCKET_DIR = Path("/run/containerd/s")
+
+
+def remove_shim_sockets(containerd_socket: Path, task_state: Path) -> None:
+    """Remove the sockets of a node's containerd shims, which a shim killed outright leaves behind.
+
+    For root, containerd hard-codes the shim socket folder (/run/containerd/s, not under its state
+    dir: socket paths must stay short) and names each socket after the SHA-256 of
+    "<containerd socket>/<namespace>/<task id>". The task ids are the folders of the node's task
+    state dir (<state>/io.containerd.runtime.v2.task/<namespace>/<id>), so the names can be rebuilt.
+    """
+    for task in task_state.glob("*/*"):
+        for suffix in ("", "/debug"):
+            key = f"{containerd_socket}/{task.parent.name}/{task.name}{suffix}"
+            (SHIM_SOCKET_DIR / hashlib.sha256(key.encode()).hexdigest()).unlink(missing_ok=True)
+
+
+def remove_container_log_links(directory: Path) -> None:
+    """Remove the kubelet's /var/log/containers symlinks that point into a node's folder."""
+    if not CONTAINER_LOG_LINKS.is_dir():
+        return
+    prefix = str(directory).rstrip("/") + "/"
+    for link in CONTAINER_LOG_LINKS.iterdir():
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and os.readlink(link).startswith(prefix):
+                link.unlink()

@@ -1,0 +1,56 @@
+"""Fixtures for end-to-end tests: real nodes (containerd + kubelet) registered with the session's
+local control plane.
+
+Nodes are session-scoped, like the cluster: one starts in about a second once the binaries are
+cached, but every test works in its own namespace and pins its pods to a node by name, so sharing
+costs nothing. Everything a node took (pods, containers, mounts, cgroups, bridge, folder) is given
+back when the session ends, whether tests failed or not; a run killed outright is cleaned by the next
+one (sweep_stale_nodes). When a test that used nodes fails, the tail of each node's containerd and
+kubelet log is attached to its report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+
+import pytest
+
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.node import NodeFactory, RealNode
+from tessera.testbed.node_runtime import NodeRuntime
+
+
+@pytest.fixture(scope="session")
+def node_factory(cluster: LocalCluster) -> Iterator[NodeFactory]:
+    """Starts nodes on demand (``node_factory.start(count)``); stops and cleans all of them at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root: containerd and the kubelet mount, and manage cgroups and links")
+    factory = NodeFactory(cluster)
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="session")
+def real_node(node_factory: NodeFactory) -> RealNode:
+    """One Ready node shared by the session's tests."""
+    return node_factory.start(1)[0]
+
+
+@pytest.fixture(scope="session")
+def node_runtime(node_factory: NodeFactory) -> NodeRuntime:
+    """A node's containerd without a kubelet, for tests that create containers through the CRI
+    (a kubelet terminates every pod sandbox it did not create)."""
+    return node_factory.start_runtime()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    factory = getattr(item, "funcargs", {}).get("node_factory")
+    if report.failed and isinstance(factory, NodeFactory):
+        for daemon, tail in factory.log_tails().items():
+            report.sections.append((f"{daemon} log (last lines)", tail))
+    return report

@@ -1,0 +1,126 @@
+"""A real node does what production nodes do for pods: run them, serve their logs and exec through
+the kubelet, and remove their containers when they are deleted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+from kubernetes import client
+
+from tessera.testbed.binaries import binary
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.images import TOOLS_IMAGE
+from tessera.testbed.names import unique_name
+from tessera.testbed.node import RealNode
+from tessera.testbed.polling import poll_until
+
+pytestmark = pytest.mark.e2e
+
+FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class StartedPod:
+    name: str
+    uid: str
+
+
+def kubectl(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary("kubectl")), "--kubeconfig", str(cluster.admin_kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=60,
+    )
+
+
+def phase(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod.status.phase if pod.status else None
+
+
+def start_pod(kube: client.ApiClient, namespace: str, node: RealNode, script: str) -> StartedPod:
+    """Create a pod running `script` under /bin/sh on the given node (the scheduler places it, by
+    the node's hostname label) and return once it is Running or finished."""
+    name = unique_name("pod")
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_selector={"kubernetes.io/hostname": node.name},
+            restart_policy="Never",
+            # `sleep` as PID 1 ignores SIGTERM; do not wait the default 30 s for it on delete.
+            termination_grace_period_seconds=1,
+            containers=[
+                client.V1Container(name="main", image=TOOLS_IMAGE, command=["/bin/sh", "-c", script])
+            ],
+        ),
+    )
+    core = client.CoreV1Api(kube)
+    created = core.create_namespaced_pod(namespace, pod)
+    assert created.metadata is not None and created.metadata.uid
+    poll_until(lambda: phase(core, namespace, name) in ("Running", *FINISHED), 60, f"pod {name} to start")
+    return StartedPod(name, created.metadata.uid)
+
+
+def test_pod_runs_to_completion_and_kubectl_logs_shows_its_output(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, real_node: RealNode
+) -> None:
+    """A pod scheduled onto a real node runs there to completion (phase Succeeded, on that node), and
+    `kubectl logs`, which the API server fetches from the node's kubelet, returns what it printed."""
+    pod = start_pod(kube, namespace, real_node, "echo hello from $HOSTNAME")
+    core = client.CoreV1Api(kube)
+
+    def finished() -> str | None:
+        current = phase(core, namespace, pod.name)
+        return current if current in FINISHED else None
+
+    final = poll_until(finished, 60, f"pod {pod.name} to finish")
+    assert final == "Succeeded"
+    spec = core.read_namespaced_pod(pod.name, namespace).spec
+    assert spec is not None and spec.node_name == real_node.name
+    assert kubectl(cluster, "logs", "-n", namespace, pod.name).stdout.strip() == f"hello from {pod.name}"
+
+
+def test_kubectl_exec_runs_a_command_inside_the_pods_container(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, real_node: RealNode
+) -> None:
+    """`kubectl exec` goes API server -> kubelet -> containerd's stream server and runs the command in
+    the pod's container: it sees the pod's hostname and the file the container wrote, and its exit
+    status comes back."""
+    pod = start_pod(kube, namespace, real_node, "echo written-by-main > /tmp/marker; exec sleep 3600")
+    script = 'echo "$HOSTNAME"; cat /tmp/marker'
+    out = kubectl(cluster, "exec", "-n", namespace, pod.name, "--", "sh", "-c", script).stdout
+    assert out.split() == [pod.name, "written-by-main"]
+    failed = kubectl(cluster, "exec", "-n", namespace, pod.name, "--", "sh", "-c", "exit 3", check=False)
+    assert failed.returncode == 3
+
+
+def runtime_objects_of_pod(node: RealNode, pod_uid: str) -> tuple[list[str], list[str]]:
+    """IDs of the sandboxes and of the containers the node's containerd holds for a pod (found by the
+    pod-UID label the kubelet puts on both)."""
+    label = f"io.kubernetes.pod.uid={pod_uid}"
+    sandboxes = json.loads(node.crictl("pods", "--label", label, "-o", "json"))["items"]
+    containers = json.loads(node.crictl("ps", "--all", "--label", label, "-o", "json"))["containers"]
+    return [s["id"] for s in sandboxes], [c["id"] for c in containers]
+
+
+def test_deleting_a_pod_removes_its_containers_from_the_node(
+    kube: client.ApiClient, namespace: str, real_node: RealNode
+) -> None:
+    """While a pod runs, the node's runtime holds its sandbox and container. After the pod is deleted
+    the kubelet removes the container at once, and the sandbox and the pod's log folder at its next
+    garbage collection (the kubelet runs it once a minute; the period is not configurable)."""
+    pod = start_pod(kube, namespace, real_node, "exec sleep 3600")
+    sandboxes, containers = runtime_objects_of_pod(real_node, pod.uid)
+    assert (len(sandboxes), len(containers)) == (1, 1)
+    log_folder = real_node.paths.pod_logs / f"{namespace}_{pod.name}_{pod.uid}"
+    assert log_folder.is_dir()
+
+    client.CoreV1Api(kube).delete_namespaced_pod(pod.name, namespace)
+    poll_until(lambda: not runtime_objects_of_pod(real_node, pod.uid)[1], 30, "the container to go")
+    poll_until(lambda: runtime_objects_of_pod(real_node, pod.uid) == ([], []), 120, "the sandbox to go")
+    assert not log_folder.exists()
