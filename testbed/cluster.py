@@ -278,39 +278,3 @@ def _https_ok(port: int, path: str) -> bool:
     with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as r:
         return bool(r.status == 200)
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tessera-cluster",
-        description="Run a local Kubernetes control plane on loopback until interrupted.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the control plane and keep it running until SIGINT/SIGTERM")
-    up.add_argument(
-        "--state-dir",
-        type=Path,
-        help="folder for certs, etcd data, kubeconfig and logs "
-        "(default: a new temporary folder, removed at exit)",
-    )
-    sub.add_parser("build", help="build the pinned binaries into the cache (no-op when cached)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-    if args.command == "build":
-        ensure_built()
-        return 0
-
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    if args.state_dir:
-        args.state_dir.mkdir(parents=True, exist_ok=True)
-    with LocalCluster(args.state_dir) as cluster:
-        print(f"export KUBECONFIG={cluster.admin_kubeconfig}", flush=True)
-        stop.wait()
-    return 0
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())

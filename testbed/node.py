@@ -5,7 +5,7 @@ A node's folder, network, cgroups and containerd are node_runtime.py's; this mod
 (certificates from the cluster CA, its configuration from kubelet_config.py) and the start-up and
 clean-up order around it. ``NodeFactory`` starts nodes on demand for a test session.
 
-By hand: ``python -m tessera.testbed.node up --nodes 2`` starts a control plane and two nodes and
+By hand: ``tessera-cluster up --nodes 2`` starts a control plane and two nodes and
 prints their paths; Ctrl-C stops and cleans everything. ``... sweep`` cleans what killed runs left.
 """
 
@@ -241,53 +241,3 @@ def running_nodes(cluster: LocalCluster, count: int) -> Iterator[list[RealNode]]
     finally:
         factory.stop_all()
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tessera.testbed.node",
-        description="Run a local control plane with real nodes (kubelet + containerd) until interrupted.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start a control plane and N nodes; Ctrl-C stops and cleans up")
-    up.add_argument("--nodes", type=int, default=1)
-    sub.add_parser("sweep", help="clean nodes left behind by killed runs")
-    sub.add_parser("build", help="build the node binaries into the cache (no-op when cached)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-    if args.command == "build":
-        ensure_built(*NODE_COMPONENTS)
-        return 0
-    if args.command == "sweep":
-        print("\n".join(sweep_stale_nodes()) or "nothing to clean")
-        return 0
-
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    with LocalCluster() as cluster, running_nodes(cluster, args.nodes) as nodes:
-        print(f"export KUBECONFIG={cluster.admin_kubeconfig}", flush=True)
-        for node in nodes:
-            print(
-                json.dumps(
-                    {
-                        "node": node.name,
-                        "address": node.address,
-                        "started_in_s": round(node.startup_seconds, 1),
-                        "rss_mib": round(node.rss_bytes() / 2**20),
-                        "crictl_config": str(node.paths.crictl_config),
-                        "cdi_dir": str(node.paths.cdi_dir),
-                        "plugins_registry": str(node.paths.plugins_registry),
-                        "plugins_dir": str(node.paths.plugins_dir),
-                        "logs": str(node.paths.log_dir),
-                    }
-                ),
-                flush=True,
-            )
-        stop.wait()
-    return 0
-
-
-if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())

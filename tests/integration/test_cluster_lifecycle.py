@@ -44,7 +44,7 @@ def test_cluster_command_serves_until_sigterm_then_cleans_up(tmp_path: Path) -> 
     """`tessera-cluster up` prints a usable KUBECONFIG, and SIGTERM stops every component."""
     state = tmp_path / "state"
     command = subprocess.Popen(
-        [sys.executable, "-m", "tessera.testbed.cluster", "up", "--state-dir", str(state)],
+        [sys.executable, "-m", "tessera.testbed.cli", "up", "--state-dir", str(state)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
