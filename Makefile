@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
-PYTHON_SOURCES := tessera tests demo
+PYTHON_SOURCES := tessera tests demo benchmarks setup.py
 
 .PHONY: help test demo venv host-packages binaries simgpu lint unit integration e2e clean
 

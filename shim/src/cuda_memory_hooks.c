@@ -1,0 +1,561 @@
+/*
+ * CUDA entry points that take, give back or report device memory. Allocations reserve their
+ * bytes in the usage region before the real call and return them if it fails; frees look the
+ * pointer up in the O(1) table, remove it before the real call (so a concurrent allocation that
+ * gets the same address cannot be confused with it) and give the bytes back once the driver has
+ * freed. Pointers the shim did not charge (allocated while unlimited, imported, ...) pass through.
+ */
+#include <string.h>
+
+#include "log.h"
+#include "memory.h"
+#include "shim_state.h"
+
+/* What the real driver rounds small allocations to; used only to estimate a pitch. */
+#define PITCH_ALIGN 512ULL
+
+#define REAL_OR_NOT_FOUND(name)                                                                   \
+    do {                                                                                          \
+        shim_init();                                                                              \
+        if (shim_real.name == NULL)                                                               \
+            return CUDA_ERROR_NOT_FOUND;                                                          \
+    } while (0)
+
+static inline uint64_t key_of(CUdeviceptr p)
+{
+    return (uint64_t)p;
+}
+
+/* ------------------------------------------------------------------ allocation ---------- */
+
+SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, -1, bytesize);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuMemAlloc_v2(dptr, bytesize);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widthInBytes,
+                                        size_t height, unsigned int elementSizeBytes)
+{
+    /* The pitch is known only afterwards: reserve the usual padding, then settle on the real
+     * size (refusing the allocation if the driver padded beyond what the claim has left). */
+    uint64_t row = (widthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, -1, row * height);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuMemAllocPitch_v2(dptr, pitch, widthInBytes, height, elementSizeBytes);
+    if (rc != CUDA_SUCCESS) {
+        shim_charge_abort(&c);
+        return rc;
+    }
+    if (!shim_charge_resize(&c, (uint64_t)*pitch * height)) {
+        shim_real.cuMemFree_v2(*dptr);
+        shim_charge_abort(&c);
+        *dptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    return rc;
+}
+
+/* Managed memory can live on the device, so all of it counts against the limit. */
+SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    REAL_OR_NOT_FOUND(cuMemAllocManaged);
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, -1, bytesize);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuMemAllocManaged(dptr, bytesize, flags);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+static CUresult alloc_async(__typeof__(&cuMemAllocAsync) real, CUdeviceptr *dptr,
+                            size_t bytesize, CUstream stream)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, -1, bytesize);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(dptr, bytesize, stream);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    shim_init();
+    return alloc_async(shim_real.cuMemAllocAsync, dptr, bytesize, stream);
+}
+
+SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
+{
+    shim_init();
+    return alloc_async(shim_real.cuMemAllocAsync_ptsz, dptr, bytesize, stream);
+}
+
+static int pool_device(CUmemoryPool pool)
+{
+    struct shim_entry e;
+    if (shim_table_get(SHIM_KIND_POOL, (uint64_t)(uintptr_t)pool, &e))
+        return e.device;
+    return -1; /* a device's default pool: the current context's device */
+}
+
+static CUresult alloc_from_pool(__typeof__(&cuMemAllocFromPoolAsync) real, CUdeviceptr *dptr,
+                                size_t bytesize, CUmemoryPool pool, CUstream stream)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, pool_device(pool), bytesize);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(dptr, bytesize, pool, stream);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                                             CUmemoryPool pool, CUstream stream)
+{
+    shim_init();
+    return alloc_from_pool(shim_real.cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
+}
+
+SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                  CUmemoryPool pool, CUstream stream)
+{
+    shim_init();
+    return alloc_from_pool(shim_real.cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
+}
+
+SHIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    REAL_OR_NOT_FOUND(cuMemPoolCreate);
+    CUresult rc = shim_real.cuMemPoolCreate(pool, props);
+    if (rc == CUDA_SUCCESS && shim.memory_limited && props != NULL &&
+        props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        struct shim_entry e = {.key = (uint64_t)(uintptr_t)*pool, .kind = SHIM_KIND_POOL,
+                               .device = props->location.id, .gpu = -1};
+        shim_table_put(&e);
+    }
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    REAL_OR_NOT_FOUND(cuMemPoolDestroy);
+    /* Allocations still out keep their charge until freed, as they keep their memory. */
+    CUresult rc = shim_real.cuMemPoolDestroy(pool);
+    if (rc == CUDA_SUCCESS)
+        shim_table_take(SHIM_KIND_POOL, (uint64_t)(uintptr_t)pool, NULL);
+    return rc;
+}
+
+/* VMM: physical memory is taken by cuMemCreate and given back when the handle is released and
+ * every mapping of it is unmapped. The charge lives on an allocation record with a reference
+ * per handle and per mapping; the handle value may be reused by the driver after release, so
+ * it names the record only while valid. */
+static uint64_t next_vmm_id = 1;
+
+SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    REAL_OR_NOT_FOUND(cuMemCreate);
+    int dev = -1;
+    if (prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        dev = prop->location.id;
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, dev, size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuMemCreate(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        shim_charge_abort(&c);
+        return rc;
+    }
+    if (c.gpu >= 0) {
+        uint64_t id = __atomic_fetch_add(&next_vmm_id, 1, __ATOMIC_RELAXED);
+        struct shim_entry h = {.key = *handle, .peer = id, .kind = SHIM_KIND_HANDLE, .gpu = -1};
+        shim_table_put(&h);
+        c.ctx = NULL; /* VMM memory is not owned by a context */
+        shim_charge_commit(&c, SHIM_KIND_VMM, id);
+    }
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    REAL_OR_NOT_FOUND(cuMemRelease);
+    struct shim_entry h;
+    bool tracked = shim_table_take(SHIM_KIND_HANDLE, handle, &h);
+    CUresult rc = shim_real.cuMemRelease(handle);
+    if (!tracked)
+        return rc;
+    if (rc != CUDA_SUCCESS) {
+        shim_table_put(&h);
+        return rc;
+    }
+    struct shim_entry a;
+    if (shim_table_add_refs(SHIM_KIND_VMM, h.peer, -1, &a) && a.refs == 0)
+        shim_uncharge(&a);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    REAL_OR_NOT_FOUND(cuMemMap);
+    CUresult rc = shim_real.cuMemMap(ptr, size, offset, handle, flags);
+    struct shim_entry h;
+    if (rc == CUDA_SUCCESS && shim_table_get(SHIM_KIND_HANDLE, handle, &h) &&
+        shim_table_add_refs(SHIM_KIND_VMM, h.peer, +1, NULL)) {
+        struct shim_entry m = {.key = key_of(ptr), .bytes = size, .peer = h.peer,
+                               .kind = SHIM_KIND_MAPPING, .gpu = -1};
+        shim_table_put(&m);
+    }
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL_OR_NOT_FOUND(cuMemUnmap);
+    /* The range covers whole mappings (CUDA requires it): take them out first, so a mapping
+     * another thread makes at a freed address right after is not mistaken for one of them. */
+    enum { MAX_TAKEN = 64 };
+    struct shim_entry taken[MAX_TAKEN];
+    int n = 0;
+    for (uint64_t at = key_of(ptr); at < key_of(ptr) + size && n < MAX_TAKEN;) {
+        if (!shim_table_take(SHIM_KIND_MAPPING, at, &taken[n]))
+            break;
+        at += taken[n].bytes > 0 ? taken[n].bytes : 1;
+        n++;
+    }
+    CUresult rc = shim_real.cuMemUnmap(ptr, size);
+    for (int i = 0; i < n; i++) {
+        if (rc != CUDA_SUCCESS) {
+            shim_table_put(&taken[i]);
+            continue;
+        }
+        struct shim_entry a;
+        if (shim_table_add_refs(SHIM_KIND_VMM, taken[i].peer, -1, &a) && a.refs == 0)
+            shim_uncharge(&a);
+    }
+    return rc;
+}
+
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4; /* 32-bit formats; the largest of the basic ones */
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels)
+{
+    uint64_t n = (uint64_t)w * (h ? h : 1) * (d ? d : 1);
+    return n * format_bytes(f) * (channels ? channels : 1);
+}
+
+SHIM_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    REAL_OR_NOT_FOUND(cuArrayCreate_v2);
+    if (desc == NULL)
+        return shim_real.cuArrayCreate_v2(array, desc);
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(
+        &c, -1, array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels));
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuArrayCreate_v2(array, desc);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)*array);
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    REAL_OR_NOT_FOUND(cuArray3DCreate_v2);
+    if (desc == NULL)
+        return shim_real.cuArray3DCreate_v2(array, desc);
+    struct shim_charge c;
+    CUresult rc = shim_charge_begin(&c, -1,
+                                    array_bytes(desc->Width, desc->Height, desc->Depth,
+                                                desc->Format, desc->NumChannels));
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = shim_real.cuArray3DCreate_v2(array, desc);
+    if (rc == CUDA_SUCCESS)
+        shim_charge_commit(&c, SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)*array);
+    else
+        shim_charge_abort(&c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ frees --------------- */
+
+/* Take the entry out, call the real free, give the bytes back if it freed (else put it back). */
+static CUresult free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)(void *),
+                             void *arg)
+{
+    struct shim_entry e;
+    bool tracked = shim.memory_limited && shim_table_take(kind, key, &e);
+    CUresult rc = call(arg);
+    if (!tracked)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        shim_uncharge(&e);
+    else
+        shim_table_put(&e);
+    return rc;
+}
+
+struct free_args {
+    CUdeviceptr ptr;
+    CUstream stream;
+    CUarray array;
+    __typeof__(&cuMemFreeAsync) async;
+};
+
+static CUresult call_free(void *p)
+{
+    return shim_real.cuMemFree_v2(((struct free_args *)p)->ptr);
+}
+
+static CUresult call_free_async(void *p)
+{
+    struct free_args *a = p;
+    return a->async(a->ptr, a->stream);
+}
+
+static CUresult call_array_destroy(void *p)
+{
+    return shim_real.cuArrayDestroy(((struct free_args *)p)->array);
+}
+
+SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    shim_init();
+    struct free_args a = {.ptr = dptr};
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free, &a);
+}
+
+SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    REAL_OR_NOT_FOUND(cuMemFreeAsync);
+    struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync};
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a);
+}
+
+SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    REAL_OR_NOT_FOUND(cuMemFreeAsync_ptsz);
+    struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync_ptsz};
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a);
+}
+
+SHIM_EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    REAL_OR_NOT_FOUND(cuArrayDestroy);
+    struct free_args a = {.array = array};
+    return free_tracked(SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)array,
+                        call_array_destroy, &a);
+}
+
+/* Destroying a context frees what was allocated in it. */
+SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    shim_init();
+    CUresult rc = shim_real.cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS) {
+        shim_uncharge_context(ctx);
+        shim_forget_context(ctx);
+    }
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    shim_init();
+    CUresult rc = shim_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc == CUDA_SUCCESS && dev >= 0 && dev < SHIM_MAX_DEVICES)
+        __atomic_store_n(&shim.devices[dev].primary, *pctx, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* After the last release (or a reset) of a primary context its allocations are gone. */
+static void primary_gone_if_inactive(CUdevice dev, bool reset)
+{
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES)
+        return;
+    CUcontext primary = __atomic_load_n(&shim.devices[dev].primary, __ATOMIC_ACQUIRE);
+    if (primary == NULL)
+        return;
+    unsigned int flags = 0;
+    int active = 1;
+    if (!reset && shim_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+        return;
+    if (reset || !active)
+        shim_uncharge_context(primary);
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease);
+    CUresult rc = shim_real.cuDevicePrimaryCtxRelease(dev);
+    if (rc == CUDA_SUCCESS)
+        primary_gone_if_inactive(dev, false);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease_v2);
+    CUresult rc = shim_real.cuDevicePrimaryCtxRelease_v2(dev);
+    if (rc == CUDA_SUCCESS)
+        primary_gone_if_inactive(dev, false);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset);
+    CUresult rc = shim_real.cuDevicePrimaryCtxReset(dev);
+    if (rc == CUDA_SUCCESS)
+        primary_gone_if_inactive(dev, true);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset_v2);
+    CUresult rc = shim_real.cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS)
+        primary_gone_if_inactive(dev, true);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ reporting ----------- */
+
+/* Reporting sweeps for dead processes more often than allocating does: what it shows must be
+ * current within a second of a death. */
+#define INFO_REAP_INTERVAL_NS 100000000ULL
+
+SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    shim_init();
+    CUresult rc = shim_real.cuMemGetInfo_v2(free_bytes, total_bytes);
+    if (rc != CUDA_SUCCESS || !shim.memory_limited || !shim_devices_ready())
+        return rc;
+    int dev = -1;
+    if (!shim_current_device(&dev, NULL))
+        return rc;
+    const struct shim_device *d = shim_device(dev);
+    if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT)
+        return rc;
+    tessera_region_maybe_reap(&shim.region, INFO_REAP_INTERVAL_NS);
+    uint64_t total = d->memory_limit < *total_bytes ? d->memory_limit : *total_bytes;
+    uint64_t used = tessera_region_used(shim.region.map, d->gpu);
+    uint64_t free = used < total ? total - used : 0;
+    if (free > *free_bytes)
+        free = *free_bytes; /* the GPU itself has less left than the claim may still take */
+    *total_bytes = (size_t)total;
+    *free_bytes = (size_t)free;
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    shim_init();
+    CUresult rc = shim_real.cuDeviceTotalMem_v2(bytes, dev);
+    if (rc != CUDA_SUCCESS || !shim.memory_limited || !shim_devices_ready())
+        return rc;
+    const struct shim_device *d = shim_device(dev);
+    if (d != NULL && d->memory_limit < *bytes)
+        *bytes = (size_t)d->memory_limit;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ CUDA 2.x ABI -------- */
+
+/* The 32-bit entry points predate everything the shim accounts for and no current program uses
+ * them; rather than let them bypass the limit they are refused while a memory limit is in force,
+ * and pass through otherwise. */
+#define LEGACY_GUARD(name)                                                                        \
+    do {                                                                                          \
+        shim_init();                                                                              \
+        if (shim.memory_limited)                                                                  \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                      \
+        if (shim_real.name == NULL)                                                               \
+            return CUDA_ERROR_NOT_FOUND;                                                          \
+    } while (0)
+
+SHIM_EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
+{
+    LEGACY_GUARD(cuMemAlloc);
+    return shim_real.cuMemAlloc(dptr, bytesize);
+}
+
+SHIM_EXPORT CUresult cuMemAllocPitch(unsigned int *dptr, unsigned int *pitch,
+                                     unsigned int widthInBytes, unsigned int height,
+                                     unsigned int elementSizeBytes)
+{
+    LEGACY_GUARD(cuMemAllocPitch);
+    return shim_real.cuMemAllocPitch(dptr, pitch, widthInBytes, height, elementSizeBytes);
+}
+
+SHIM_EXPORT CUresult cuArrayCreate(CUarray *array, const void *desc)
+{
+    LEGACY_GUARD(cuArrayCreate);
+    return shim_real.cuArrayCreate(array, desc);
+}
+
+SHIM_EXPORT CUresult cuArray3DCreate(CUarray *array, const void *desc)
+{
+    LEGACY_GUARD(cuArray3DCreate);
+    return shim_real.cuArray3DCreate(array, desc);
+}
+
+SHIM_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    LEGACY_GUARD(cuMemGetInfo);
+    return shim_real.cuMemGetInfo(free_bytes, total_bytes);
+}
+
+SHIM_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    LEGACY_GUARD(cuDeviceTotalMem);
+    return shim_real.cuDeviceTotalMem(bytes, dev);
+}

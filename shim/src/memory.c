@@ -1,0 +1,101 @@
+/* Device-memory accounting (memory.h). */
+#include "memory.h"
+
+#include "log.h"
+
+/* How often (at most) an allocating process sweeps the region for dead processes' memory. */
+#define REAP_INTERVAL_NS 500000000ULL
+
+CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
+{
+    c->gpu = -1;
+    c->bytes = 0;
+    c->limit = TESSERA_NO_MEMORY_LIMIT;
+    c->ctx = NULL;
+    shim_init();
+    if (SHIM_LIKELY(!shim.memory_limited) || !shim_devices_ready())
+        return CUDA_SUCCESS;
+    int current = -1;
+    bool have_ctx = shim_current_device(&current, &c->ctx);
+    if (dev < 0) {
+        if (!have_ctx)
+            return CUDA_SUCCESS; /* no context: the real call fails on its own */
+        dev = current;
+    }
+    const struct shim_device *d = shim_device(dev);
+    if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT)
+        return CUDA_SUCCESS;
+    if (!shim_slot())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    tessera_region_maybe_reap(&shim.region, REAP_INTERVAL_NS);
+    if (tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0) {
+        SHIM_DEBUG("refused %llu bytes on CUDA device %d: the claim holds %llu of %llu",
+                   (unsigned long long)bytes, dev,
+                   (unsigned long long)tessera_region_used(shim.region.map, d->gpu),
+                   (unsigned long long)d->memory_limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c->gpu = d->gpu;
+    c->bytes = bytes;
+    c->limit = d->memory_limit;
+    return CUDA_SUCCESS;
+}
+
+bool shim_charge_resize(struct shim_charge *c, uint64_t bytes)
+{
+    if (c->gpu < 0 || bytes == c->bytes)
+        return true;
+    if (bytes < c->bytes) {
+        tessera_region_release(&shim.region, c->gpu, c->bytes - bytes);
+    } else if (tessera_region_reserve(&shim.region, c->gpu, bytes - c->bytes, c->limit) != 0) {
+        return false;
+    }
+    c->bytes = bytes;
+    return true;
+}
+
+void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key)
+{
+    if (c->gpu < 0)
+        return;
+    struct shim_entry e = {.key = key, .bytes = c->bytes, .peer = (uint64_t)(uintptr_t)c->ctx,
+                           .gpu = c->gpu, .kind = (uint8_t)kind, .refs = 1};
+    if (shim_table_put(&e) != 0)
+        SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
+                   (unsigned long long)c->bytes);
+}
+
+void shim_charge_abort(struct shim_charge *c)
+{
+    if (c->gpu >= 0)
+        tessera_region_release(&shim.region, c->gpu, c->bytes);
+    c->gpu = -1;
+}
+
+void shim_uncharge(const struct shim_entry *e)
+{
+    if (e->gpu >= 0)
+        tessera_region_release(&shim.region, e->gpu, e->bytes);
+}
+
+static bool of_context(const struct shim_entry *e, void *arg)
+{
+    return (e->kind == SHIM_KIND_DEVICE || e->kind == SHIM_KIND_ARRAY) &&
+           e->peer == (uint64_t)(uintptr_t)arg;
+}
+
+static void uncharge_removed(const struct shim_entry *e, void *arg)
+{
+    (void)arg;
+    shim_uncharge(e);
+}
+
+void shim_uncharge_context(CUcontext ctx)
+{
+    if (ctx == NULL || !shim.memory_limited)
+        return;
+    int n = shim_table_sweep(of_context, uncharge_removed, ctx);
+    if (n > 0)
+        SHIM_DEBUG("context %p destroyed with %d allocations; their memory is given back",
+                   (void *)ctx, n);
+}

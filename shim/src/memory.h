@@ -1,0 +1,42 @@
+/*
+ * Device-memory accounting: every allocation is charged to the claim in the usage region before
+ * the real driver is asked for it, and the charge is recorded in the pointer table so that the
+ * matching free (by any path) gives back exactly what was taken.
+ */
+#ifndef TESSERA_MEMORY_H
+#define TESSERA_MEMORY_H
+
+#include <stdint.h>
+
+#include "ptrtable.h"
+#include "shim_state.h"
+
+/* A reservation in progress. gpu < 0: nothing charged (device not limited, or no limits). */
+struct shim_charge {
+    int gpu;
+    uint64_t bytes;
+    uint64_t limit;
+    CUcontext ctx;
+};
+
+/* Reserve `bytes` on device `dev` (-1: the current context's device). CUDA_SUCCESS, or
+ * CUDA_ERROR_OUT_OF_MEMORY if the claim's limit would be exceeded. */
+CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes);
+
+/* Change the reservation to `bytes` (the driver reported the real size). Returns false (and
+ * keeps the old amount) if the claim cannot take the increase. */
+bool shim_charge_resize(struct shim_charge *c, uint64_t bytes);
+
+/* The real call succeeded: remember that `key` holds the reservation. */
+void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key);
+
+/* The real call failed: give the reservation back. */
+void shim_charge_abort(struct shim_charge *c);
+
+/* Give back the bytes an entry was charged. */
+void shim_uncharge(const struct shim_entry *e);
+
+/* Free every DEVICE and ARRAY entry of context `ctx` (the context was destroyed). */
+void shim_uncharge_context(CUcontext ctx);
+
+#endif

@@ -1,0 +1,61 @@
+/*
+ * The process's table of what it holds: device pointers, arrays, VMM handles and mappings,
+ * pools and contexts, each with the bytes it was charged and the GPU it was charged to. A
+ * sharded open-addressing hash table: insert, lookup and removal are O(1) expected, whatever
+ * the number of live entries, and threads contend only when they hit the same shard.
+ */
+#ifndef TESSERA_PTRTABLE_H
+#define TESSERA_PTRTABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum shim_kind {
+    SHIM_KIND_DEVICE = 1, /* cuMemAlloc family, pitch, managed, async/pool: key = CUdeviceptr */
+    SHIM_KIND_ARRAY = 2,  /* cuArrayCreate/cuArray3DCreate: key = CUarray */
+    SHIM_KIND_HANDLE = 3, /* cuMemCreate: key = CUmemGenericAllocationHandle; peer = VMM id */
+    SHIM_KIND_MAPPING = 4, /* cuMemMap: key = virtual address; peer = VMM id; bytes = length */
+    SHIM_KIND_POOL = 5,   /* cuMemPoolCreate: key = CUmemoryPool; device = its ordinal */
+    SHIM_KIND_CONTEXT = 6, /* context -> device ordinal cache */
+    SHIM_KIND_VMM = 7      /* a cuMemCreate allocation: key = shim's id; refs = handle + maps */
+};
+
+struct shim_entry {
+    uint64_t key;
+    uint64_t bytes;  /* bytes charged (MAPPING: length of the mapping) */
+    uint64_t peer;   /* MAPPING: the handle; DEVICE/ARRAY: the context */
+    int32_t gpu;     /* region GPU index charged, -1: not charged */
+    int32_t device;  /* CUDA ordinal (POOL, CONTEXT) */
+    uint32_t refs;   /* HANDLE: 1 while not released + one per mapping */
+    uint8_t kind;    /* enum shim_kind; 0: empty */
+    uint8_t reserved[3];
+};
+
+/* Insert (or replace) the entry for (e->kind, e->key). Returns 0, or -1 if out of memory. */
+int shim_table_put(const struct shim_entry *e);
+
+/* Copy the entry for (kind, key) into `out`. Returns true if found. */
+bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out);
+
+/* Remove the entry for (kind, key), copying it into `out` (may be NULL). True if it was there. */
+bool shim_table_take(enum shim_kind kind, uint64_t key, struct shim_entry *out);
+
+/* Add `delta` to the refs of (kind, key); if they reach zero, remove the entry. The entry after
+ * the change goes to `out`. Returns true if found. */
+bool shim_table_add_refs(enum shim_kind kind, uint64_t key, int delta, struct shim_entry *out);
+
+/* Remove every entry for which `match` is true, calling `removed` on each (outside no lock:
+ * callbacks run under the shard's lock and must not use the table). Returns how many. */
+int shim_table_sweep(bool (*match)(const struct shim_entry *e, void *arg),
+                     void (*removed)(const struct shim_entry *e, void *arg), void *arg);
+
+/* Number of entries (all kinds). */
+uint64_t shim_table_count(void);
+
+/* fork(): hold every shard across the fork; the child starts with an empty table (what the
+ * parent holds is not the child's). */
+void shim_table_prepare_fork(void);
+void shim_table_parent_after_fork(void);
+void shim_table_child_after_fork(void);
+
+#endif

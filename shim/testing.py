@@ -1,0 +1,181 @@
+"""Test support for the shim: build it and its test programs, and run processes as one claim.
+
+Used by tests/shim, benchmarks/shim and tests/gpu. A :class:`Claim` is what the driver sets up
+for one ResourceClaim - a limits file, a usage region, a shim installation beside the driver
+libraries - plus the environment that puts a process under it. Against the simulated driver the
+driver libraries are build/simgpu's; on a machine with a GPU, NVIDIA's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SIMGPU_BUILD = REPO / "build" / "simgpu"
+PROGRAM_BUILD = REPO / "build" / "shim" / "tests"
+PROGRAM_SOURCES = REPO / "tests" / "shim" / "programs"
+SIMGPU_TEST_HEADERS = REPO / "tests" / "simgpu" / "programs"
+
+
+def build_shim() -> None:
+    """Build the preload libraries and the cffi binding in place, as the package build does."""
+    spec = importlib.util.spec_from_file_location("tessera_shim_build", REPO / "shim" / "build.py")
+    assert spec is not None and spec.loader is not None
+    shim_build: Any = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim_build)
+    shim_build.build_preload()
+    built = sorted((REPO / "shim").glob("_format*.so"))
+    if not built or _stale(built[0], REPO / "shim" / "src"):
+        shim_build.build_format_inplace()
+
+
+def _stale(product: Path, *inputs: Path) -> bool:
+    newest = max(p.stat().st_mtime for d in inputs for p in ([d] if d.is_file() else d.rglob("*")))
+    return product.stat().st_mtime < newest
+
+
+def _cc(*args: str) -> None:
+    cmd = [*shlex.split(os.environ.get("CC", "cc")), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed:\n{done.stderr}")
+
+
+def build_programs(out: Path, cuda_link_dir: Path) -> Path:
+    """Compile the C test programs into ``out``; ``shim_linked`` links ``-lcuda`` from
+    ``cuda_link_dir`` (build/simgpu, or the directory of NVIDIA's libcuda.so)."""
+    out.mkdir(parents=True, exist_ok=True)
+    includes = [f"-I{REPO / 'simgpu' / 'include'}", f"-I{SIMGPU_TEST_HEADERS}"]
+    flags = ["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", *includes]
+    headers = [REPO / "simgpu" / "include", SIMGPU_TEST_HEADERS / "simgpu_test.h"]
+    jobs = {
+        "shim_probe": (["-ldl", "-lpthread"], []),
+        "shim_linked": ([f"-L{cuda_link_dir}", "-lcuda", "-ldl"], []),
+        "libfakecu.so": ([], ["-shared", "-fPIC"]),
+    }
+    sources = {"shim_probe": "shim_probe.c", "shim_linked": "shim_linked.c", "libfakecu.so": "fake_cu.c"}
+    for name, (libs, pre) in jobs.items():
+        src = PROGRAM_SOURCES / sources[name]
+        target = out / name
+        if target.exists() and not _stale(target, src, *headers):
+            continue
+        _cc(*flags, *pre, str(src), "-o", str(target), *libs)
+    return out
+
+
+@dataclass
+class Claim:
+    """Processes started here run as processes of one claim: preloaded shim, its limits file,
+    its usage region, on the node that ``base_env`` describes."""
+
+    install_dir: Path
+    limits: Path | None
+    region: Path | None
+    base_env: Mapping[str, str]
+    programs: Path
+    log_level: str = "warn"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        from tessera.shim.install import Installation
+
+        env = Installation(self.install_dir).env(self.limits, self.region, self.base_env, self.log_level)
+        env.update(self.extra_env)
+        env.update(extra)
+        return env
+
+    def run(
+        self, *args: str, timeout: float = 60, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a test program (from :func:`build_programs`) to completion."""
+        return subprocess.run(
+            [str(self.programs / args[0]), *args[1:]],
+            env=self.env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def start(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start a test program with pipes for stdin, stdout and stderr."""
+        return subprocess.Popen(
+            [str(self.programs / args[0]), *args[1:]],
+            env=self.env(**(env or {})),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def python(self, code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run Python code in a fresh interpreter under the shim."""
+        return subprocess.run(
+            [sys.executable, "-c", code], env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+
+
+ClaimFactory = Callable[..., Claim]
+"""The tests' ``make_claim`` fixture."""
+
+
+def values(output: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a test program's output (later lines win)."""
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        for word in line.split():
+            if "=" in word:
+                key, _, value = word.partition("=")
+                found[key] = value
+    return found
+
+
+def prefixed(output: str, prefix: str) -> dict[str, str]:
+    """The ``key=value`` pairs of the output line that starts with ``prefix``."""
+    for line in output.splitlines():
+        if line.startswith(prefix):
+            return values(line[len(prefix) :])
+    raise AssertionError(f"no line starting with {prefix!r} in:\n{output}")
+
+
+def dump(obj: object) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
+
+
+def simulated_node(
+    directory: Path, gpus: int = 1, memory_bytes: int = 1 << 30
+) -> tuple[list[str], dict[str, str]]:
+    """A simulated node under ``directory``: its GPU UUIDs and the environment of a process on it."""
+    from tessera.simgpu.config import NodeSpec, make_gpus, process_env, write_config
+
+    spec = NodeSpec(
+        state_file=directory / "state", gpus=make_gpus(gpus, directory.name, memory_bytes=memory_bytes)
+    )
+    config = write_config(spec, directory / "simgpu.conf")
+    return [g.uuid for g in spec.gpus], process_env(config)
+
+
+def claim_on(
+    directory: Path,
+    base_env: Mapping[str, str],
+    limits: list[tuple[str, int | None, int]],
+    real_cuda: Path,
+    real_nvml: Path,
+    programs: Path,
+) -> Claim:
+    """A claim under ``directory`` with ``limits`` as (uuid, memory_bytes | None, cores)."""
+    from tessera.shim.format import GpuLimit, create_region, write_limits
+    from tessera.shim.install import install
+
+    installation = install(directory / "shim", real_cuda, real_nvml)
+    limits_file = write_limits(directory / "limits", [GpuLimit(u, m, c) for u, m, c in limits])
+    region = create_region(directory / "usage")
+    return Claim(installation.directory, limits_file, region, base_env, programs)

@@ -1,0 +1,628 @@
+/*
+ * Drives the enforcement shim from the outside, the way applications reach libcuda: dlopen of
+ * "libcuda.so.1" + dlsym (and cuGetProcAddress where a mode says so). Runs unchanged against a
+ * real GPU (the kernel is the PTX in simgpu_test.h). One mode per invocation; results are
+ * printed as "key=value" lines for the pytest side to check.
+ *
+ *   shim_probe info                        memory as the process sees it on $PROBE_DEVICE
+ *   shim_probe alloc API BYTES [hold]      allocate with API, report, optionally wait on stdin,
+ *                                          free, report again
+ *   shim_probe devices                     per ordinal: UUID, cuDeviceTotalMem, cuMemGetInfo
+ *   shim_probe race THREADS ITERS MAXBYTES SEED   random alloc/free from THREADS threads
+ *   shim_probe loop                        alloc/free forever (to be SIGKILLed)
+ *   shim_probe fork BYTES                  fork while allocating; child and parent checks
+ *   shim_probe caching LIMIT BLOCK         a caching allocator: grow, split, reuse, release
+ *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex]   keep the GPU busy with NS-long kernels
+ *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
+ *
+ * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
+ *      procaddr procaddr_v2 procaddr_v2_ptsz legacy
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "simgpu_test.h"
+
+static void *lib;
+static int device;
+
+#define CHECK(call)                                                                               \
+    do {                                                                                          \
+        CUresult rc_ = (call);                                                                    \
+        if (rc_ != CUDA_SUCCESS) {                                                                \
+            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)rc_);             \
+            exit(3);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static CUcontext setup(void)
+{
+    LOAD(lib, cuInit);
+    LOAD(lib, cuDevicePrimaryCtxRetain);
+    LOAD(lib, cuCtxSetCurrent);
+    CHECK(p_cuInit(0));
+    CUcontext ctx = NULL;
+    CHECK(p_cuDevicePrimaryCtxRetain(&ctx, device));
+    CHECK(p_cuCtxSetCurrent(ctx));
+    return ctx;
+}
+
+static void report(const char *prefix)
+{
+    LOAD(lib, cuMemGetInfo_v2);
+    LOAD(lib, cuDeviceTotalMem_v2);
+    size_t free_b = 0, total = 0, devtotal = 0;
+    CHECK(p_cuMemGetInfo_v2(&free_b, &total));
+    CHECK(p_cuDeviceTotalMem_v2(&devtotal, device));
+    printf("%sfree=%zu total=%zu used=%zu devtotal=%zu\n", prefix, free_b, total, total - free_b,
+           devtotal);
+}
+
+/* ------------------------------------------------------------------------- alloc ------- */
+
+struct held {
+    const char *api;
+    CUdeviceptr ptr;
+    CUarray array;
+    CUmemGenericAllocationHandle handle;
+    CUmemoryPool pool;
+    size_t size;
+};
+
+static CUresult get_proc(const char *getter, const char *name, void **fn)
+{
+    CUdriverProcAddressQueryResult st;
+    if (strcmp(getter, "procaddr") == 0) {
+        LOAD(lib, cuGetProcAddress);
+        return p_cuGetProcAddress(name, fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT);
+    }
+    if (strcmp(getter, "procaddr_v2") == 0) {
+        LOAD(lib, cuGetProcAddress_v2);
+        return p_cuGetProcAddress_v2(name, fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    }
+    __typeof__(&cuGetProcAddress_v2) p =
+        (__typeof__(&cuGetProcAddress_v2))test_sym(lib, "cuGetProcAddress_v2_ptsz");
+    return p(name, fn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+}
+
+static CUresult do_alloc(struct held *h)
+{
+    const char *api = h->api;
+    size_t size = h->size;
+    if (strcmp(api, "mem") == 0) {
+        LOAD(lib, cuMemAlloc_v2);
+        return p_cuMemAlloc_v2(&h->ptr, size);
+    }
+    if (strcmp(api, "pitch") == 0) {
+        LOAD(lib, cuMemAllocPitch_v2);
+        size_t pitch = 0;
+        return p_cuMemAllocPitch_v2(&h->ptr, &pitch, size / 1024, 1024, 4);
+    }
+    if (strcmp(api, "managed") == 0) {
+        LOAD(lib, cuMemAllocManaged);
+        return p_cuMemAllocManaged(&h->ptr, size, CU_MEM_ATTACH_GLOBAL);
+    }
+    if (strncmp(api, "async", 5) == 0) {
+        __typeof__(&cuMemAllocAsync) p = (__typeof__(&cuMemAllocAsync))test_sym(
+            lib, strcmp(api, "async_ptsz") == 0 ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync");
+        return p(&h->ptr, size, NULL);
+    }
+    if (strncmp(api, "pool", 4) == 0) {
+        LOAD(lib, cuMemPoolCreate);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = device;
+        CHECK(p_cuMemPoolCreate(&h->pool, &props));
+        __typeof__(&cuMemAllocFromPoolAsync) p = (__typeof__(&cuMemAllocFromPoolAsync))test_sym(
+            lib, strcmp(api, "pool_ptsz") == 0 ? "cuMemAllocFromPoolAsync_ptsz"
+                                               : "cuMemAllocFromPoolAsync");
+        return p(&h->ptr, size, h->pool, NULL);
+    }
+    if (strcmp(api, "vmm") == 0) {
+        LOAD(lib, cuMemCreate);
+        LOAD(lib, cuMemAddressReserve);
+        LOAD(lib, cuMemMap);
+        LOAD(lib, cuMemGetAllocationGranularity);
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = device;
+        size_t gran = 0;
+        CHECK(p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        h->size = size = (size + gran - 1) / gran * gran;
+        CUresult rc = p_cuMemCreate(&h->handle, size, &prop, 0);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        CHECK(p_cuMemAddressReserve(&h->ptr, size, 0, 0, 0));
+        return p_cuMemMap(h->ptr, size, 0, h->handle, 0);
+    }
+    if (strcmp(api, "array") == 0) {
+        LOAD(lib, cuArrayCreate_v2);
+        CUDA_ARRAY_DESCRIPTOR d = {size / 4096, 1024, CU_AD_FORMAT_UNSIGNED_INT32, 1};
+        return p_cuArrayCreate_v2(&h->array, &d);
+    }
+    if (strcmp(api, "array3d") == 0) {
+        LOAD(lib, cuArray3DCreate_v2);
+        CUDA_ARRAY3D_DESCRIPTOR d = {size / 4096, 64, 16, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
+        return p_cuArray3DCreate_v2(&h->array, &d);
+    }
+    if (strncmp(api, "procaddr", 8) == 0) {
+        void *fn = NULL;
+        CHECK(get_proc(api, "cuMemAlloc", &fn));
+        return ((__typeof__(&cuMemAlloc_v2))fn)(&h->ptr, size);
+    }
+    if (strcmp(api, "legacy") == 0) {
+        /* The CUDA 2.x ABI: 32-bit size and pointer. */
+        CUresult (*p)(unsigned int *, unsigned int) =
+            (CUresult(*)(unsigned int *, unsigned int))dlsym(lib, "cuMemAlloc");
+        unsigned int small = 0;
+        if (p == NULL)
+            return CUDA_ERROR_NOT_FOUND;
+        return p(&small, (unsigned int)size);
+    }
+    fprintf(stderr, "unknown api %s\n", api);
+    exit(2);
+}
+
+static CUresult do_free(struct held *h)
+{
+    const char *api = h->api;
+    if (strcmp(api, "vmm") == 0) {
+        LOAD(lib, cuMemUnmap);
+        LOAD(lib, cuMemRelease);
+        LOAD(lib, cuMemAddressFree);
+        CHECK(p_cuMemRelease(h->handle)); /* still mapped: the memory stays taken */
+        report("released_mapped: ");
+        CHECK(p_cuMemUnmap(h->ptr, h->size));
+        return p_cuMemAddressFree(h->ptr, h->size);
+    }
+    if (strncmp(api, "array", 5) == 0) {
+        LOAD(lib, cuArrayDestroy);
+        return p_cuArrayDestroy(h->array);
+    }
+    if (strncmp(api, "async", 5) == 0 || strncmp(api, "pool", 4) == 0) {
+        bool ptsz = strstr(api, "ptsz") != NULL;
+        __typeof__(&cuMemFreeAsync) p = (__typeof__(&cuMemFreeAsync))test_sym(
+            lib, ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
+        LOAD(lib, cuCtxSynchronize);
+        CUresult rc = p(h->ptr, NULL);
+        p_cuCtxSynchronize();
+        if (h->pool != NULL) {
+            LOAD(lib, cuMemPoolDestroy);
+            CHECK(p_cuMemPoolDestroy(h->pool));
+        }
+        return rc;
+    }
+    if (strncmp(api, "procaddr", 8) == 0) {
+        void *fn = NULL;
+        CHECK(get_proc(api, "cuMemFree", &fn));
+        return ((__typeof__(&cuMemFree_v2))fn)(h->ptr);
+    }
+    LOAD(lib, cuMemFree_v2);
+    return p_cuMemFree_v2(h->ptr);
+}
+
+static int mode_alloc(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    setup();
+    struct held h = {.api = argv[2], .size = strtoull(argv[3], NULL, 0)};
+    CUresult rc = do_alloc(&h);
+    printf("rc=%d\n", (int)rc);
+    report("");
+    if (rc != CUDA_SUCCESS)
+        return 0;
+    if (argc > 4 && strcmp(argv[4], "hold") == 0) {
+        printf("HOLD\n");
+        fflush(stdout);
+        char buf[16];
+        while (read(0, buf, sizeof buf) > 0)
+            ;
+    }
+    printf("free_rc=%d\n", (int)do_free(&h));
+    report("after: ");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- devices ----- */
+
+static int mode_devices(void)
+{
+    LOAD(lib, cuInit);
+    LOAD(lib, cuDeviceGetCount);
+    LOAD(lib, cuDeviceGetUuid);
+    LOAD(lib, cuDeviceTotalMem_v2);
+    LOAD(lib, cuCtxCreate_v2);
+    LOAD(lib, cuCtxDestroy_v2);
+    LOAD(lib, cuMemGetInfo_v2);
+    CHECK(p_cuInit(0));
+    int n = 0;
+    CHECK(p_cuDeviceGetCount(&n));
+    printf("count=%d\n", n);
+    for (int i = 0; i < n; i++) {
+        CUuuid u;
+        size_t total = 0, free_b = 0, ctx_total = 0;
+        CHECK(p_cuDeviceGetUuid(&u, i));
+        CHECK(p_cuDeviceTotalMem_v2(&total, i));
+        CUcontext ctx;
+        CHECK(p_cuCtxCreate_v2(&ctx, 0, i));
+        CHECK(p_cuMemGetInfo_v2(&free_b, &ctx_total));
+        CHECK(p_cuCtxDestroy_v2(ctx));
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        printf("device=%d uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+               "%02x%02x%02x%02x%02x%02x total=%zu ctx_total=%zu\n",
+               i, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+               b[13], b[14], b[15], total, ctx_total);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- race -------- */
+
+struct racer {
+    CUcontext ctx;
+    int iters;
+    size_t max_bytes;
+    unsigned seed;
+    long ooms, other;
+};
+
+static void *race_thread(void *arg)
+{
+    struct racer *r = arg;
+    LOAD(lib, cuCtxSetCurrent);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    p_cuCtxSetCurrent(r->ctx);
+    enum { KEEP = 4 };
+    CUdeviceptr held[KEEP] = {0};
+    for (int i = 0; i < r->iters; i++) {
+        int k = (int)(rand_r(&r->seed) % KEEP);
+        if (held[k] != 0) {
+            if (p_cuMemFree_v2(held[k]) != CUDA_SUCCESS)
+                r->other++;
+            held[k] = 0;
+            continue;
+        }
+        size_t units = r->max_bytes / 512;
+        size_t size = (1 + rand_r(&r->seed) % units) * 512;
+        CUresult rc = p_cuMemAlloc_v2(&held[k], size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+            r->ooms++;
+        else if (rc != CUDA_SUCCESS)
+            r->other++;
+    }
+    for (int k = 0; k < KEEP; k++)
+        if (held[k] != 0 && p_cuMemFree_v2(held[k]) != CUDA_SUCCESS)
+            r->other++;
+    return NULL;
+}
+
+static int mode_race(int argc, char **argv)
+{
+    if (argc < 6)
+        return 2;
+    CUcontext ctx = setup();
+    int threads = atoi(argv[2]);
+    struct racer r[64];
+    pthread_t th[64];
+    for (int t = 0; t < threads && t < 64; t++) {
+        r[t] = (struct racer){ctx, atoi(argv[3]), strtoull(argv[4], NULL, 0),
+                              (unsigned)(atoi(argv[5]) * 131 + t), 0, 0};
+        pthread_create(&th[t], NULL, race_thread, &r[t]);
+    }
+    long ooms = 0, other = 0;
+    for (int t = 0; t < threads && t < 64; t++) {
+        pthread_join(th[t], NULL);
+        ooms += r[t].ooms;
+        other += r[t].other;
+    }
+    printf("ooms=%ld other=%ld\n", ooms, other);
+    report("");
+    return other == 0 ? 0 : 1;
+}
+
+static int mode_loop(void)
+{
+    setup();
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    CUdeviceptr p;
+    printf("LOOPING\n");
+    fflush(stdout);
+    for (unsigned i = 0;; i++) {
+        if (p_cuMemAlloc_v2(&p, 512 * (1 + i % 64)) == CUDA_SUCCESS)
+            p_cuMemFree_v2(p);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- fork -------- */
+
+static volatile int stop_allocating;
+
+static void *alloc_forever(void *arg)
+{
+    LOAD(lib, cuCtxSetCurrent);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    p_cuCtxSetCurrent((CUcontext)arg);
+    CUdeviceptr p;
+    while (!stop_allocating)
+        if (p_cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS)
+            p_cuMemFree_v2(p);
+    return NULL;
+}
+
+static int mode_fork(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    CUcontext ctx = setup();
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuMemGetInfo_v2);
+    size_t bytes = strtoull(argv[2], NULL, 0);
+    CUdeviceptr p;
+    CHECK(p_cuMemAlloc_v2(&p, bytes));
+    report("parent_before: ");
+    /* Fork many times while another thread allocates and frees: no child may hang on a lock
+     * held at the moment of the fork, and nothing a child does changes the parent's usage. */
+    pthread_t th;
+    pthread_create(&th, NULL, alloc_forever, ctx);
+    int hung = 0;
+    for (int i = 0; i < 50; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            CUdeviceptr q;
+            size_t f = 0, t = 0;
+            CUresult a = p_cuMemAlloc_v2(&q, 4096); /* the driver refuses in a child */
+            CUresult b = p_cuMemGetInfo_v2(&f, &t);
+            exit(a == CUDA_SUCCESS || b == CUDA_SUCCESS ? 10 : 0);
+        }
+        int status = 0;
+        for (int w = 0; w < 500 && waitpid(pid, &status, WNOHANG) == 0; w++)
+            usleep(10000);
+        if (waitpid(pid, &status, WNOHANG) == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            hung++;
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("child_status=%d\n", status);
+        }
+    }
+    stop_allocating = 1;
+    pthread_join(th, NULL);
+    printf("hung=%d\n", hung);
+    report("parent_after: ");
+    CHECK(p_cuMemFree_v2(p));
+    report("parent_freed: ");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- caching ----- */
+
+/* Like a framework's caching allocator: grab large blocks until the driver says no, carve them
+ * into pieces, free pieces into a cache, reuse the cache, then on OOM release cached blocks and
+ * retry - which must succeed, since the shim gives memory back as soon as a block is freed. */
+static int mode_caching(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    setup();
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuMemGetInfo_v2);
+    size_t limit = strtoull(argv[2], NULL, 0), block = strtoull(argv[3], NULL, 0);
+    enum { MAX_BLOCKS = 4096 };
+    static CUdeviceptr blocks[MAX_BLOCKS];
+    int n = 0;
+    CUresult rc = CUDA_SUCCESS;
+    size_t f = 0, t = 0;
+    while (n < MAX_BLOCKS && (rc = p_cuMemAlloc_v2(&blocks[n], block)) == CUDA_SUCCESS) {
+        n++;
+        CHECK(p_cuMemGetInfo_v2(&f, &t));
+        if (t - f != (size_t)n * block)
+            printf("mismatch used=%zu want=%zu\n", t - f, (size_t)n * block);
+    }
+    printf("blocks=%d last_rc=%d within=%d\n", n, (int)rc, (size_t)n * block <= limit);
+    /* Split: pieces are offsets inside blocks (no driver call), reused freely. */
+    CUdeviceptr piece = blocks[0] + block / 2;
+    (void)piece;
+    /* Release half the cache, then a request of two blocks must fit where one did not. */
+    int released = 0;
+    for (int i = n - 1; i >= n / 2; i--, released++)
+        CHECK(p_cuMemFree_v2(blocks[i]));
+    n -= released;
+    CUdeviceptr big;
+    rc = p_cuMemAlloc_v2(&big, 2 * block);
+    printf("retry_rc=%d\n", (int)rc);
+    if (rc == CUDA_SUCCESS)
+        CHECK(p_cuMemFree_v2(big));
+    for (int i = 0; i < n; i++)
+        CHECK(p_cuMemFree_v2(blocks[i]));
+    report("end: ");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- duty -------- */
+
+static int mode_duty(int argc, char **argv)
+{
+    if (argc < 5)
+        return 2;
+    setup();
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuEventCreate);
+    LOAD(lib, cuEventRecord);
+    LOAD(lib, cuEventSynchronize);
+    LOAD(lib, cuCtxSynchronize);
+    LOAD(lib, cuStreamCreate);
+    uint64_t ns = strtoull(argv[2], NULL, 0);
+    double seconds = atof(argv[3]);
+    int depth = atoi(argv[4]);
+    const char *how = argc > 5 ? argv[5] : "kernel";
+    CUmodule m;
+    CUfunction f;
+    CHECK(p_cuModuleLoadData(&m, sleep_kernel_ptx));
+    CHECK(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"));
+    CUstream s;
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *params[] = {&ns};
+    CUgraphExec exec = NULL;
+    if (strcmp(how, "graph") == 0) {
+        LOAD(lib, cuGraphCreate);
+        LOAD(lib, cuGraphAddKernelNode_v2);
+        LOAD(lib, cuGraphInstantiateWithFlags);
+        CUgraph g;
+        CUgraphNode node;
+        CHECK(p_cuGraphCreate(&g, 0));
+        CUDA_KERNEL_NODE_PARAMS_v2 kp;
+        memset(&kp, 0, sizeof kp);
+        kp.func = f;
+        kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+        kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+        kp.kernelParams = params;
+        CHECK(p_cuGraphAddKernelNode_v2(&node, g, NULL, 0, &kp));
+        CHECK(p_cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    enum { RING = 64 };
+    CUevent ring[RING];
+    for (int i = 0; i < RING; i++)
+        CHECK(p_cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    if (depth > RING)
+        depth = RING;
+    uint64_t start = test_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t launched = 0;
+    while (test_now_ns() < end) {
+        if (launched >= (uint64_t)depth)
+            CHECK(p_cuEventSynchronize(ring[(launched - (uint64_t)depth) % RING]));
+        if (exec != NULL) {
+            LOAD(lib, cuGraphLaunch);
+            CHECK(p_cuGraphLaunch(exec, s));
+        } else if (strcmp(how, "coop") == 0) {
+            LOAD(lib, cuLaunchCooperativeKernel);
+            CHECK(p_cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params));
+        } else if (strcmp(how, "ex") == 0) {
+            LOAD(lib, cuLaunchKernelEx);
+            CUlaunchConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+            cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+            cfg.hStream = s;
+            CHECK(p_cuLaunchKernelEx(&cfg, f, params, NULL));
+        } else {
+            LOAD(lib, cuLaunchKernel);
+            CHECK(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+        }
+        CHECK(p_cuEventRecord(ring[launched % RING], s));
+        launched++;
+    }
+    CHECK(p_cuCtxSynchronize());
+    uint64_t elapsed = test_now_ns() - start;
+    printf("launched=%llu elapsed_ns=%llu share=%.2f\n", (unsigned long long)launched,
+           (unsigned long long)elapsed, 100.0 * (double)(launched * ns) / (double)elapsed);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- bench ------- */
+
+static int mode_bench(int argc, char **argv)
+{
+    int n = argc > 2 ? atoi(argv[2]) : 100000;
+    setup();
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuLaunchKernel);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuCtxSynchronize);
+    CUmodule m;
+    CUfunction f;
+    CHECK(p_cuModuleLoadData(&m, sleep_kernel_ptx));
+    CHECK(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"));
+    uint64_t zero = 0;
+    void *params[] = {&zero};
+    /* Launches of an empty kernel, synchronised now and then so the queue stays short. */
+    uint64_t best_launch = UINT64_MAX;
+    for (int round = 0; round < 5; round++) {
+        uint64_t t = test_now_ns();
+        for (int i = 0; i < n / 5; i++)
+            CHECK(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        uint64_t per = (test_now_ns() - t) / (uint64_t)(n / 5);
+        CHECK(p_cuCtxSynchronize());
+        if (per < best_launch)
+            best_launch = per;
+    }
+    /* Alloc/free pairs with 10 000 other allocations live. */
+    enum { LIVE = 10000 };
+    static CUdeviceptr live[LIVE];
+    for (int i = 0; i < LIVE; i++)
+        CHECK(p_cuMemAlloc_v2(&live[i], 512));
+    uint64_t best_alloc = UINT64_MAX, best_free = UINT64_MAX;
+    enum { BATCH = 1000 };
+    static CUdeviceptr batch[BATCH];
+    for (int round = 0; round < 5; round++) {
+        uint64_t t0 = test_now_ns();
+        for (int i = 0; i < BATCH; i++)
+            CHECK(p_cuMemAlloc_v2(&batch[i], 4096));
+        uint64_t t1 = test_now_ns();
+        for (int i = 0; i < BATCH; i++)
+            CHECK(p_cuMemFree_v2(batch[i]));
+        uint64_t t2 = test_now_ns();
+        if ((t1 - t0) / BATCH < best_alloc)
+            best_alloc = (t1 - t0) / BATCH;
+        if ((t2 - t1) / BATCH < best_free)
+            best_free = (t2 - t1) / BATCH;
+    }
+    for (int i = 0; i < LIVE; i++)
+        CHECK(p_cuMemFree_v2(live[i]));
+    printf("launch_ns=%llu alloc_ns=%llu free_ns=%llu\n", (unsigned long long)best_launch,
+           (unsigned long long)best_alloc, (unsigned long long)best_free);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2) {
+        fprintf(stderr, "usage: see the comment at the top of shim_probe.c\n");
+        return 2;
+    }
+    lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
+    const char *d = getenv("PROBE_DEVICE");
+    device = d != NULL ? atoi(d) : 0;
+    const char *mode = argv[1];
+    if (strcmp(mode, "info") == 0) {
+        setup();
+        report("");
+        return 0;
+    }
+    if (strcmp(mode, "alloc") == 0)
+        return mode_alloc(argc, argv);
+    if (strcmp(mode, "devices") == 0)
+        return mode_devices();
+    if (strcmp(mode, "race") == 0)
+        return mode_race(argc, argv);
+    if (strcmp(mode, "loop") == 0)
+        return mode_loop();
+    if (strcmp(mode, "fork") == 0)
+        return mode_fork(argc, argv);
+    if (strcmp(mode, "caching") == 0)
+        return mode_caching(argc, argv);
+    if (strcmp(mode, "duty") == 0)
+        return mode_duty(argc, argv);
+    if (strcmp(mode, "bench") == 0)
+        return mode_bench(argc, argv);
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+}

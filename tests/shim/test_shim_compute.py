@@ -1,0 +1,86 @@
+"""Compute caps: a claim's kernels, graphs and cooperative launches take its `cores` share of
+the GPU's time, over one or several processes, next to another capped claim. (The full table of
+caps x kernel lengths x processes is benchmarks/shim/compute_accuracy.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tessera.shim.testing import Claim, ClaimFactory, values
+
+TOLERANCE = 3.0  # percentage points
+
+
+def duty(claims: list[Claim], kernel_ns: int, seconds: float, how: str = "kernel") -> list[float]:
+    """Run one duty-cycle worker per claim entry at once; the GPU share each achieved."""
+    procs = [c.start("shim_probe", "duty", str(kernel_ns), str(seconds), "4", how) for c in claims]
+    shares = []
+    for p in procs:
+        out, err = p.communicate(timeout=seconds + 60)
+        assert p.returncode == 0, err
+        shares.append(float(values(out)["share"]))
+    return shares
+
+
+def test_single_process_cap(make_claim: ClaimFactory) -> None:
+    """One process of a claim capped at 30 % gets 30 % (within 3 points) of the GPU."""
+    claim = make_claim(limits=[(0, None, 30)])
+    (share,) = duty([claim], 2_000_000, 2.0)
+    assert abs(share - 30) <= TOLERANCE, share
+
+
+def test_two_claims_30_and_60(make_claim: ClaimFactory) -> None:
+    """Two claims capped at 30 and 60 on one GPU get 30 and 60."""
+    a = make_claim(limits=[(0, None, 30)], name="a")
+    b = make_claim(limits=[(0, None, 60)], name="b")
+    share_a, share_b = duty([a, b], 2_000_000, 3.0)
+    assert abs(share_a - 30) <= TOLERANCE and abs(share_b - 60) <= TOLERANCE, (share_a, share_b)
+
+
+def test_processes_share_one_cap(make_claim: ClaimFactory) -> None:
+    """Four processes of one claim capped at 40 % together get 40 %."""
+    claim = make_claim(limits=[(0, None, 40)])
+    shares = duty([claim] * 4, 1_000_000, 3.0)
+    assert abs(sum(shares) - 40) <= TOLERANCE, shares
+
+
+@pytest.mark.parametrize("how", ["graph", "coop", "ex"])
+def test_graphs_cooperative_and_ex_launches_are_capped(make_claim: ClaimFactory, how: str) -> None:
+    """CUDA graph launches, cooperative launches and cuLaunchKernelEx are capped like kernels."""
+    claim = make_claim(limits=[(0, None, 50)])
+    (share,) = duty([claim], 1_000_000, 1.5, how)
+    assert abs(share - 50) <= TOLERANCE, share
+
+
+def test_uncapped_claim_is_not_paced(make_claim: ClaimFactory) -> None:
+    """A claim with only a memory limit (cores 0) runs its kernels back to back, like no shim."""
+    claim = make_claim(limits=[(0, 1 << 28, 0)])
+    (share,) = duty([claim], 2_000_000, 1.0)
+    assert share >= 95, share
+
+
+def test_region_records_compute(make_claim: ClaimFactory) -> None:
+    """The usage region shows the GPU time charged and the launches paced, for the exporter."""
+    from tessera.shim.format import read_region
+
+    claim = make_claim(limits=[(0, None, 50)])
+    duty([claim], 1_000_000, 0.5)
+    assert claim.region is not None
+    gpu = read_region(claim.region).gpus[0]
+    assert gpu.launches > 0 and gpu.charged_ns > 0 and gpu.throttled_ns > 0
+
+
+def test_probe_runs_without_shim(make_claim: ClaimFactory) -> None:
+    """The duty workload itself keeps the simulated GPU busy when nothing limits it (sanity)."""
+    claim = make_claim(limits=[])
+    done = subprocess.run(
+        [str(claim.programs / "shim_probe"), "duty", "2000000", "0.5", "4"],
+        env=dict(claim.base_env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert float(values(done.stdout)["share"]) >= 95

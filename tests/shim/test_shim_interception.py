@@ -1,0 +1,138 @@
+"""How programs reach the shim: linked, dlopen + dlsym, cuGetProcAddress (both signatures, with
+versions and flags), and what the shim leaves alone (other libraries' dlsym, unhooked symbols)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tessera.shim.install import built_library_dir
+from tessera.shim.testing import SIMGPU_BUILD, ClaimFactory, values
+
+MiB = 1 << 20
+
+CUDA_EXPORTS = {
+    *["cuInit", "cuGetProcAddress", "cuGetProcAddress_v2", "cuGetProcAddress_v2_ptsz"],
+    *["cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocPitch", "cuMemAllocPitch_v2", "cuMemAllocManaged"],
+    *["cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync"],
+    *["cuMemAllocFromPoolAsync_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"],
+    *["cuMemPoolCreate", "cuMemPoolDestroy", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap"],
+    *["cuArrayCreate", "cuArrayCreate_v2", "cuArray3DCreate", "cuArray3DCreate_v2", "cuArrayDestroy"],
+    *["cuMemGetInfo", "cuMemGetInfo_v2", "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "cuCtxDestroy_v2"],
+    *["cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"],
+    *["cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2"],
+    *["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"],
+    *["cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch"],
+    "cuGraphLaunch_ptsz",
+}
+
+
+def _dynamic(path: str) -> tuple[set[str], str]:
+    syms = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True, check=True)
+    dyn = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in syms.stdout.splitlines() if line.strip()}, dyn.stdout
+
+
+def test_exports_only_the_hooks() -> None:
+    """The CUDA library exports exactly its hooks (no dlsym, no internals), has soname
+    libcuda.so.1, needs the real driver through the alias, and binds its own symbols to itself."""
+    exported, dyn = _dynamic(str(built_library_dir() / "libtessera-cuda.so"))
+    assert exported == CUDA_EXPORTS
+    assert "[libcuda.so.1]" in dyn and "[libcuda-real.so.1]" in dyn
+    assert re.search(r"RUNPATH.*\[\$ORIGIN\]", dyn) and "SYMBOLIC" in dyn
+    exported, dyn = _dynamic(str(built_library_dir() / "libtessera-nvml.so"))
+    assert exported == {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"}
+    assert "[libnvidia-ml.so.1]" in dyn and "[libnvidia-ml-real.so.1]" in dyn
+
+
+def test_dlopen_dlsym_path(make_claim: ClaimFactory) -> None:
+    """dlopen("libcuda.so.1") + dlsym reach the hooks: past the limit is out of memory."""
+    claim = make_claim()
+    assert values(claim.run("shim_probe", "alloc", "mem", str(300 * MiB)).stdout)["rc"] == "2"
+    out = values(claim.run("shim_probe", "alloc", "mem", str(200 * MiB)).stdout)
+    assert out["rc"] == "0"
+
+
+def test_linked_path_and_other_libraries_dlsym(make_claim: ClaimFactory, built: object) -> None:
+    """A program linked against libcuda reaches the hooks; a library that defines CUDA- and
+    curl-named functions still gets its own from dlsym; RTLD_DEFAULT/RTLD_NEXT behave normally."""
+    claim = make_claim()
+    fake = str(claim.programs / "libfakecu.so")
+    done = claim.run("shim_linked", str(300 * MiB), fake)
+    assert done.returncode == 0, done.stderr
+    out = values(done.stdout)
+    assert out["alloc_rc"] == "2"
+    assert out["total"] == str(256 * MiB)
+    assert out["fake_alloc"] == "12345" and out["curl"] == "7"
+    assert out["default_is_linked"] == "1"
+    assert out["next_malloc"] == "1" and out["missing"] == "1" and out["next_stable"] == "1"
+
+
+@pytest.mark.parametrize("getter", ["procaddr", "procaddr_v2", "procaddr_v2_ptsz"])
+def test_get_proc_address_paths(make_claim: ClaimFactory, getter: str) -> None:
+    """cuMemAlloc fetched through cuGetProcAddress, cuGetProcAddress_v2 and its per-thread
+    flavour is the hook: past the limit is out of memory, within it succeeds and is counted."""
+    claim = make_claim()
+    assert values(claim.run("shim_probe", "alloc", getter, str(300 * MiB)).stdout)["rc"] == "2"
+    done = claim.run("shim_probe", "alloc", getter, str(100 * MiB))
+    out = done.stdout.splitlines()
+    assert values(out[0])["rc"] == "0"
+    assert values(out[1])["used"] == str(100 * MiB)
+    assert values(done.stdout)["used"] == "0"
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_simulator_conformance_unchanged_under_the_shim(
+    make_claim: ClaimFactory, limited: bool, simulated_only: None
+) -> None:
+    """The simulator's own conformance programs pass unchanged under the shim: every unhooked
+    symbol resolves to the real driver, and cuGetProcAddress answers every (name, version,
+    flags) with exactly what dlsym gives for that ABI (hooked or not)."""
+    claim = make_claim(limits=[(0, 900 * MiB, 0)] if limited else [])
+    for program in ("cuda_api", "nvml_api"):
+        done = subprocess.run(
+            [str(SIMGPU_BUILD / "tests" / program)],
+            env=claim.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
+
+
+def test_legacy_abi_refused_while_limited(make_claim: ClaimFactory, simulated_only: None) -> None:
+    """The 32-bit CUDA 2.x entry points cannot bypass a memory limit: refused while one is in
+    force, passed through (here: absent from the driver) otherwise."""
+    assert values(make_claim().run("shim_probe", "alloc", "legacy", "4096").stdout)["rc"] == "801"
+    unlimited = make_claim(limits=[], name="free")
+    assert values(unlimited.run("shim_probe", "alloc", "legacy", "4096").stdout)["rc"] == "500"
+
+
+def test_python_ctypes_program(make_claim: ClaimFactory) -> None:
+    """A Python program using ctypes reaches the shim (CDLL finds the preloaded libcuda.so.1):
+    limit enforced, memory info virtualised, a destroyed context's memory given back."""
+    claim = make_claim()
+    code = f"""
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuInit(0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+print("big", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t({300 * MiB})))
+print("ok", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t({100 * MiB})))
+cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print("info", total.value, total.value - free.value)
+assert cuda.cuCtxDestroy_v2(ctx) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+print("after", total.value - free.value)
+"""
+    done = claim.python(code)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert lines["big"] == "2" and lines["ok"] == "0"
+    assert lines["info"] == f"{256 * MiB} {100 * MiB}"
+    assert lines["after"] == "0"

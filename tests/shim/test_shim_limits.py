@@ -1,0 +1,151 @@
+"""The limits file and usage region formats (through the shim's own C code), and how the shim
+reacts to a missing, unreadable or malformed limits file, a bad region, and its log level."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tessera.shim.format import (
+    EXIT_BAD_LIMITS,
+    GpuLimit,
+    LimitsError,
+    format_limits,
+    parse_limits,
+    read_limits,
+    read_region,
+    write_limits,
+)
+from tessera.shim.testing import ClaimFactory, values
+
+UUID = "GPU-5fd3a0a4-2f3c-4d1e-9a11-0c5b1e4f8d21"
+MiB = 1 << 20
+
+
+def test_limits_round_trip(tmp_path: Path) -> None:
+    """What the writer produces, the shim's parser reads back unchanged; the file is read-only."""
+    limits = [GpuLimit(UUID, 8 << 30, 30), GpuLimit("MIG-0b8e7e9c-1111-2222-3333-444455556666", None, 0)]
+    assert parse_limits(format_limits(limits)) == limits
+    path = write_limits(tmp_path / "limits", limits)
+    assert read_limits(path) == limits
+    assert (path.stat().st_mode & 0o777) == 0o444
+    assert read_limits(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "expected 'tessera-limits 1'"),
+        ("tessera-limits 2\n", "version 2 is not supported"),
+        (f"{UUID} memory=1 cores=0\n", "line 1: expected 'tessera-limits 1' first"),
+        (f"tessera-limits 1\n{UUID} memory=1\n", "line 2: expected '<uuid>"),
+        (f"tessera-limits 1\n{UUID} cores=1 memory=1\n", "line 2: expected memory="),
+        (f"tessera-limits 1\n{UUID} memory=-1 cores=0\n", "memory must be"),
+        (f"tessera-limits 1\n{UUID} memory=01 cores=0\n", "memory must be"),
+        (f"tessera-limits 1\n{UUID} memory=99999999999999999999 cores=0\n", "memory must be"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=101\n", "cores must be 0-100"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 extra=1\n", "line 2: expected"),
+        ("tessera-limits 1\n0 memory=1 cores=0\n", "not a GPU UUID"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0\n{UUID} memory=2 cores=0\n", "listed twice"),
+        (
+            "tessera-limits 1\n" + "".join(f"GPU-{i:04x} memory=1 cores=0\n" for i in range(17)),
+            "more than 16",
+        ),
+        ("tessera-limits 1\n\u00e9\n", "not ASCII"),
+    ],
+)
+def test_malformed_limits_are_refused_with_a_reason(text: str, reason: str) -> None:
+    """Every malformation is refused with a reason naming the line."""
+    with pytest.raises(LimitsError, match=reason):
+        parse_limits(text)
+
+
+def test_comments_blank_lines_and_crlf_are_fine() -> None:
+    """Comments, blank lines and CRLF line ends are accepted."""
+    text = f"# c\r\n\r\ntessera-limits 1\r\n  # indented comment\n{UUID}  memory=none\tcores=100\r\n"
+    assert parse_limits(text) == [GpuLimit(UUID, None, 100)]
+
+
+def test_writer_refuses_invalid_limits() -> None:
+    """The writer refuses what the parser would refuse."""
+    for bad in ([GpuLimit("nope", 1, 0)], [GpuLimit(UUID, 1, 101)], [GpuLimit(UUID, 1), GpuLimit(UUID, 2)]):
+        with pytest.raises(LimitsError):
+            format_limits(bad)
+
+
+def test_missing_limits_file_means_no_limits(make_claim: ClaimFactory, simulated_only: None) -> None:
+    """A limits file that does not exist means no limits: the process runs, sees the whole GPU."""
+    claim = make_claim()
+    assert claim.limits is not None
+    claim.limits.unlink()
+    done = claim.run("shim_probe", "alloc", "mem", str(512 * MiB))
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout.splitlines()[1])["total"] == str(1 << 30)
+
+
+@pytest.mark.parametrize("problem", ["malformed", "group-writable", "directory"])
+def test_bad_limits_file_stops_the_process(make_claim: ClaimFactory, problem: str) -> None:
+    """An unreadable or malformed limits file stops the process at its first CUDA call, with a
+    message naming the file and the reason and exit status 78."""
+    claim = make_claim()
+    assert claim.limits is not None
+    os.chmod(claim.limits, 0o644)
+    if problem == "malformed":
+        claim.limits.write_text("tessera-limits 1\nGPU-1234 memory=lots cores=0\n")
+    elif problem == "group-writable":
+        os.chmod(claim.limits, 0o664)
+    else:
+        claim.limits.unlink()
+        claim.limits.mkdir()
+    done = claim.run("shim_probe", "info")
+    assert done.returncode == EXIT_BAD_LIMITS
+    assert str(claim.limits) in done.stderr and "fatal" in done.stderr
+    nvml = claim.python(
+        "import pynvml as n; n.nvmlInit(); n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0))"
+    )
+    assert nvml.returncode == EXIT_BAD_LIMITS
+
+
+def test_bad_usage_region_stops_the_process(make_claim: ClaimFactory) -> None:
+    """A usage region that is not one (wrong size or magic) stops the process with a message."""
+    claim = make_claim()
+    assert claim.region is not None
+    claim.region.write_bytes(b"not a region")
+    done = claim.run("shim_probe", "info")
+    assert done.returncode == EXIT_BAD_LIMITS
+    assert "usage region" in done.stderr
+
+
+def test_region_is_created_when_missing(make_claim: ClaimFactory) -> None:
+    """A process that finds the named usage region missing creates it; its usage shows there."""
+    claim = make_claim(region=False)
+    claim.region = claim.install_dir.parent / "created-usage"
+    done = claim.run("shim_probe", "alloc", "mem", str(8 * MiB))
+    assert done.returncode == 0, done.stderr
+    snapshot = read_region(claim.region)
+    assert [g.used_bytes for g in snapshot.gpus] == [0]
+    assert snapshot.processes == []
+
+
+def test_without_a_region_limits_apply_per_process(make_claim: ClaimFactory) -> None:
+    """Without $TESSERA_USAGE_REGION the limits still hold, per process, with a warning."""
+    claim = make_claim(region=False)
+    done = claim.run("shim_probe", "alloc", "mem", str(300 * MiB))
+    assert values(done.stdout)["rc"] == "2"
+    assert "limits apply to each process on its own" in done.stderr
+
+
+def test_log_level_and_summary(make_claim: ClaimFactory) -> None:
+    """At level info the shim prints one summary line of the limits in force; at the default
+    level it is silent; an unknown level is reported and the default used."""
+    claim = make_claim(limits=[(0, 256 * MiB, 30)], log_level="info")
+    done = claim.run("shim_probe", "info")
+    summary = [line for line in done.stderr.splitlines() if "limits from" in line]
+    assert len(summary) == 1
+    assert "memory 256.00 MiB compute 30%" in summary[0] and "usage region" in summary[0]
+    quiet = make_claim(name="quiet")
+    assert quiet.run("shim_probe", "info").stderr == ""
+    noisy = make_claim(name="noisy", log_level="verbose")
+    assert "is not error|warn|info|debug" in noisy.run("shim_probe", "info").stderr
