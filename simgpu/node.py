@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,46 +32,54 @@ class Node:
     def env(self) -> dict[str, str]:
         return process_env(self.config)
 
+    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        return {**self.env, **(extra or {})}
+
     def update(self, spec: NodeSpec) -> None:
         """Rewrite the configuration (running processes pick up fault changes)."""
         self.spec = spec
         write_config(spec, self.config)
 
-    def program(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a test program from build/simgpu/tests to completion on this node."""
+    def program(
+        self, *args: str, timeout: float = 60, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a test program from build/simgpu/tests to completion on this node (``env`` adds
+        variables to the node's environment)."""
         return subprocess.run(
             [str(program_dir() / args[0]), *args[1:]],
-            env=self.env,
+            env=self._env(env),
             capture_output=True,
             text=True,
             timeout=timeout,
         )
 
-    def start(self, *args: str) -> subprocess.Popen[str]:
+    def start(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a test program on this node, with pipes for stdin and stdout."""
         return subprocess.Popen(
             [str(program_dir() / args[0]), *args[1:]],
-            env=self.env,
+            env=self._env(env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
 
-    def python(self, code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def python(
+        self, code: str, timeout: float = 60, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run Python code in a fresh interpreter on this node (pynvml and ctypes load the
         simulated libraries by soname there, as they would NVIDIA's)."""
         return subprocess.run(
             [sys.executable, "-c", code],
-            env=self.env,
+            env=self._env(env),
             capture_output=True,
             text=True,
             timeout=timeout,
         )
 
-    def python_json(self, code: str, timeout: float = 60) -> object:
+    def python_json(self, code: str, timeout: float = 60, env: Mapping[str, str] | None = None) -> object:
         """Run Python code that prints one JSON document; return it."""
-        done = self.python(code, timeout)
+        done = self.python(code, timeout, env)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 

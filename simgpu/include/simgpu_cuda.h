@@ -159,6 +159,12 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 #define CU_STREAM_DEFAULT 0x0
 #define CU_STREAM_NON_BLOCKING 0x1
 
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_MEM_ATTACH_HOST 0x2
 
@@ -434,6 +440,7 @@ CUresult cuStreamSynchronize(CUstream stream);
 CUresult cuStreamQuery(CUstream stream);
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx);
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *captureStatus);
 CUresult cuEventCreate(CUevent *event, unsigned int flags);
 CUresult cuEventRecord(CUevent event, CUstream stream);
 CUresult cuEventQuery(CUevent event);
@@ -500,6 +507,7 @@ CUresult cuStreamSynchronize_ptsz(CUstream stream);
 CUresult cuStreamQuery_ptsz(CUstream stream);
 CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx);
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *captureStatus);
 CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                              unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,

@@ -294,6 +294,7 @@ static int kernel_key(struct parser *p, const char *key, const char *value)
 static void gpu_defaults(struct sim_gpu_config *g, int index)
 {
     memset(g, 0, sizeof *g);
+    g->node_index = index;
     g->sm_count = 132;
     g->cc_major = 9;
     g->cc_minor = 0;

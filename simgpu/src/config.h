@@ -39,6 +39,9 @@ struct sim_gpu_config {
     unsigned int power_limit_mw;
     unsigned int temperature_c;
     struct sim_gpu_faults faults;
+    /* Position in the configuration file: the GPU's NVML index and its index in the shared
+     * state. libcuda reorders its copy of gpus[] by CUDA_VISIBLE_DEVICES; this stays. */
+    int node_index;
 };
 
 /* How long a launch of one function occupies the device. */

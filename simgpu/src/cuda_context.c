@@ -47,16 +47,17 @@ CUresult sim_ctx_wait(CUcontext ctx)
     return sim_fault_gpu_lost(&sim_cuda.rt, ctx->device) ? SIM_CUDA_GPU_LOST : CUDA_SUCCESS;
 }
 
-/* NVML lists a process as running on a GPU while it holds a context there. Needs mu. */
+/* NVML lists a process as running on a GPU (by NVML index) while it holds a context there.
+ * Needs mu. */
 static void publish_ctx_mask(void)
 {
     uint32_t mask = 0;
     for (int i = 0; i < sim_cuda.rt.cfg.gpu_count; i++) {
         if (sim_cuda.primary[i].tag == TAG_CTX)
-            mask |= 1u << i;
+            mask |= 1u << sim_node_gpu(i);
     }
     for (CUcontext c = sim_cuda.contexts; c != NULL; c = c->next)
-        mask |= 1u << c->device;
+        mask |= 1u << sim_node_gpu(c->device);
     struct sim_node *node = &sim_cuda.rt.node;
     sim_node_lock(node);
     node->sh->procs[node->my_slot].ctx_mask = mask;

@@ -1,12 +1,18 @@
 /* cuInit, versions and the guard every CUDA entry point passes through. */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cuda_internal.h"
 #include "devmem.h"
 
 struct sim_cuda sim_cuda = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* pthread_atfork child handler: the child must call nothing. (Checking getpid() on every call
+ * instead would cost a system call per call.) */
+static void mark_forked(void)
+{
+    sim_cuda.forked = true;
+}
 
 /* Remembered so that every later cuInit fails the same way, as the real driver does. */
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
@@ -28,15 +34,18 @@ SIMGPU_API CUresult cuInit(unsigned int flags)
             sim_node_lock(&sim_cuda.rt.node);
             int reg = sim_node_register(&sim_cuda.rt.node);
             sim_node_unlock(&sim_cuda.rt.node);
+            const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+            if (visible != NULL)
+                sim_cuda_select_visible(&sim_cuda.rt.cfg, visible);
             if (reg != 0) {
                 sim_log("%s: all %d process slots of the node are taken",
                         sim_cuda.rt.cfg.state_file, SIM_MAX_PROCS);
                 init_result = CUDA_ERROR_UNKNOWN;
             } else if (sim_cuda.rt.cfg.gpu_count == 0) {
-                init_result = CUDA_ERROR_NO_DEVICE;
+                init_result = CUDA_ERROR_NO_DEVICE; /* none configured, or none visible */
             } else {
                 init_result = CUDA_SUCCESS;
-                sim_cuda.pid = getpid();
+                pthread_atfork(NULL, NULL, mark_forked);
                 sim_cuda.initialized = true;
             }
             break;
@@ -53,7 +62,7 @@ CUresult sim_cuda_enter(void)
 {
     if (!__atomic_load_n(&sim_cuda.initialized, __ATOMIC_ACQUIRE))
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (getpid() != sim_cuda.pid)
+    if (sim_cuda.forked)
         return CUDA_ERROR_NOT_INITIALIZED; /* a forked child inherits no usable driver state */
     sim_faults_on_call(&sim_cuda.rt);
     return CUDA_SUCCESS;
@@ -95,8 +104,8 @@ CUresult sim_devmem_reserve(int gpu, uint64_t bytes, uint32_t *handle)
     uint64_t attempt = __atomic_add_fetch(&sim_cuda.alloc_attempts[gpu], 1, __ATOMIC_RELAXED);
     if (fail_at != 0 && attempt == fail_at)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (sim_mem_reserve(&sim_cuda.rt.node, gpu, sim_cuda.rt.cfg.gpus[gpu].memory_bytes, bytes,
-                        handle) != 0)
+    uint64_t total = sim_cuda.rt.cfg.gpus[gpu].memory_bytes;
+    if (sim_mem_reserve(&sim_cuda.rt.node, sim_node_gpu(gpu), total, bytes, handle) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }

@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/types.h>
 
 #include "log.h"
 #include "runtime.h"
@@ -54,7 +53,7 @@ struct CUevent_st {
 struct sim_cuda {
     pthread_mutex_t mu; /* guards all process-local objects below and in the other files */
     bool initialized;
-    pid_t pid; /* a forked child must call nothing: CUDA does not survive fork */
+    bool forked; /* set in a child forked after cuInit: CUDA does not survive fork */
     struct sim_runtime rt;
     struct CUctx_st primary[SIM_MAX_GPUS];
     struct CUctx_st *contexts;
@@ -76,6 +75,17 @@ CUresult sim_cuda_enter(void);
 #define SIM_CUDA_GPU_LOST CUDA_ERROR_DEVICE_UNAVAILABLE
 
 CUresult sim_check_device(CUdevice dev); /* valid ordinal, not lost */
+
+/*
+ * CUDA_VISIBLE_DEVICES (read once, by cuInit): sim_cuda.rt.cfg.gpus[] holds the visible GPUs in
+ * CUDA ordinal order, so a CUdevice indexes it directly. The shared state is indexed by the
+ * physical GPU (the NVML index): go through sim_node_gpu() for anything in it.
+ */
+void sim_cuda_select_visible(struct sim_config *cfg, const char *visible);
+static inline int sim_node_gpu(CUdevice dev)
+{
+    return sim_cuda.rt.cfg.gpus[dev].node_index;
+}
 
 /* The calling thread's current context, or NULL. */
 CUcontext sim_current_ctx(void);

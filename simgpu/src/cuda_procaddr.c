@@ -107,6 +107,7 @@ static const struct proc_entry table[] = {
     P("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
     P("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
     P("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
     E("cuEventCreate", 2000, cuEventCreate),
     P("cuEventRecord", 2000, cuEventRecord, cuEventRecord_ptsz),
     E("cuEventQuery", 2000, cuEventQuery),

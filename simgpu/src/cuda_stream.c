@@ -97,7 +97,7 @@ void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns)
     pthread_mutex_lock(&sim_cuda.mu);
     uint64_t after = stream->last_end_ns;
     pthread_mutex_unlock(&sim_cuda.mu);
-    uint64_t end = sim_tl_submit(&sim_cuda.rt.node, ctx->device, after, duration_ns);
+    uint64_t end = sim_tl_submit(&sim_cuda.rt.node, sim_node_gpu(ctx->device), after, duration_ns);
     pthread_mutex_lock(&sim_cuda.mu);
     if (end > stream->last_end_ns)
         stream->last_end_ns = end;
@@ -197,6 +197,32 @@ SIMGPU_API CUresult cuStreamQuery(CUstream stream)
 SIMGPU_API CUresult cuStreamQuery_ptsz(CUstream stream)
 {
     return stream_query(stream, SIM_PER_THREAD);
+}
+
+/* cuStreamBeginCapture is not supported (cuda_stubs.c), so no stream is ever capturing. */
+static CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status,
+                                    enum sim_default_stream mode)
+{
+    SIM_ENTER();
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *captureStatus)
+{
+    return stream_is_capturing(stream, captureStatus, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamIsCapturing_ptsz(CUstream stream,
+                                             CUstreamCaptureStatus *captureStatus)
+{
+    return stream_is_capturing(stream, captureStatus, SIM_PER_THREAD);
 }
 
 static bool event_valid(CUevent event)

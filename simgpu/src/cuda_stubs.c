@@ -36,7 +36,7 @@
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId) X(cuStreamAddCallback)            \
     X(cuStreamAttachMemAsync) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)                    \
-    X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo_v2) X(cuStreamGetAttribute)                   \
+    X(cuStreamGetCaptureInfo_v2) X(cuStreamGetAttribute)                                          \
     X(cuStreamSetAttribute) X(cuStreamCopyAttributes) X(cuStreamWaitValue32_v2)                   \
     X(cuStreamWriteValue32_v2) X(cuStreamBatchMemOp_v2) X(cuEventRecordWithFlags)                 \
     X(cuLaunchHostFunc) X(cuLaunchCooperativeKernelMultiDevice) X(cuFuncSetCacheConfig)           \
@@ -63,7 +63,7 @@
     X(cuMemcpy3DAsync_v2_ptsz) X(cuMemcpyPeerAsync_ptsz) X(cuMemsetD16Async_ptsz)                 \
     X(cuMemPrefetchAsync_ptsz) X(cuStreamGetPriority_ptsz) X(cuStreamGetFlags_ptsz)               \
     X(cuStreamGetId_ptsz) X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
-    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing_ptsz)        \
+    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture_ptsz)                                    \
     X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetAttribute_ptsz) X(cuStreamSetAttribute_ptsz)   \
     X(cuStreamCopyAttributes_ptsz) X(cuStreamWaitValue32_v2_ptsz) X(cuStreamWriteValue32_v2_ptsz) \
     X(cuStreamBatchMemOp_v2_ptsz) X(cuEventRecordWithFlags_ptsz) X(cuLaunchHostFunc_ptsz)         \

@@ -1,8 +1,9 @@
 /*
  * Fault injection. Faults live in the same configuration file as the GPUs; a test or the test
- * bed rewrites the file (atomically, by rename) and every process notices on its next API call,
- * so a GPU can fall off the bus under running workloads. Only fault keys are taken from a changed
- * file; the GPU topology of a running process never changes.
+ * bed rewrites the file (atomically, by rename) and every process notices on its first API call
+ * once SIM_FAULT_POLL_NS have passed since it last looked, so a GPU can fall off the bus under
+ * running workloads. Only fault keys are taken from a changed file; the GPU topology of a running
+ * process never changes.
  */
 #include <string.h>
 #include <time.h>
@@ -25,29 +26,51 @@ static void reload_faults(struct sim_runtime *rt)
         sim_log("keeping previous fault settings: %s", err);
         return;
     }
-    if (fresh.gpu_count != rt->cfg.gpu_count)
+    if (fresh.gpu_count != (int)rt->node.sh->gpu_count)
         sim_log("%s: GPU count changed; only fault settings apply to running processes",
                 rt->cfg.path);
-    for (int i = 0; i < rt->cfg.gpu_count && i < fresh.gpu_count; i++) {
-        __atomic_store_n(&rt->cfg.gpus[i].faults.lost, fresh.gpus[i].faults.lost,
+    /* rt->cfg.gpus may be a reordered subset (libcuda under CUDA_VISIBLE_DEVICES): match each
+     * GPU with its own section of the file. */
+    for (int i = 0; i < rt->cfg.gpu_count; i++) {
+        int n = rt->cfg.gpus[i].node_index;
+        if (n >= fresh.gpu_count)
+            continue;
+        __atomic_store_n(&rt->cfg.gpus[i].faults.lost, fresh.gpus[n].faults.lost,
                          __ATOMIC_RELAXED);
-        __atomic_store_n(&rt->cfg.gpus[i].faults.fail_alloc, fresh.gpus[i].faults.fail_alloc,
+        __atomic_store_n(&rt->cfg.gpus[i].faults.fail_alloc, fresh.gpus[n].faults.fail_alloc,
                          __ATOMIC_RELAXED);
     }
     __atomic_store_n(&rt->cfg.latency_ns, fresh.latency_ns, __ATOMIC_RELAXED);
 }
 
-void sim_faults_on_call(struct sim_runtime *rt)
+/* CLOCK_MONOTONIC_COARSE: read from the vDSO without touching the hardware clock (a few ns),
+ * at the resolution of the kernel's tick. */
+static uint64_t coarse_now_ns(void)
 {
-    struct stat now;
-    if (stat(rt->cfg.path, &now) == 0) {
-        pthread_mutex_lock(&rt->watch_mu);
-        if (file_changed(&now, &rt->watched)) {
-            rt->watched = now;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void poll_config(struct sim_runtime *rt, uint64_t now)
+{
+    pthread_mutex_lock(&rt->watch_mu);
+    if (now >= rt->next_poll_ns) { /* not already done by another thread meanwhile */
+        __atomic_store_n(&rt->next_poll_ns, now + SIM_FAULT_POLL_NS, __ATOMIC_RELAXED);
+        struct stat st;
+        if (stat(rt->cfg.path, &st) == 0 && file_changed(&st, &rt->watched)) {
+            rt->watched = st;
             reload_faults(rt);
         }
-        pthread_mutex_unlock(&rt->watch_mu);
     }
+    pthread_mutex_unlock(&rt->watch_mu);
+}
+
+void sim_faults_on_call(struct sim_runtime *rt)
+{
+    uint64_t now = coarse_now_ns();
+    if (now >= __atomic_load_n(&rt->next_poll_ns, __ATOMIC_RELAXED))
+        poll_config(rt, now);
     uint64_t latency = __atomic_load_n(&rt->cfg.latency_ns, __ATOMIC_RELAXED);
     if (latency > 0)
         sim_sleep_until(sim_now_ns() + latency);

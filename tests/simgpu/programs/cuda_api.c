@@ -311,6 +311,8 @@ static void execution(void)
     LOAD(lib, cuLaunchCooperativeKernel);
     LOAD(lib, cuStreamCreate);
     LOAD(lib, cuStreamQuery);
+    LOAD(lib, cuStreamIsCapturing);
+    LOAD(lib, cuStreamIsCapturing_ptsz);
     LOAD(lib, cuStreamSynchronize);
     LOAD(lib, cuStreamDestroy_v2);
     LOAD(lib, cuEventCreate);
@@ -336,6 +338,16 @@ static void execution(void)
     EXPECT_EQ(p_cuModuleLoadData(&m, sleep_kernel_ptx), CUDA_SUCCESS);
     EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
     EXPECT_EQ(p_cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    /* An ordinary stream, the legacy and the per-thread default stream are not capturing. */
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    EXPECT_EQ(p_cuStreamIsCapturing(s, &capture), CUDA_SUCCESS);
+    EXPECT_EQ(capture, CU_STREAM_CAPTURE_STATUS_NONE);
+    capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    EXPECT_EQ(p_cuStreamIsCapturing(NULL, &capture), CUDA_SUCCESS);
+    EXPECT_EQ(capture, CU_STREAM_CAPTURE_STATUS_NONE);
+    capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    EXPECT_EQ(p_cuStreamIsCapturing_ptsz(NULL, &capture), CUDA_SUCCESS);
+    EXPECT_EQ(capture, CU_STREAM_CAPTURE_STATUS_NONE);
     EXPECT_EQ(p_cuEventCreate(&start, CU_EVENT_DEFAULT), CUDA_SUCCESS);
     EXPECT_EQ(p_cuEventCreate(&end, CU_EVENT_DEFAULT), CUDA_SUCCESS);
     EXPECT_EQ(p_cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
@@ -536,6 +548,7 @@ static void proc_address(void)
         {"cuStreamQuery", "cuStreamQuery", "cuStreamQuery_ptsz"},
         {"cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"},
         {"cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz"},
+        {"cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
         {"cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz"},
         {"cuGetProcAddress", "cuGetProcAddress_v2", "cuGetProcAddress_v2_ptsz"},
         {"cuMemAlloc", "cuMemAlloc_v2", "cuMemAlloc_v2"},

@@ -62,6 +62,7 @@ static void cuda(void)
     LOAD(lib, cuStreamCreate);
     LOAD(lib, cuStreamDestroy_v2);
     LOAD(lib, cuStreamGetCtx);
+    LOAD(lib, cuStreamIsCapturing);
     LOAD(lib, cuEventCreate);
     LOAD(lib, cuEventRecord);
     LOAD(lib, cuEventQuery);
@@ -83,6 +84,7 @@ static void cuda(void)
     CUdeviceptr dptr = 0;
     void *fn = NULL;
     CUstream stream = NULL;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     CUevent event = NULL;
     CUmodule module = NULL;
     CUfunction func = NULL;
@@ -121,6 +123,7 @@ static void cuda(void)
         ROW(p_cuMemAlloc_v2(&dptr, 16), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuMemGetInfo_v2(&size, &size), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuStreamCreate(&stream, 0), CUDA_ERROR_INVALID_CONTEXT),
+        ROW(p_cuStreamIsCapturing(NULL, &capture), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuEventCreate(&event, 0), CUDA_ERROR_INVALID_CONTEXT),
     };
     check(no_context, sizeof no_context / sizeof no_context[0]);
@@ -187,6 +190,7 @@ static void cuda(void)
         ROW(p_cuStreamCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuStreamDestroy_v2(NULL), CUDA_ERROR_INVALID_HANDLE),
         ROW(p_cuStreamGetCtx(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamIsCapturing(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuEventCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuEventRecord(NULL, NULL), CUDA_ERROR_INVALID_HANDLE),
         ROW(p_cuEventQuery(NULL), CUDA_ERROR_INVALID_HANDLE),

@@ -13,6 +13,9 @@
  *       work until the GPU stops answering; print "lost ALLOC_RESULT SYNC_RESULT".
  *   simgpu_probe latency ITERATIONS
  *       print "mean_ns N", the mean duration of cuDeviceGetCount.
+ *   simgpu_probe call-cost ITERATIONS
+ *       print "ctx_get_current_ns N" and "launch_ns N", the mean duration of cuCtxGetCurrent
+ *       and of launching a zero-length simgpu_sleep_ns kernel (the per-call overhead).
  */
 #include <unistd.h>
 
@@ -159,6 +162,35 @@ static int latency(int iterations)
     return 0;
 }
 
+static int call_cost(int iterations)
+{
+    LOAD(cuda, cuCtxGetCurrent);
+    LOAD(cuda, cuModuleLoadData);
+    LOAD(cuda, cuModuleGetFunction);
+    LOAD(cuda, cuLaunchKernel);
+    LOAD(cuda, cuCtxSynchronize);
+    use_device(0);
+    CUmodule module = NULL;
+    CUfunction sleep_fn = NULL;
+    CHECK(p_cuModuleLoadData(&module, sleep_kernel_ptx));
+    CHECK(p_cuModuleGetFunction(&sleep_fn, module, "simgpu_sleep_ns"));
+    CUcontext ctx = NULL;
+    uint64_t start = test_now_ns();
+    for (int i = 0; i < iterations; i++)
+        CHECK(p_cuCtxGetCurrent(&ctx));
+    printf("ctx_get_current_ns %llu\n",
+           (unsigned long long)((test_now_ns() - start) / (uint64_t)iterations));
+    uint64_t zero = 0;
+    void *params[] = {&zero};
+    start = test_now_ns();
+    for (int i = 0; i < iterations; i++)
+        CHECK(p_cuLaunchKernel(sleep_fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+    printf("launch_ns %llu\n",
+           (unsigned long long)((test_now_ns() - start) / (uint64_t)iterations));
+    CHECK(p_cuCtxSynchronize());
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -171,6 +203,8 @@ int main(int argc, char **argv)
         return wait_lost(atoi(argv[2]));
     if (argc == 3 && strcmp(argv[1], "latency") == 0)
         return latency(atoi(argv[2]));
+    if (argc == 3 && strcmp(argv[1], "call-cost") == 0)
+        return call_cost(atoi(argv[2]));
     fprintf(stderr, "usage: see the comment at the top of simgpu_probe.c\n");
     return 2;
 }
