@@ -54,6 +54,7 @@ CUDA_SOURCES = [
     "shim_state.c",
     "memory.c",
     "compute.c",
+    "cuda_capture_hooks.c",
     "cuda_memory_hooks.c",
     "cuda_launch_hooks.c",
     "procaddr.c",

@@ -109,7 +109,9 @@ struct tessera_region_gpu {
     uint64_t charged_ns;  /* total GPU time charged (monotonic counter, for the exporter) */
     uint64_t throttled_ns; /* total time launches waited (monotonic counter) */
     uint64_t launches;     /* kernel and graph launches seen while capped */
-    uint8_t reserved1[64];
+    int64_t hint_ns;       /* latest duration estimate any process settled: the provisional
+                              charge of a launch shape not yet measured (0: none yet) */
+    uint8_t reserved1[56];
 } __attribute__((aligned(64)));
 
 struct tessera_region_slot {

@@ -5,29 +5,38 @@
  * kernels on a GPU is `cores` percent of wall time, whatever the kernel durations and however
  * many processes of the claim launch.
  *
- * Design - a GPU-time budget shared by the claim, charged with measured durations:
+ * Design - a GPU-time budget shared by the claim, charged at launch, settled on completion:
  *
  *  - Budget. Each capped GPU has a budget in nanoseconds of GPU time in the usage region, shared
  *    by all the claim's processes. It is credited continuously at cores/100 ns per ns of wall
  *    time (lock-free: whoever advances `refill_ns` by compare-and-swap credits the interval) and
  *    capped at BURST_NS, so idleness does not bank more than a short burst.
- *  - Gate. A launch proceeds when the budget is not negative; otherwise the launching thread
- *    sleeps exactly as long as the debt takes to repay at the capped rate and looks again. A sleep
- *    that overshoots costs nothing: the time slept is credited, not lost (up to the burst).
- *  - Charge. Each launch is charged its expected GPU time when it passes the gate. Expectation
- *    is per launch shape (function, grid, block, shared memory; graphs by executable graph): the
- *    minimum over the last WINDOW measured durations. Measured durations include time spent
- *    queued behind other processes' kernels (events bracket the stream, not the GPU), which only
- *    ever inflates them; the windowed minimum discards that inflation while still following a
- *    kernel that really becomes slower within WINDOW samples.
- *  - Measurement. Events are recorded around every launch of a shape until it has WARMUP
- *    samples, then around one launch in SAMPLE_EVERY. Completed measurements are collected
- *    without blocking on later launches; the first launch of a new shape waits for its own
- *    measurement before the next launch of that shape, so no burst of unknown-cost launches
- *    slips through. When a measurement lowers or raises the estimate of a launch that was
- *    charged differently, the difference is settled with the budget.
- *  - Nothing of this runs when no GPU of the claim is capped: the launch hooks test one flag
- *    and call through.
+ *  - Gate. A launch passes when the budget is not negative, and passing *is* the charge: one
+ *    compare-and-swap takes the launch's expected duration from a non-negative budget. So of
+ *    several processes woken at once only as many pass as the budget covers (no thundering
+ *    herd that queues kernels behind each other). A thread that finds the budget negative
+ *    sleeps exactly as long as the debt takes to repay at the capped rate and looks again; a
+ *    sleep that overshoots costs nothing, the time slept is credited.
+ *  - Charge at launch. Expected duration per launch shape (function, grid, block, shared
+ *    memory; graphs by executable graph): the minimum over the last WINDOW measured durations.
+ *    A shape never measured yet is charged the claim's latest settled estimate of any shape
+ *    (`hint_ns` in the region) or, before any, BURST_NS - so the first launches of several
+ *    processes are spaced out instead of all passing for free.
+ *  - Settle on completion. Events bracket every launch of a shape until it has WARMUP samples,
+ *    then one in SAMPLE_EVERY; measurements are collected without blocking (an event is queried
+ *    only once its kernel can have finished). A measurement includes time spent queued behind
+ *    other kernels (events bracket the stream, not the GPU), which only ever inflates it, so the
+ *    windowed minimum is the best bound on the true duration. Each shape keeps a ledger of its
+ *    last launches (up to HORIZON) and what they were charged in total; every new sample
+ *    re-settles the whole ledger to `launches x estimate`, refunding or charging the difference.
+ *    A launch charged a provisional or a queue-inflated figure is thus corrected as soon as a
+ *    cleaner sample arrives, whether or not it was itself measured: what the claim pays does
+ *    not depend on the estimate at launch time, only on the best estimate within HORIZON
+ *    launches. Refunds may lift the budget above the burst: that is time the claim was owed.
+ *  - Cost. Per capped launch: one cuCtxGetCurrent, the launch, and on average well under one
+ *    event call (sampling, queries only when due); cuStreamIsCapturing only in a process that
+ *    has begun a stream capture (capture_hooks.c). With no GPU of the claim capped the launch
+ *    hooks test one flag and call through.
  */
 #include <pthread.h>
 #include <string.h>
@@ -40,8 +49,10 @@
 #define MAX_SLEEP_NS 50000000ULL /* look again at least every 50 ms */
 #define WINDOW 32
 #define WARMUP 8
-#define SAMPLE_EVERY 4
-#define SHAPES 512 /* estimate cache entries (direct-mapped) */
+#define SAMPLE_EVERY 16
+#define HORIZON 256        /* launches a shape's ledger re-settles */
+#define MIN_POLL_NS 10000  /* an unfinished measurement is queried again after at least this */
+#define SHAPES 512         /* estimate cache entries (direct-mapped) */
 #define PENDING 64
 #define EVENT_POOL 128
 
@@ -52,14 +63,18 @@ struct shape {
     uint32_t pending; /* measurements in flight */
     int64_t window[WINDOW];
     int64_t estimate; /* -1: unknown */
+    /* The ledger: the last launches of this shape and what they have been charged in all. */
+    uint32_t ledger_gen;
+    uint32_t ledger_n;
+    int64_t ledger_charged;
 };
 
 struct pending {
     CUevent start, end;
     CUcontext ctx;
     uint64_t key;
+    uint64_t due_ns; /* not queried before this CLOCK_MONOTONIC time */
     int gpu;
-    int64_t charged;
 };
 
 struct pooled_event {
@@ -73,6 +88,7 @@ static struct pending pending[PENDING];
 static int pending_head, pending_count;
 static struct pooled_event pool[EVENT_POOL];
 static int pool_count;
+static int capturing; /* a stream capture has begun in this process (sticky) */
 
 uint64_t shim_launch_key(const void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shared)
@@ -82,6 +98,11 @@ uint64_t shim_launch_key(const void *fn, unsigned gx, unsigned gy, unsigned gz, 
     for (int i = 0; i < 7; i++)
         h = (h ^ parts[i]) * 0x100000001b3ULL;
     return h | 1; /* never 0 */
+}
+
+void shim_compute_capture_begun(void)
+{
+    __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
 }
 
 static void sleep_ns(uint64_t ns)
@@ -105,21 +126,30 @@ static void refill(struct tessera_region_gpu *g, uint32_t cores)
     uint64_t span = now - last;
     int64_t credit = span > (uint64_t)BURST_NS * 100 ? BURST_NS * 100 / (int64_t)cores
                                                      : (int64_t)(span * cores / 100);
-    int64_t b = __atomic_add_fetch(&g->budget_ns, credit, __ATOMIC_ACQ_REL);
-    while (b > BURST_NS &&
-           !__atomic_compare_exchange_n(&g->budget_ns, &b, BURST_NS, false, __ATOMIC_ACQ_REL,
+    /* Credit never lifts the budget past the burst (a refund, below, may: that time was owed). */
+    int64_t b = __atomic_load_n(&g->budget_ns, __ATOMIC_ACQUIRE);
+    for (;;) {
+        int64_t nb = b + credit;
+        if (nb > BURST_NS)
+            nb = b > BURST_NS ? b : BURST_NS;
+        if (__atomic_compare_exchange_n(&g->budget_ns, &b, nb, false, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE))
-        ;
+            return;
+    }
 }
 
-static void gate(struct tessera_region_gpu *g, uint32_t cores)
+/* Wait until the budget is not negative, then take `ns` from it in the same atomic step. */
+static void gate_and_charge(struct tessera_region_gpu *g, uint32_t cores, int64_t ns)
 {
     uint64_t waited = 0;
     for (;;) {
         refill(g, cores);
         int64_t b = __atomic_load_n(&g->budget_ns, __ATOMIC_ACQUIRE);
-        if (b >= 0)
-            break;
+        while (b >= 0) {
+            if (__atomic_compare_exchange_n(&g->budget_ns, &b, b - ns, false, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                goto passed;
+        }
         uint64_t wait = (uint64_t)(-b) * 100 / cores;
         if (wait > MAX_SLEEP_NS)
             wait = MAX_SLEEP_NS;
@@ -127,10 +157,15 @@ static void gate(struct tessera_region_gpu *g, uint32_t cores)
         sleep_ns(wait);
         waited += tessera_now_ns() - t0;
     }
+passed:
+    if (ns > 0)
+        __atomic_add_fetch(&g->charged_ns, (uint64_t)ns, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g->launches, 1, __ATOMIC_RELAXED);
     if (waited > 0)
         __atomic_add_fetch(&g->throttled_ns, waited, __ATOMIC_RELAXED);
 }
 
+/* Charge (ns > 0) or refund (ns < 0) outside the gate. */
 static void charge(int gpu, int64_t ns)
 {
     if (ns == 0)
@@ -139,6 +174,8 @@ static void charge(int gpu, int64_t ns)
     __atomic_sub_fetch(&g->budget_ns, ns, __ATOMIC_ACQ_REL);
     if (ns > 0)
         __atomic_add_fetch(&g->charged_ns, (uint64_t)ns, __ATOMIC_RELAXED);
+    else
+        __atomic_sub_fetch(&g->charged_ns, (uint64_t)-ns, __ATOMIC_RELAXED);
 }
 
 /* ---------------------------------------------------------------- estimates ------------- */
@@ -193,7 +230,7 @@ static void give_event(CUevent ev, CUcontext ctx)
         shim_real.cuEventDestroy_v2(ev);
 }
 
-/* Settle one finished measurement. */
+/* A finished measurement: a new sample, and the shape's ledger re-settled to the estimate. */
 static void settle(struct pending *p, float ms)
 {
     struct shape *s = shape_of(p->key);
@@ -203,10 +240,11 @@ static void settle(struct pending *p, float ms)
     if (ns < 0)
         ns = 0;
     add_sample(s, ns);
-    /* The launch was charged its expectation at the time; charge the difference to what we now
-     * expect such a launch to take (never more than it measured). */
-    int64_t truth = s->estimate < ns ? s->estimate : ns;
-    charge(p->gpu, truth - p->charged);
+    int64_t owed = (int64_t)s->ledger_n * s->estimate - s->ledger_charged;
+    s->ledger_charged += owed;
+    charge(p->gpu, owed);
+    __atomic_store_n(&shim.region.map->gpus[p->gpu].hint_ns, s->estimate > 0 ? s->estimate : 1,
+                     __ATOMIC_RELAXED);
 }
 
 /* Collect finished measurements, oldest first. With `block_key`, wait (polling) until a
@@ -215,10 +253,17 @@ static void collect(uint64_t block_key)
 {
     while (pending_count > 0) {
         struct pending *p = &pending[pending_head];
+        if (block_key == 0) {
+            uint64_t now = tessera_now_ns();
+            if (now < p->due_ns)
+                return;
+        }
         CUresult q = shim_real.cuEventQuery(p->end);
         if (q == CUDA_ERROR_NOT_READY) {
-            if (block_key == 0)
+            if (block_key == 0) {
+                p->due_ns = tessera_now_ns() + MIN_POLL_NS;
                 return;
+            }
             sleep_ns(20000);
             continue;
         }
@@ -242,9 +287,20 @@ static void collect(uint64_t block_key)
 
 /* ---------------------------------------------------------------- launches -------------- */
 
+static bool stream_capturing(CUstream stream, bool ptsz)
+{
+    if (SHIM_LIKELY(__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) == 0))
+        return false; /* no capture ever began in this process */
+    __typeof__(&cuStreamIsCapturing) is_capturing =
+        ptsz && shim_real.cuStreamIsCapturing_ptsz != NULL ? shim_real.cuStreamIsCapturing_ptsz
+                                                           : shim_real.cuStreamIsCapturing;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_capturing != NULL && is_capturing(stream, &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bool ptsz)
 {
-    (void)ptsz;
     l->active = false;
     l->measure = false;
     if (!shim_devices_ready())
@@ -256,25 +312,35 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     const struct shim_device *d = shim_device(dev);
     if (d == NULL || d->cores == 0)
         return;
-    if (shim_real.cuStreamIsCapturing != NULL) {
-        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-        if (shim_real.cuStreamIsCapturing(stream, &st) == CUDA_SUCCESS &&
-            st != CU_STREAM_CAPTURE_STATUS_NONE)
-            return; /* recorded into a graph, not run: charged when the graph launches */
-    }
+    if (stream_capturing(stream, ptsz))
+        return; /* recorded into a graph, not run: charged when the graph launches */
     l->active = true;
     l->gpu = d->gpu;
     l->key = key;
     l->ctx = ctx;
     l->stream = stream;
+    struct tessera_region_gpu *g = &shim.region.map->gpus[l->gpu];
 
     pthread_mutex_lock(&mu);
     struct shape *s = shape_of(key);
     collect(s->estimate < 0 && s->pending > 0 ? key : 0);
     s = shape_of(key);
-    int64_t expect = s->estimate >= 0 ? s->estimate : 0;
+    int64_t expect = s->estimate;
+    if (expect < 0) {
+        expect = __atomic_load_n(&g->hint_ns, __ATOMIC_RELAXED);
+        if (expect <= 0)
+            expect = BURST_NS;
+    }
     l->measure = s->samples + s->pending < WARMUP || s->launches % SAMPLE_EVERY == 0;
     s->launches++;
+    if (s->ledger_n >= HORIZON) {
+        s->ledger_gen++;
+        s->ledger_n = 0;
+        s->ledger_charged = 0;
+    }
+    s->ledger_n++;
+    s->ledger_charged += expect;
+    l->ledger_gen = s->ledger_gen;
     if (l->measure && pending_count == PENDING)
         l->measure = false;
     if (l->measure) {
@@ -290,14 +356,13 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     }
     pthread_mutex_unlock(&mu);
 
-    struct tessera_region_gpu *g = &shim.region.map->gpus[l->gpu];
-    gate(g, d->cores);
-    charge(l->gpu, expect);
-    __atomic_add_fetch(&g->launches, 1, __ATOMIC_RELAXED);
+    gate_and_charge(g, d->cores, expect);
     l->charged_ns = expect;
     if (l->measure && shim_real.cuEventRecord(l->start, stream) != CUDA_SUCCESS) {
         pthread_mutex_lock(&mu);
-        shape_of(key)->pending--;
+        s = shape_of(key);
+        if (s->pending > 0)
+            s->pending--;
         give_event(l->start, ctx);
         give_event(l->end, ctx);
         pthread_mutex_unlock(&mu);
@@ -309,8 +374,17 @@ void shim_compute_end(struct shim_launch *l, CUresult rc)
 {
     if (!l->active)
         return;
-    if (rc != CUDA_SUCCESS)
-        charge(l->gpu, -l->charged_ns); /* it never ran */
+    if (rc != CUDA_SUCCESS) {
+        /* It never ran: refund it and take it out of its ledger. */
+        charge(l->gpu, -l->charged_ns);
+        pthread_mutex_lock(&mu);
+        struct shape *s = shape_of(l->key);
+        if (s->ledger_gen == l->ledger_gen && s->ledger_n > 0) {
+            s->ledger_n--;
+            s->ledger_charged -= l->charged_ns;
+        }
+        pthread_mutex_unlock(&mu);
+    }
     if (!l->measure)
         return;
     bool recorded = rc == CUDA_SUCCESS && shim_real.cuEventRecord(l->end, l->stream) == CUDA_SUCCESS;
@@ -318,7 +392,7 @@ void shim_compute_end(struct shim_launch *l, CUresult rc)
     if (recorded && pending_count < PENDING) {
         pending[(pending_head + pending_count) % PENDING] = (struct pending){
             .start = l->start, .end = l->end, .ctx = l->ctx, .key = l->key, .gpu = l->gpu,
-            .charged = l->charged_ns};
+            .due_ns = tessera_now_ns() + (uint64_t)l->charged_ns};
         pending_count++;
     } else {
         struct shape *s = shape_of(l->key);
@@ -342,7 +416,8 @@ void shim_compute_parent_after_fork(void)
 
 void shim_compute_child_after_fork(void)
 {
-    /* The parent's events and measurements are not the child's. */
+    /* The parent's events and measurements are not the child's; its streams are not either,
+     * but a child that inherited a capture flag just keeps checking (harmless). */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     mu = fresh;
     memset(shapes, 0, sizeof shapes);

@@ -9,11 +9,7 @@
 
 #include "simgpu_cuda.h"
 
-typedef enum CUstreamCaptureStatus_enum {
-    CU_STREAM_CAPTURE_STATUS_NONE = 0,
-    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
-    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
-} CUstreamCaptureStatus;
+/* CUstreamCaptureStatus comes from simgpu_cuda.h. */
 
 CUresult cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn, int cudaVersion,
                                   cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus);
@@ -36,6 +32,30 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream strea
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream stream);
+
+/* Stream capture (the mode is the CUstreamCaptureMode enum: an unsigned int in the ABI). */
+CUresult cuStreamBeginCapture(CUstream stream);
+CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+CUresult cuStreamBeginCapture_v2(CUstream stream, unsigned int mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, unsigned int mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edgeData, size_t count, unsigned int mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                          const void *edgeData, size_t count, unsigned int mode);
+
+/* Graph memory nodes and mipmapped arrays (refused while a memory limit is in force). The node
+ * parameters are passed by pointer; the shim reads only the leading CUgraphNodeType of
+ * CUgraphNodeParams. */
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+#define TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t count, void *params);
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
+                        void *params);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edgeData, size_t count, void *params);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int levels);
 
 /* The CUDA 2.x ABI of the memory entry points (32-bit sizes and device pointers), still exported
  * by drivers and returned by cuGetProcAddress for versions before 3020. */

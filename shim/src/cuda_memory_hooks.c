@@ -508,6 +508,64 @@ SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return rc;
 }
 
+/* ------------------------------------------------------------------ not accounted ------ */
+
+/* Graph memory nodes (memory that exists while a graph that allocates it has not freed it,
+ * reserved by the driver at instantiation or launch) and mipmapped arrays (padded per level by
+ * the driver) are not accounted yet; rather than let them bypass the limit they are refused
+ * (CUDA_ERROR_NOT_SUPPORTED) while a memory limit is in force, and pass through otherwise. */
+#define UNACCOUNTED_GUARD(name)                                                                   \
+    do {                                                                                          \
+        shim_init();                                                                              \
+        if (shim.memory_limited) {                                                                \
+            SHIM_DEBUG("%s refused: not accounted while a memory limit is in force", #name);      \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                      \
+        }                                                                                         \
+        if (shim_real.name == NULL)                                                               \
+            return CUDA_ERROR_NOT_FOUND;                                                          \
+    } while (0)
+
+static bool mem_alloc_node(const void *params)
+{
+    return params != NULL &&
+           *(const int *)params == TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC; /* CUgraphNodeParams.type */
+}
+
+SHIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
+                                            const CUgraphNode *deps, size_t count, void *params)
+{
+    UNACCOUNTED_GUARD(cuGraphAddMemAllocNode);
+    return shim_real.cuGraphAddMemAllocNode(node, graph, deps, count, params);
+}
+
+SHIM_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                    size_t count, void *params)
+{
+    if (mem_alloc_node(params))
+        UNACCOUNTED_GUARD(cuGraphAddNode);
+    else
+        REAL_OR_NOT_FOUND(cuGraphAddNode);
+    return shim_real.cuGraphAddNode(node, graph, deps, count, params);
+}
+
+SHIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       const void *edgeData, size_t count, void *params)
+{
+    if (mem_alloc_node(params))
+        UNACCOUNTED_GUARD(cuGraphAddNode_v2);
+    else
+        REAL_OR_NOT_FOUND(cuGraphAddNode_v2);
+    return shim_real.cuGraphAddNode_v2(node, graph, deps, edgeData, count, params);
+}
+
+SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
+                                            const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                            unsigned int levels)
+{
+    UNACCOUNTED_GUARD(cuMipmappedArrayCreate);
+    return shim_real.cuMipmappedArrayCreate(array, desc, levels);
+}
+
 /* ------------------------------------------------------------------ CUDA 2.x ABI -------- */
 
 /* The 32-bit entry points predate everything the shim accounts for and no current program uses

@@ -85,6 +85,16 @@ static const struct hook table[] = {
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
     H("cuGraphLaunch", 10000, cuGraphLaunch),
     P("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+    H("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
+    P("cuStreamBeginCapture", 10000, cuStreamBeginCapture_ptsz),
+    H("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    H("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph),
+    P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
+    H("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    H("cuGraphAddNode", 12020, cuGraphAddNode),
+    H("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    H("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 };
 
 /* The hook for (symbol, version, flags), or NULL if the shim does not hook that ABI. */

@@ -57,6 +57,17 @@
     X_OPT(cuGraphLaunch)                                                                          \
     X_OPT(cuGraphLaunch_ptsz)                                                                     \
     X_OPT(cuStreamIsCapturing)                                                                    \
+    X_OPT(cuStreamIsCapturing_ptsz)                                                               \
+    X_OPT(cuStreamBeginCapture)                                                                   \
+    X_OPT(cuStreamBeginCapture_ptsz)                                                              \
+    X_OPT(cuStreamBeginCapture_v2)                                                                \
+    X_OPT(cuStreamBeginCapture_v2_ptsz)                                                           \
+    X_OPT(cuStreamBeginCaptureToGraph)                                                            \
+    X_OPT(cuStreamBeginCaptureToGraph_ptsz)                                                       \
+    X_OPT(cuGraphAddMemAllocNode)                                                                 \
+    X_OPT(cuGraphAddNode)                                                                         \
+    X_OPT(cuGraphAddNode_v2)                                                                      \
+    X_OPT(cuMipmappedArrayCreate)                                                                 \
     X(cuEventCreate)                                                                              \
     X(cuEventRecord)                                                                              \
     X(cuEventQuery)                                                                               \

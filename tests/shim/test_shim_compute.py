@@ -54,6 +54,18 @@ def test_graphs_cooperative_and_ex_launches_are_capped(make_claim: ClaimFactory,
     assert abs(share - 50) <= TOLERANCE, share
 
 
+def test_capped_after_a_capture_began(make_claim: ClaimFactory) -> None:
+    """Once a process has begun a stream capture (here refused by the simulator, which has no
+    capture), its launches ask the driver whether their stream is capturing - and, not capturing,
+    are still capped. The capture call itself passes through to the driver."""
+    claim = make_claim(limits=[(0, None, 50)])
+    proc = claim.start("shim_probe", "duty", "1000000", "1.5", "4", "capture")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert values(out)["begin_capture_rc"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, the driver's answer
+    assert abs(float(values(out)["share"]) - 50) <= TOLERANCE, out
+
+
 def test_uncapped_claim_is_not_paced(make_claim: ClaimFactory) -> None:
     """A claim with only a memory limit (cores 0) runs its kernels back to back, like no shim."""
     claim = make_claim(limits=[(0, 1 << 28, 0)])
@@ -84,3 +96,36 @@ def test_probe_runs_without_shim(make_claim: ClaimFactory) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert float(values(done.stdout)["share"]) >= 95
+
+
+FAILING_LAUNCHES = """
+import ctypes, time
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, mod, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+assert cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"simgpu_sleep_ns") == 0
+ns = ctypes.c_uint64(1000000)
+params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(ns), ctypes.c_void_p))
+t = time.monotonic()
+rcs = {cuda.cuLaunchCooperativeKernel(fn, 1 << 30, 1, 1, 1, 1, 1, 0, None, params) for _ in range(40)}
+print("rcs", sorted(rcs), "seconds", round(time.monotonic() - t, 3))
+"""
+
+
+def test_failed_launches_are_refunded(make_claim: ClaimFactory) -> None:
+    """A capped launch the driver refuses (here a cooperative launch too large for the GPU) is
+    refunded and leaves its shape's ledger: 40 of them at a 10 % cap neither wait for budget
+    (each would otherwise cost 100 ms of waiting) nor leave anything charged."""
+    from tessera.shim.format import read_region
+
+    claim = make_claim(limits=[(0, None, 10)])
+    done = claim.python(FAILING_LAUNCHES)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.split()
+    assert out[1] == "[720]", done.stdout  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    assert float(out[3]) < 1.0, done.stdout
+    assert claim.region is not None
+    gpu = read_region(claim.region).gpus[0]
+    assert gpu.launches == 40 and gpu.charged_ns == 0, gpu

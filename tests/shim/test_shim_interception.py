@@ -26,6 +26,9 @@ CUDA_EXPORTS = {
     *["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"],
     *["cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch"],
     "cuGraphLaunch_ptsz",
+    *["cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2"],
+    *["cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz"],
+    *["cuGraphAddMemAllocNode", "cuGraphAddNode", "cuGraphAddNode_v2", "cuMipmappedArrayCreate"],
 }
 
 
@@ -108,6 +111,49 @@ def test_legacy_abi_refused_while_limited(make_claim: ClaimFactory, simulated_on
     assert values(make_claim().run("shim_probe", "alloc", "legacy", "4096").stdout)["rc"] == "801"
     unlimited = make_claim(limits=[], name="free")
     assert values(unlimited.run("shim_probe", "alloc", "legacy", "4096").stdout)["rc"] == "500"
+
+
+UNACCOUNTED = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+out = ctypes.c_void_p()
+params = (ctypes.c_int * 64)()  # CUgraphNodeParams / CUDA_MEM_ALLOC_NODE_PARAMS, zeroed
+desc = (ctypes.c_size_t * 8)()  # CUDA_ARRAY3D_DESCRIPTOR, zeroed
+print("memnode", cuda.cuGraphAddMemAllocNode(ctypes.byref(out), None, None, ctypes.c_size_t(0), params))
+print("mipmap", cuda.cuMipmappedArrayCreate(ctypes.byref(out), desc, 1))
+params[0] = 10  # CU_GRAPH_NODE_TYPE_MEM_ALLOC
+print("addnode_mem", cuda.cuGraphAddNode(ctypes.byref(out), None, None, ctypes.c_size_t(0), params))
+n = ctypes.c_size_t(0)
+print("addnode_v2_mem", cuda.cuGraphAddNode_v2(ctypes.byref(out), None, None, None, n, params))
+params[0] = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+print("addnode_kernel", cuda.cuGraphAddNode(ctypes.byref(out), None, None, ctypes.c_size_t(0), params))
+"""
+
+
+def test_unaccounted_memory_apis_refused_while_limited(
+    make_claim: ClaimFactory, simulated_only: None
+) -> None:
+    """Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) of type MEM_ALLOC) and
+    mipmapped arrays are not accounted, so they are refused (CUDA_ERROR_NOT_SUPPORTED = 801) while
+    a memory limit is in force; other node types, and everything without a memory limit, pass
+    through to the driver (the simulator has none of these: CUDA_ERROR_NOT_FOUND = 500)."""
+    done = make_claim().python(UNACCOUNTED)
+    assert done.returncode == 0, done.stderr
+    limited = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert limited == {
+        "memnode": "801",
+        "mipmap": "801",
+        "addnode_mem": "801",
+        "addnode_v2_mem": "801",
+        "addnode_kernel": "500",
+    }
+    done = make_claim(limits=[(0, None, 30)], name="compute-only").python(UNACCOUNTED)
+    assert done.returncode == 0, done.stderr
+    free = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert set(free.values()) == {"500"}, free
 
 
 def test_python_ctypes_program(make_claim: ClaimFactory) -> None:

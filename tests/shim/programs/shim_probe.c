@@ -12,7 +12,7 @@
  *   shim_probe loop                        alloc/free forever (to be SIGKILLed)
  *   shim_probe fork BYTES                  fork while allocating; child and parent checks
  *   shim_probe caching LIMIT BLOCK         a caching allocator: grow, split, reuse, release
- *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex]   keep the GPU busy with NS-long kernels
+ *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
  *
  * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
@@ -495,6 +495,20 @@ static int mode_duty(int argc, char **argv)
         CHECK(p_cuGraphAddKernelNode_v2(&node, g, NULL, 0, &kp));
         CHECK(p_cuGraphInstantiateWithFlags(&exec, g, 0));
     }
+    if (strcmp(how, "capture") == 0) {
+        /* Begin a capture first (the simulator refuses it; a real driver would capture the
+         * stream, so end it again), then launch plain kernels. */
+        CUresult (*begin)(CUstream, unsigned int) =
+            (CUresult(*)(CUstream, unsigned int))test_sym(lib, "cuStreamBeginCapture_v2");
+        CUresult rc = begin(s, 0);
+        printf("begin_capture_rc=%d\n", (int)rc);
+        if (rc == CUDA_SUCCESS) {
+            CUresult (*end_capture)(CUstream, CUgraph *) =
+                (CUresult(*)(CUstream, CUgraph *))test_sym(lib, "cuStreamEndCapture");
+            CUgraph g = NULL;
+            CHECK(end_capture(s, &g));
+        }
+    }
     enum { RING = 64 };
     CUevent ring[RING];
     for (int i = 0; i < RING; i++)
@@ -529,8 +543,10 @@ static int mode_duty(int argc, char **argv)
     }
     CHECK(p_cuCtxSynchronize());
     uint64_t elapsed = test_now_ns() - start;
-    printf("launched=%llu elapsed_ns=%llu share=%.2f\n", (unsigned long long)launched,
-           (unsigned long long)elapsed, 100.0 * (double)(launched * ns) / (double)elapsed);
+    printf("launched=%llu elapsed_ns=%llu share=%.2f start_ns=%llu end_ns=%llu\n",
+           (unsigned long long)launched, (unsigned long long)elapsed,
+           100.0 * (double)(launched * ns) / (double)elapsed, (unsigned long long)start,
+           (unsigned long long)(start + elapsed));
     return 0;
 }
 
