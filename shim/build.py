@@ -29,7 +29,7 @@ from cffi import FFI
 
 SHIM_DIR = Path(__file__).resolve().parent
 REPO = SHIM_DIR.parent
-INCLUDE_DIRS = [SHIM_DIR / "include", SHIM_DIR / "src", REPO / "simgpu" / "include"]
+INCLUDE_DIRS = [SHIM_DIR / "include", SHIM_DIR / "src", REPO / "include" / "cuda-abi"]
 LIB_DIR = SHIM_DIR / "lib"
 
 CFLAGS = [
@@ -53,6 +53,7 @@ CUDA_SOURCES = [
     "ptrtable.c",
     "shim_state.c",
     "memory.c",
+    "pools.c",
     "compute.c",
     "cuda_capture_hooks.c",
     "cuda_memory_hooks.c",

@@ -1,8 +1,8 @@
 """Added cost per call of the shim: kernel launch (uncapped), allocation and free with 10 000
-allocations live, against the same program with no shim. Writes
-benchmarks/shim/results/overhead.{md,json}.
+allocations live, against the same program with no shim. Writes overhead.{md,json} into
+benchmarks/shim/results/ (or --out DIR).
 
-    .venv/bin/python benchmarks/shim/overhead.py [--driver-dir DIR]
+    .venv/bin/python benchmarks/shim/overhead.py [--driver-dir DIR] [--out DIR]
 
 By default it runs on the simulated driver; --driver-dir names a directory holding NVIDIA's
 libcuda.so.1 and libnvidia-ml.so.1 to measure against a real GPU. Each configuration runs
@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--driver-dir", type=Path, default=None)
     parser.add_argument("--launches", type=int, default=200_000)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     build_shim()
     if args.driver_dir is None:
@@ -80,7 +81,7 @@ def main() -> None:
             "shim, memory limit, uncapped": bench(limited.env(), args.launches),
             "shim, memory limit, capped at 50 %": bench(capped.env(), args.launches),
         }
-    write(results, "simulated (build/simgpu)" if args.driver_dir is None else str(args.driver_dir))
+    write(results, "simulated (build/simgpu)" if args.driver_dir is None else str(args.driver_dir), args.out)
 
 
 def _first_uuid(env: dict[str, str]) -> str:
@@ -90,14 +91,14 @@ def _first_uuid(env: dict[str, str]) -> str:
     return next(line.split("uuid=")[1].split()[0] for line in done.stdout.splitlines() if "uuid=" in line)
 
 
-def write(results: dict[str, dict[str, int]], driver: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write(results: dict[str, dict[str, int]], driver: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     import os
 
     machine = f"{platform.node()} {platform.machine()} ({os.cpu_count()} CPUs)"
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    (RESULTS / "overhead.json").write_text(
+    (out / "overhead.json").write_text(
         json.dumps(
             {"date": stamp, "machine": machine, "load": load, "driver": driver, "results": results},
             indent=1,
@@ -126,7 +127,7 @@ def write(results: dict[str, dict[str, int]], driver: str) -> None:
             + " | ".join(f"{a:+d}" for a in added)
             + " |"
         )
-    (RESULTS / "overhead.md").write_text("\n".join(lines) + "\n")
+    (out / "overhead.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "memory.h"
+#include "pools.h"
 #include "shim_state.h"
 
 /* What the real driver rounds small allocations to; used only to estimate a pitch. */
@@ -83,83 +84,97 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     return rc;
 }
 
-static CUresult alloc_async(__typeof__(&cuMemAllocAsync) real, CUdeviceptr *dptr,
-                            size_t bytesize, CUstream stream)
+/* A stream-ordered allocation from `pool` (NULL: the current pool of the device of the current
+ * context, as cuMemAllocAsync uses). Charged like any allocation; then the pool is tracked and
+ * the device's cache charge settled, which refunds what the driver served from the cache. */
+static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *dptr,
+                             size_t bytesize, CUmemoryPool pool)
 {
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
     struct shim_charge c;
-    CUresult rc = shim_charge_begin(&c, -1, bytesize);
+    CUresult rc = shim_charge_begin(&c, pool != NULL ? shim_pools_device(pool) : -1, bytesize);
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = real(dptr, bytesize, stream);
-    if (rc == CUDA_SUCCESS)
-        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
-    else
+    rc = call(arg);
+    if (rc != CUDA_SUCCESS) {
         shim_charge_abort(&c);
+        return rc;
+    }
+    shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
+    if (c.gpu < 0)
+        return rc;
+    if (pool == NULL) /* the pool the driver just allocated from */
+        shim_real.cuDeviceGetMemPool(&pool, c.device);
+    if (shim_pools_track(c.device, pool, false) != 0)
+        SHIM_ERROR("more than %d memory pools on CUDA device %d: what pool %p caches is not "
+                   "counted", SHIM_MAX_POOLS, c.device, (void *)pool);
+    shim_pools_settle(c.device);
     return rc;
+}
+
+struct alloc_args {
+    CUdeviceptr *dptr;
+    size_t bytesize;
+    CUmemoryPool pool;
+    CUstream stream;
+    __typeof__(&cuMemAllocAsync) async;
+    __typeof__(&cuMemAllocFromPoolAsync) from_pool;
+};
+
+static CUresult call_alloc_async(void *p)
+{
+    struct alloc_args *a = p;
+    return a->async(a->dptr, a->bytesize, a->stream);
+}
+
+static CUresult call_alloc_from_pool(void *p)
+{
+    struct alloc_args *a = p;
+    return a->from_pool(a->dptr, a->bytesize, a->pool, a->stream);
 }
 
 SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-    shim_init();
-    return alloc_async(shim_real.cuMemAllocAsync, dptr, bytesize, stream);
+    REAL_OR_NOT_FOUND(cuMemAllocAsync);
+    struct alloc_args a = {dptr, bytesize, NULL, stream, shim_real.cuMemAllocAsync, NULL};
+    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL);
 }
 
 SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-    shim_init();
-    return alloc_async(shim_real.cuMemAllocAsync_ptsz, dptr, bytesize, stream);
-}
-
-static int pool_device(CUmemoryPool pool)
-{
-    struct shim_entry e;
-    if (shim_table_get(SHIM_KIND_POOL, (uint64_t)(uintptr_t)pool, &e))
-        return e.device;
-    return -1; /* a device's default pool: the current context's device */
-}
-
-static CUresult alloc_from_pool(__typeof__(&cuMemAllocFromPoolAsync) real, CUdeviceptr *dptr,
-                                size_t bytesize, CUmemoryPool pool, CUstream stream)
-{
-    if (real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    struct shim_charge c;
-    CUresult rc = shim_charge_begin(&c, pool_device(pool), bytesize);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytesize, pool, stream);
-    if (rc == CUDA_SUCCESS)
-        shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
-    else
-        shim_charge_abort(&c);
-    return rc;
+    REAL_OR_NOT_FOUND(cuMemAllocAsync_ptsz);
+    struct alloc_args a = {dptr, bytesize, NULL, stream, shim_real.cuMemAllocAsync_ptsz, NULL};
+    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL);
 }
 
 SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream stream)
 {
-    shim_init();
-    return alloc_from_pool(shim_real.cuMemAllocFromPoolAsync, dptr, bytesize, pool, stream);
+    REAL_OR_NOT_FOUND(cuMemAllocFromPoolAsync);
+    struct alloc_args a = {dptr, bytesize, pool, stream, NULL, shim_real.cuMemAllocFromPoolAsync};
+    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool);
 }
 
 SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                                   CUmemoryPool pool, CUstream stream)
 {
-    shim_init();
-    return alloc_from_pool(shim_real.cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, stream);
+    REAL_OR_NOT_FOUND(cuMemAllocFromPoolAsync_ptsz);
+    struct alloc_args a = {dptr, bytesize, pool, stream, NULL,
+                           shim_real.cuMemAllocFromPoolAsync_ptsz};
+    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool);
 }
 
 SHIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     REAL_OR_NOT_FOUND(cuMemPoolCreate);
     CUresult rc = shim_real.cuMemPoolCreate(pool, props);
-    if (rc == CUDA_SUCCESS && shim.memory_limited && props != NULL &&
-        props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        struct shim_entry e = {.key = (uint64_t)(uintptr_t)*pool, .kind = SHIM_KIND_POOL,
-                               .device = props->location.id, .gpu = -1};
-        shim_table_put(&e);
+    if (rc == CUDA_SUCCESS && shim.memory_limited &&
+        props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        shim_pools_track(props->location.id, *pool, true) != 0) {
+        SHIM_DEBUG("cuMemPoolCreate refused: %d pools on CUDA device %d already",
+                   SHIM_MAX_POOLS - 1, props->location.id);
+        shim_real.cuMemPoolDestroy(*pool);
+        *pool = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return rc;
 }
@@ -170,7 +185,16 @@ SHIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     /* Allocations still out keep their charge until freed, as they keep their memory. */
     CUresult rc = shim_real.cuMemPoolDestroy(pool);
     if (rc == CUDA_SUCCESS)
-        shim_table_take(SHIM_KIND_POOL, (uint64_t)(uintptr_t)pool, NULL);
+        shim_pools_forget(pool);
+    return rc;
+}
+
+SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    REAL_OR_NOT_FOUND(cuMemPoolTrimTo);
+    CUresult rc = shim_real.cuMemPoolTrimTo(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS)
+        shim_pools_settle(shim_pools_device(pool));
     return rc;
 }
 
@@ -326,19 +350,22 @@ SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCR
 
 /* ------------------------------------------------------------------ frees --------------- */
 
-/* Take the entry out, call the real free, give the bytes back if it freed (else put it back). */
+/* Take the entry out, call the real free, give the bytes back if it freed (else put it back).
+ * `into_pool`: a stream-ordered free, whose memory stays in its pool's cache (pools.h). */
 static CUresult free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)(void *),
-                             void *arg)
+                             void *arg, bool into_pool)
 {
     struct shim_entry e;
     bool tracked = shim.memory_limited && shim_table_take(kind, key, &e);
     CUresult rc = call(arg);
     if (!tracked)
         return rc;
-    if (rc == CUDA_SUCCESS)
-        shim_uncharge(&e);
-    else
+    if (rc != CUDA_SUCCESS)
         shim_table_put(&e);
+    else if (into_pool && e.gpu >= 0)
+        shim_pools_freed(e.device, e.bytes);
+    else
+        shim_uncharge(&e);
     return rc;
 }
 
@@ -369,21 +396,21 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     shim_init();
     struct free_args a = {.ptr = dptr};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free, &a);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free, &a, false);
 }
 
 SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     REAL_OR_NOT_FOUND(cuMemFreeAsync);
     struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a, true);
 }
 
 SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     REAL_OR_NOT_FOUND(cuMemFreeAsync_ptsz);
     struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync_ptsz};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a, true);
 }
 
 SHIM_EXPORT CUresult cuArrayDestroy(CUarray array)
@@ -391,7 +418,7 @@ SHIM_EXPORT CUresult cuArrayDestroy(CUarray array)
     REAL_OR_NOT_FOUND(cuArrayDestroy);
     struct free_args a = {.array = array};
     return free_tracked(SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)array,
-                        call_array_destroy, &a);
+                        call_array_destroy, &a, false);
 }
 
 /* Destroying a context frees what was allocated in it. */
@@ -486,6 +513,7 @@ SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT)
         return rc;
     tessera_region_maybe_reap(&shim.region, INFO_REAP_INTERVAL_NS);
+    shim_pools_settle(dev);
     uint64_t total = d->memory_limit < *total_bytes ? d->memory_limit : *total_bytes;
     uint64_t used = tessera_region_used(shim.region.map, d->gpu);
     uint64_t free = used < total ? total - used : 0;

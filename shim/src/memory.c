@@ -2,6 +2,7 @@
 #include "memory.h"
 
 #include "log.h"
+#include "pools.h"
 
 /* How often (at most) an allocating process sweeps the region for dead processes' memory. */
 #define REAP_INTERVAL_NS 500000000ULL
@@ -9,6 +10,7 @@
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
 {
     c->gpu = -1;
+    c->device = -1;
     c->bytes = 0;
     c->limit = TESSERA_NO_MEMORY_LIMIT;
     c->ctx = NULL;
@@ -28,7 +30,9 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
     if (!shim_slot())
         return CUDA_ERROR_OUT_OF_MEMORY;
     tessera_region_maybe_reap(&shim.region, REAP_INTERVAL_NS);
-    if (tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0) {
+    if (tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0 &&
+        (!shim_pools_reclaim(dev) ||
+         tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0)) {
         SHIM_DEBUG("refused %llu bytes on CUDA device %d: the claim holds %llu of %llu",
                    (unsigned long long)bytes, dev,
                    (unsigned long long)tessera_region_used(shim.region.map, d->gpu),
@@ -36,6 +40,7 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     c->gpu = d->gpu;
+    c->device = dev;
     c->bytes = bytes;
     c->limit = d->memory_limit;
     return CUDA_SUCCESS;
@@ -59,7 +64,7 @@ void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key
     if (c->gpu < 0)
         return;
     struct shim_entry e = {.key = key, .bytes = c->bytes, .peer = (uint64_t)(uintptr_t)c->ctx,
-                           .gpu = c->gpu, .kind = (uint8_t)kind, .refs = 1};
+                           .gpu = c->gpu, .device = c->device, .kind = (uint8_t)kind, .refs = 1};
     if (shim_table_put(&e) != 0)
         SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
                    (unsigned long long)c->bytes);

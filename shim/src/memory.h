@@ -14,13 +14,15 @@
 /* A reservation in progress. gpu < 0: nothing charged (device not limited, or no limits). */
 struct shim_charge {
     int gpu;
+    int device; /* the CUDA ordinal charged */
     uint64_t bytes;
     uint64_t limit;
     CUcontext ctx;
 };
 
 /* Reserve `bytes` on device `dev` (-1: the current context's device). CUDA_SUCCESS, or
- * CUDA_ERROR_OUT_OF_MEMORY if the claim's limit would be exceeded. */
+ * CUDA_ERROR_OUT_OF_MEMORY if the claim's limit would be exceeded even after the process's
+ * memory pools on the device gave back what they cache (pools.h). */
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes);
 
 /* Change the reservation to `bytes` (the driver reported the real size). Returns false (and

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "simgpu_nvml.h"
+#include "nvml_abi.h"
 #include "tessera_shim.h"
 
 #define SHIM_EXPORT __attribute__((visibility("default")))

@@ -62,6 +62,7 @@ static const struct hook table[] = {
     P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
     H("cuMemPoolCreate", 11020, cuMemPoolCreate),
     H("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    H("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     H("cuMemCreate", 10020, cuMemCreate),
     H("cuMemRelease", 10020, cuMemRelease),
     H("cuMemMap", 10020, cuMemMap),

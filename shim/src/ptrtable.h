@@ -1,6 +1,6 @@
 /*
  * The process's table of what it holds: device pointers, arrays, VMM handles and mappings,
- * pools and contexts, each with the bytes it was charged and the GPU it was charged to. A
+ * and contexts, each with the bytes it was charged and the GPU it was charged to. A
  * sharded open-addressing hash table: insert, lookup and removal are O(1) expected, whatever
  * the number of live entries, and threads contend only when they hit the same shard.
  */
@@ -15,7 +15,6 @@ enum shim_kind {
     SHIM_KIND_ARRAY = 2,  /* cuArrayCreate/cuArray3DCreate: key = CUarray */
     SHIM_KIND_HANDLE = 3, /* cuMemCreate: key = CUmemGenericAllocationHandle; peer = VMM id */
     SHIM_KIND_MAPPING = 4, /* cuMemMap: key = virtual address; peer = VMM id; bytes = length */
-    SHIM_KIND_POOL = 5,   /* cuMemPoolCreate: key = CUmemoryPool; device = its ordinal */
     SHIM_KIND_CONTEXT = 6, /* context -> device ordinal cache */
     SHIM_KIND_VMM = 7      /* a cuMemCreate allocation: key = shim's id; refs = handle + maps */
 };
@@ -25,7 +24,7 @@ struct shim_entry {
     uint64_t bytes;  /* bytes charged (MAPPING: length of the mapping) */
     uint64_t peer;   /* MAPPING: the handle; DEVICE/ARRAY: the context */
     int32_t gpu;     /* region GPU index charged, -1: not charged */
-    int32_t device;  /* CUDA ordinal (POOL, CONTEXT) */
+    int32_t device;  /* CUDA ordinal (charged entries, CONTEXT) */
     uint32_t refs;   /* HANDLE: 1 while not released + one per mapping */
     uint8_t kind;    /* enum shim_kind; 0: empty */
     uint8_t reserved[3];

@@ -7,7 +7,7 @@
 #ifndef TESSERA_REAL_H
 #define TESSERA_REAL_H
 
-#include "cuda_abi_extra.h"
+#include "cuda_driver_abi.h"
 
 /* X(name): required by the shim's own work; X_OPT(name): wrapped if the driver has it. */
 #define SHIM_CUDA_ENTRY_POINTS(X, X_OPT)                                                          \
@@ -41,6 +41,9 @@
     X_OPT(cuMemAllocFromPoolAsync_ptsz)                                                           \
     X_OPT(cuMemPoolCreate)                                                                        \
     X_OPT(cuMemPoolDestroy)                                                                       \
+    X_OPT(cuMemPoolTrimTo)                                                                        \
+    X_OPT(cuMemPoolGetAttribute)                                                                  \
+    X_OPT(cuDeviceGetMemPool)                                                                     \
     X_OPT(cuMemCreate)                                                                            \
     X_OPT(cuMemRelease)                                                                           \
     X_OPT(cuMemMap)                                                                               \

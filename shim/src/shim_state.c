@@ -12,6 +12,7 @@
 
 #include "compute.h"
 #include "log.h"
+#include "pools.h"
 #include "ptrtable.h"
 #include "shim_state.h"
 
@@ -58,6 +59,7 @@ static void child_after_fork(void)
     init_mu = fresh;
     slot_mu = fresh;
     shim_table_child_after_fork();
+    shim_pools_child_after_fork();
     shim_compute_child_after_fork();
     if (shim.region.map != NULL)
         tessera_region_after_fork_child(&shim.region);

@@ -8,7 +8,7 @@
 
 #include "log.h"
 #include "runtime.h"
-#include "simgpu_cuda.h"
+#include "cuda_driver_abi.h"
 
 /* Handle validity: every object starts with a tag that is cleared when it is destroyed. */
 enum sim_tag {

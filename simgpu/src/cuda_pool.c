@@ -47,10 +47,12 @@ static bool pool_valid(CUmemoryPool pool)
     return pool != NULL && pool->tag == TAG_POOL;
 }
 
-/* Release cached blocks until at most `keep` bytes stay cached. Needs mu. */
+/* Release cached blocks until the pool reserves at most `keep` bytes (its allocations count:
+ * what is in use cannot be released), as cuMemPoolTrimTo and the release threshold are defined.
+ * Needs mu. */
 static void trim(CUmemoryPool pool, uint64_t keep)
 {
-    while (pool->cached > keep && pool->free_list != NULL) {
+    while (pool->used + pool->cached > keep && pool->free_list != NULL) {
         struct sim_alloc_rec *rec = pool->free_list;
         pool->free_list = rec->next;
         pool->cached -= rec->size;

@@ -4,7 +4,7 @@
 
 #include "log.h"
 #include "runtime.h"
-#include "simgpu_nvml.h"
+#include "nvml_abi.h"
 
 struct nvmlDevice_st {
     int index;

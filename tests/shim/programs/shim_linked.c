@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "simgpu_cuda.h"
+#include "cuda_driver_abi.h"
 
 int main(int argc, char **argv)
 {

@@ -12,6 +12,8 @@
  *   shim_probe loop                        alloc/free forever (to be SIGKILLed)
  *   shim_probe fork BYTES                  fork while allocating; child and parent checks
  *   shim_probe caching LIMIT BLOCK         a caching allocator: grow, split, reuse, release
+ *   shim_probe poolcache THRESHOLD BYTES [hold]   stream-ordered memory cached by a pool
+ *   shim_probe pools                       create pools until refused
  *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
  *
@@ -453,6 +455,89 @@ static int mode_caching(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------------- pool cache -- */
+
+/* Stream-ordered memory through the current pool of the device, whose release threshold is
+ * THRESHOLD: free (the pool caches it), sync, allocate the same size again (served from the
+ * cache), ask cuMemAlloc for twice as much, free and cuMemPoolTrimTo. Reports after each step;
+ * with "hold" it waits on stdin after the first free, holding the cache. */
+static int mode_poolcache(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    setup();
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamSynchronize);
+    LOAD(lib, cuMemAllocAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuDeviceGetMemPool);
+    LOAD(lib, cuMemPoolSetAttribute);
+    LOAD(lib, cuMemPoolTrimTo);
+    cuuint64_t threshold = strtoull(argv[2], NULL, 0);
+    size_t bytes = strtoull(argv[3], NULL, 0);
+    CUstream s = NULL;
+    CUmemoryPool pool = NULL;
+    CUdeviceptr a = 0, big = 0;
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(p_cuDeviceGetMemPool(&pool, device));
+    CHECK(p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+    CHECK(p_cuMemAllocAsync(&a, bytes, s));
+    CHECK(p_cuMemFreeAsync(a, s));
+    report("freed: ");
+    if (argc > 4 && strcmp(argv[4], "hold") == 0) {
+        printf("HOLD\n");
+        char buf[16];
+        while (read(0, buf, sizeof buf) > 0)
+            ;
+    }
+    CHECK(p_cuStreamSynchronize(s));
+    report("synced: ");
+    CHECK(p_cuMemAllocAsync(&a, bytes, s));
+    report("again: ");
+    CHECK(p_cuMemFreeAsync(a, s));
+    CUresult rc = p_cuMemAlloc_v2(&big, 2 * bytes);
+    printf("big_rc=%d\n", (int)rc);
+    report("big: ");
+    if (rc == CUDA_SUCCESS)
+        CHECK(p_cuMemFree_v2(big));
+    CHECK(p_cuMemAllocAsync(&a, bytes, s));
+    CHECK(p_cuMemFreeAsync(a, s));
+    report("refreed: ");
+    CHECK(p_cuMemPoolTrimTo(pool, 0));
+    report("trimmed: ");
+    return 0;
+}
+
+/* Create pools on the device until refused; then destroy one, create again, and trim an
+ * invalid pool. */
+static int mode_pools(void)
+{
+    setup();
+    LOAD(lib, cuMemPoolCreate);
+    LOAD(lib, cuMemPoolDestroy);
+    LOAD(lib, cuMemPoolTrimTo);
+    enum { MAX = 256 };
+    static CUmemoryPool pools[MAX];
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    int n = 0;
+    CUresult rc = CUDA_SUCCESS;
+    while (n < MAX && (rc = p_cuMemPoolCreate(&pools[n], &props)) == CUDA_SUCCESS)
+        n++;
+    printf("created=%d rc=%d\n", n, (int)rc);
+    CHECK(p_cuMemPoolDestroy(pools[--n]));
+    printf("again_rc=%d\n", (int)p_cuMemPoolCreate(&pools[n++], &props));
+    printf("trim_invalid_rc=%d\n", (int)p_cuMemPoolTrimTo(NULL, 0));
+    while (n > 0)
+        CHECK(p_cuMemPoolDestroy(pools[--n]));
+    return 0;
+}
+
 /* ------------------------------------------------------------------------- duty -------- */
 
 static int mode_duty(int argc, char **argv)
@@ -637,6 +722,10 @@ int main(int argc, char **argv)
         return mode_caching(argc, argv);
     if (strcmp(mode, "duty") == 0)
         return mode_duty(argc, argv);
+    if (strcmp(mode, "poolcache") == 0)
+        return mode_poolcache(argc, argv);
+    if (strcmp(mode, "pools") == 0)
+        return mode_pools();
     if (strcmp(mode, "bench") == 0)
         return mode_bench(argc, argv);
     fprintf(stderr, "unknown mode %s\n", mode);

@@ -221,6 +221,76 @@ static void pools_and_async(void)
     EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
+/* A pool keeps freed memory reserved (RESERVED_MEM_CURRENT, and used on the device) until a
+ * synchronisation trims it to its release threshold, or cuMemPoolTrimTo; both count the pool's
+ * allocations towards what they keep; a block of the same size is reused from the cache. */
+static void pool_cache(void)
+{
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamDestroy_v2);
+    LOAD(lib, cuStreamSynchronize);
+    LOAD(lib, cuMemAllocAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemGetInfo_v2);
+    LOAD(lib, cuMemPoolGetAttribute);
+    LOAD(lib, cuMemPoolSetAttribute);
+    LOAD(lib, cuMemPoolTrimTo);
+    LOAD(lib, cuDeviceGetMemPool);
+    const cuuint64_t mib = 1 << 20;
+    CUstream s = NULL;
+    CUmemoryPool pool = NULL;
+    CUdeviceptr a = 0, b = 0, c = 0;
+    cuuint64_t reserved = 0, used = 0, threshold = 4 * mib;
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXPECT_EQ(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceGetMemPool(&pool, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free0, &total), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&b, 2 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&c, 1 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 5 * mib); /* the freed block stays reserved */
+    EXPECT_EQ(used, 3 * mib);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free0 - free1, 5 * mib); /* and taken on the device */
+    EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS); /* reused from the cache */
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 5 * mib);
+    EXPECT_EQ(p_cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeAsync(b, s), CUDA_SUCCESS);
+    /* A sync trims the reservation to the threshold (4 MiB, the 1 MiB in use included): one
+     * 2 MiB block goes, one stays. */
+    EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 3 * mib);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free0 - free1, 3 * mib);
+    /* TrimTo(0) releases every cached block, never what is in use. */
+    EXPECT_EQ(p_cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 1 * mib);
+    EXPECT_EQ(p_cuMemFreeAsync(c, s), CUDA_SUCCESS);
+    threshold = 0;
+    EXPECT_EQ(p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 0);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free1, free0);
+    EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
 static void vmm(void)
 {
     LOAD(lib, cuMemGetAllocationGranularity);
@@ -581,6 +651,7 @@ int main(void)
     contexts();
     memory();
     pools_and_async();
+    pool_cache();
     vmm();
     arrays();
     execution();

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "simgpu_cuda.h"
-#include "simgpu_nvml.h"
+#include "cuda_driver_abi.h"
+#include "nvml_abi.h"
 
 static inline void *test_open(const char *env, const char *soname)
 {

@@ -1,14 +1,15 @@
 /*
- * Tessera's own declarations of the part of the CUDA driver API that the simulated driver
- * implements. Written from the public API documentation: names, numeric values and struct
- * layouts follow the real ABI so that unmodified programs (and the test programs in
- * tests/simgpu/programs, which also run against NVIDIA's libcuda.so.1) work against either.
+ * Tessera's own declarations of the CUDA driver API, shared by the simulated driver (simgpu/),
+ * the enforcement shim (shim/) and the C test programs. Written from the public API
+ * documentation: names, numeric values and struct layouts follow the real ABI so that
+ * unmodified programs (and the test programs, which also run against NVIDIA's libcuda.so.1)
+ * work against either.
  *
- * This is not NVIDIA's cuda.h and does not try to be complete; it declares what the
- * simulator exports and what its tests use.
+ * This is not NVIDIA's cuda.h and does not try to be complete; it declares what the simulator
+ * exports, what the shim hooks and what the tests use.
  */
-#ifndef SIMGPU_CUDA_H
-#define SIMGPU_CUDA_H
+#ifndef TESSERA_CUDA_DRIVER_ABI_H
+#define TESSERA_CUDA_DRIVER_ABI_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -522,8 +523,41 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                                         void **kernelParams);
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 
+/* Stream capture (the mode is the CUstreamCaptureMode enum: an unsigned int in the ABI). */
+CUresult cuStreamBeginCapture(CUstream stream);
+CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+CUresult cuStreamBeginCapture_v2(CUstream stream, unsigned int mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, unsigned int mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                     const void *edgeData, size_t count, unsigned int mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                                          const void *edgeData, size_t count, unsigned int mode);
+
+/* Graph memory nodes and mipmapped arrays. The node parameters are passed by pointer; only the
+ * leading CUgraphNodeType of CUgraphNodeParams is declared here. */
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+#define TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                size_t count, void *params);
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
+                        void *params);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edgeData, size_t count, void *params);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int levels);
+
+/* The CUDA 2.x ABI of the memory entry points (32-bit sizes and device pointers), still exported
+ * by drivers and returned by cuGetProcAddress for versions before 3020. */
+CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
+CUresult cuMemAllocPitch(unsigned int *dptr, unsigned int *pitch, unsigned int widthInBytes,
+                         unsigned int height, unsigned int elementSizeBytes);
+CUresult cuArrayCreate(CUarray *array, const void *desc);
+CUresult cuArray3DCreate(CUarray *array, const void *desc);
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes);
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
+
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* SIMGPU_CUDA_H */
+#endif /* TESSERA_CUDA_DRIVER_ABI_H */

@@ -1,11 +1,12 @@
 /*
- * Tessera's own declarations of the part of NVML that the simulated driver implements, written
- * from the public NVML documentation. Return codes, enum values and struct layouts follow the
+ * Tessera's own declarations of the part of NVML that the simulated driver implements and the
+ * shim hooks (shared by simgpu/, shim/ and the C test programs), written from the public NVML
+ * documentation. Return codes, enum values and struct layouts follow the
  * real ABI, so unmodified pynvml (which mirrors these structs with ctypes) and C programs work
  * against either this library or NVIDIA's libnvidia-ml.so.1.
  */
-#ifndef SIMGPU_NVML_H
-#define SIMGPU_NVML_H
+#ifndef TESSERA_NVML_ABI_H
+#define TESSERA_NVML_ABI_H
 
 #ifdef __cplusplus
 extern "C" {
@@ -191,4 +192,4 @@ nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mo
 }
 #endif
 
-#endif /* SIMGPU_NVML_H */
+#endif /* TESSERA_NVML_ABI_H */

@@ -1,0 +1,47 @@
+/*
+ * Memory that stream-ordered pools keep cached. cuMemFreeAsync does not give memory back to the
+ * device: the pool keeps it reserved for reuse until a synchronisation trims the pool to its
+ * release threshold, or cuMemPoolTrimTo does. The claim is charged what its pools reserve: an
+ * allocation is charged when it is made (like any other), its charge becomes part of its
+ * device's cache charge when it is freed, and the cache charge is settled to what the process's
+ * pools on that device really hold beyond their allocations (the sum of
+ * CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT - CU_MEMPOOL_ATTR_USED_MEM_CURRENT) whenever the shim
+ * looks: at stream-ordered frees and allocations, cuMemPoolTrimTo, pool destruction,
+ * cuMemGetInfo, and before an allocation is refused.
+ */
+#ifndef TESSERA_POOLS_H
+#define TESSERA_POOLS_H
+
+#include <stdint.h>
+
+#include "shim_state.h"
+
+/* Pools per device a process can have tracked (one place stays for the device's default pool,
+ * which is tracked when first allocated from). */
+#define SHIM_MAX_POOLS 64
+
+/* Remember that `pool` lives on CUDA ordinal `dev`. `created`: the program created it (the
+ * last place is kept for the default pool). Returns 0, or -1 if no place is left. */
+int shim_pools_track(int dev, CUmemoryPool pool, bool created);
+
+/* The CUDA ordinal of a tracked pool, or -1. */
+int shim_pools_device(CUmemoryPool pool);
+
+/* `pool` was destroyed (the driver released what it cached): forget it and settle. */
+void shim_pools_forget(CUmemoryPool pool);
+
+/* An allocation charged `bytes` on device `dev` was freed into a pool: its charge now covers
+ * the pool's cache, until a settlement finds the pool released it. */
+void shim_pools_freed(int dev, uint64_t bytes);
+
+/* Settle device `dev`'s cache charge to what its pools hold beyond their allocations. */
+void shim_pools_settle(int dev);
+
+/* The claim is at its limit: give back what the process's pools on `dev` cache
+ * (cuMemPoolTrimTo(pool, 0) on each) and settle. True if the cache charge went down. */
+bool shim_pools_reclaim(int dev);
+
+/* fork(): the child tracks nothing (its parent's pools are not its own). */
+void shim_pools_child_after_fork(void);
+
+#endif
