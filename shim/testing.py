@@ -8,6 +8,7 @@ driver libraries are build/simgpu's; on a machine with a GPU, NVIDIA's.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -33,9 +34,19 @@ def build_shim() -> None:
     shim_build: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim_build)
     shim_build.build_preload()
-    built = sorted((REPO / "shim").glob("_format*.so"))
-    if not built or _stale(built[0], REPO / "shim" / "src"):
+    binding = _binding_python_imports()
+    if binding is None or _stale(binding, REPO / "shim" / "src", REPO / "shim" / "include"):
         shim_build.build_format_inplace()
+
+
+def _binding_python_imports() -> Path | None:
+    """The compiled _format module this interpreter would import: the first that exists in the
+    order of EXTENSION_SUFFIXES (a version-specific build shadows an abi3 one)."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = REPO / "shim" / f"_format{suffix}"
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def _stale(product: Path, *inputs: Path) -> bool:

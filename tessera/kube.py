@@ -13,11 +13,15 @@ from kubernetes import client, config
 
 
 def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
-    """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order."""
-    path = kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
-    if path is not None:
-        api: client.ApiClient = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
+    """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order.
+
+    $KUBECONFIG may list several files (a:b), as kubectl allows; the client merges them."""
+    path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
+    if path:
+        api: client.ApiClient = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
         return api
+    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise RuntimeError("no Kubernetes credentials: pass a kubeconfig, set KUBECONFIG, or run in a pod")
     configuration = client.Configuration()
     config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration)

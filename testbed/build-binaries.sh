@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the third-party programs the test bed runs (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, etcd, helm; containerd, ctr, runc, crictl and CNI plugins for real
-# nodes) from the Go module proxy, at the versions pinned in versions.env, into a cache outside the repository keyed by version:
+# nodes) from the Go module proxy, at the versions pinned in versions.env, into a cache outside the
+# repository keyed by version:
 #     ${TESSERA_CACHE:-~/.cache/tessera}/bin/<component>-<version>/<binary>
 # A component whose binaries are all present is not rebuilt. Each component is built in a scratch
 # folder and moved into place only when every binary exists, so an interrupted build never leaves a
@@ -32,7 +33,16 @@ complete() {
   for b in "$@"; do [[ -x $dir/$b ]] || return 1; done
 }
 
-# install_dir NAME-VERSION SCRATCH : atomically publish a finished scratch folder.
+# make_scratch NAME-VERSION : set the caller's `scratch` to a new build folder inside the cache, removed
+# at exit unless publish() moved it into place (an interrupted build leaves nothing behind).
+scratches=()
+trap 'rm -rf "${scratches[@]}"' EXIT
+make_scratch() {
+  scratch=$(mktemp -d "$bin_root/.$1.XXXXXX")
+  scratches+=("$scratch")
+}
+
+# publish NAME-VERSION SCRATCH : atomically publish a finished scratch folder.
 publish() {
   local final=$bin_root/$1 scratch=$2
   rm -rf "$final"
@@ -77,7 +87,7 @@ build_kubernetes() {
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 
   local scratch
-  scratch=$(mktemp -d "$bin_root/.kubernetes-$v.XXXXXX")
+  make_scratch "kubernetes-$v"
   log "kubernetes $v: building ${bins[*]} (cold: tens of minutes on 2 cores)"
   local targets=()
   local b
@@ -98,7 +108,7 @@ build_etcd() {
   mkdir -p "$mod"
   printf 'module tessera.local/etcd-binary\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$v" > "$mod/go.mod"
   local scratch
-  scratch=$(mktemp -d "$bin_root/.etcd-$v.XXXXXX")
+  make_scratch "etcd-$v"
   log "etcd $v: building"
   (cd "$mod" && go build -mod=mod -trimpath -ldflags "-s -w" -o "$scratch/etcd" go.etcd.io/etcd/server/v3)
   publish "etcd-$v" "$scratch"
@@ -110,7 +120,7 @@ build_helm() {
   local dest=$bin_root/helm-$v
   if complete "$dest" helm; then log "helm $v: cached in $dest"; return; fi
   local scratch
-  scratch=$(mktemp -d "$bin_root/.helm-$v.XXXXXX")
+  make_scratch "helm-$v"
   log "helm $v: building"
   GOBIN=$scratch go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" "helm.sh/helm/v3/cmd/helm@$v"
@@ -124,7 +134,7 @@ build_containerd() {
   local dest=$bin_root/containerd-$v
   if complete "$dest" "${bins[@]}"; then log "containerd $v: cached in $dest"; return; fi
   local scratch
-  scratch=$(mktemp -d "$bin_root/.containerd-$v.XXXXXX")
+  make_scratch "containerd-$v"
   log "containerd $v: building ${bins[*]}"
   # No cgo: the btrfs snapshotter (the only cgo part) drops out by its build constraint; the node
   # uses overlayfs. The version stamp is what `containerd --version` and the CRI Version call report.
@@ -146,7 +156,7 @@ build_runc() {
     log "runc $v: cached in $dest"; return
   fi
   local scratch
-  scratch=$(mktemp -d "$bin_root/.runc-$v.XXXXXX")
+  make_scratch "runc-$v"
   # runc's nsenter is C, so cgo is required; the `seccomp` tag links libseccomp, because containerd
   # gives every pod sandbox the runtime/default seccomp profile and a runc without seccomp refuses
   # it ("config provided but seccomp not supported"). libpathrs (a Rust library) stays out: runc
@@ -167,7 +177,7 @@ build_cri_tools() {
   local dest=$bin_root/cri-tools-$v
   if complete "$dest" crictl; then log "cri-tools $v: cached in $dest"; return; fi
   local scratch
-  scratch=$(mktemp -d "$bin_root/.cri-tools-$v.XXXXXX")
+  make_scratch "cri-tools-$v"
   log "cri-tools $v: building crictl"
   GOBIN=$scratch go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" "sigs.k8s.io/cri-tools/cmd/crictl@$v"
@@ -181,7 +191,7 @@ build_cni_plugins() {
   local dest=$bin_root/cni-plugins-$v
   if complete "$dest" "${bins[@]}"; then log "cni-plugins $v: cached in $dest"; return; fi
   local scratch
-  scratch=$(mktemp -d "$bin_root/.cni-plugins-$v.XXXXXX")
+  make_scratch "cni-plugins-$v"
   log "cni-plugins $v: building ${bins[*]}"
   local p=github.com/containernetworking/plugins/plugins
   GOBIN=$scratch go install -trimpath -ldflags "-s -w" \

@@ -1,8 +1,8 @@
 """`tessera-cluster`: the test bed by hand — a control plane on loopback, optionally with real nodes.
 
-    tessera-cluster up [--nodes N] [--state-dir DIR]   run until SIGINT/SIGTERM, then clean up
-    tessera-cluster build                              build every pinned binary into the cache
-    tessera-cluster sweep                              clean real nodes left behind by killed runs
+tessera-cluster up [--nodes N] [--state-dir DIR]   run until SIGINT/SIGTERM, then clean up
+tessera-cluster build                              build every pinned binary into the cache
+tessera-cluster sweep                              clean real nodes left behind by killed runs
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from tessera.testbed.binaries import ensure_built
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.interrupts import interrupt_on_sigterm
 from tessera.testbed.node import RealNode, running_nodes
 from tessera.testbed.node_runtime import sweep_stale_nodes
 
@@ -41,17 +42,24 @@ def node_summary(node: RealNode) -> str:
 
 
 def up(state_dir: Path | None, nodes: int) -> None:
-    """Start everything, print how to reach it, and wait for SIGINT/SIGTERM."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    if state_dir:
-        state_dir.mkdir(parents=True, exist_ok=True)
+    """Start everything, print how to reach it, and wait; Ctrl-C or SIGTERM, even during start-up,
+    unwinds through the context managers, which stop and clean up whatever was started."""
     with LocalCluster(state_dir) as cluster, running_nodes(cluster, nodes) as started:
         print(f"export KUBECONFIG={cluster.admin_kubeconfig}", flush=True)
         for node in started:
             print(node_summary(node), flush=True)
-        stop.wait()
+        while True:
+            signal.pause()
+
+
+def _validate_up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what would fail later, less clearly, or silently do the wrong thing."""
+    if args.nodes < 0:
+        parser.error(f"--nodes must be 0 or more, not {args.nodes}")
+    if args.nodes > 0 and os.geteuid() != 0:
+        parser.error("real nodes (--nodes) need root: they create bridges, cgroups and mounts")
+    if args.state_dir is not None and args.state_dir.exists() and any(args.state_dir.iterdir()):
+        parser.error(f"--state-dir {args.state_dir} is not empty; give a new or empty folder")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,11 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "optionally with real nodes (kubelet + containerd + runc; needs root).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    up_parser = sub.add_parser("up", help="start, print KUBECONFIG (and each node's paths), run until SIGINT/SIGTERM")
+    up_parser = sub.add_parser(
+        "up", help="start, print KUBECONFIG (and each node's paths), run until SIGINT/SIGTERM"
+    )
     up_parser.add_argument(
         "--state-dir",
         type=Path,
-        help="folder for certs, etcd data, kubeconfig and logs; kept at exit "
+        help="new or empty folder for certs, etcd data, kubeconfig and logs; kept at exit "
         "(default: a new temporary folder, removed at exit)",
     )
     up_parser.add_argument("--nodes", type=int, default=0, help="real nodes to start (default: 0)")
@@ -79,10 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "sweep":
         print("\n".join(sweep_stale_nodes()) or "nothing to clean")
     else:
-        up(args.state_dir, args.nodes)
+        _validate_up(parser, args)
+        if args.state_dir is not None:
+            args.state_dir.mkdir(parents=True, exist_ok=True)
+        interrupt_on_sigterm()
+        with contextlib.suppress(KeyboardInterrupt):
+            up(args.state_dir, args.nodes)
     return 0
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    sys.exit(main())

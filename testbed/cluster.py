@@ -3,22 +3,18 @@ kube-scheduler, built from the Go module proxy (build-binaries.sh) and run from 
 
 Ports are picked free at start, so two clusters on one machine do not collide; all state (certs,
 etcd data, kubeconfig, logs) lives in one folder that stop() removes. DRA and its consumable-capacity
-feature are on by default from Kubernetes 1.36, so no feature gates are set; tests check they are on.
+feature are on by default in the pinned Kubernetes (1.36 and later), so no feature gate is set;
+tests/integration/test_control_plane.py checks each component really runs with them on.
 
 Run it by hand with `tessera-cluster up` (prints the kubeconfig path; Ctrl-C stops and cleans up).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import shutil
-import signal
 import ssl
-import sys
 import tempfile
-import threading
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -61,10 +57,12 @@ current-context: tessera
 class LocalCluster:
     """The control plane of one test cluster. Use as a context manager, or call start()/stop()."""
 
-    def __init__(self, state_dir: Path | None = None, keep_state: bool = False) -> None:
+    def __init__(self, state_dir: Path | None = None) -> None:
+        """state_dir: where certs, etcd data, kubeconfig and logs go. A folder given here is the
+        caller's and is kept (its logs are worth reading); by default a new temporary folder is
+        used and removed by stop()."""
         self._owns_state_dir = state_dir is None
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
-        self.keep_state = keep_state
         self.log_dir = self.state_dir / "logs"
         self.pki_dir = self.state_dir / "pki"
         self.processes: list[ManagedProcess] = []
@@ -92,9 +90,9 @@ class LocalCluster:
     def start(self) -> None:
         """Start etcd, the API server, the controller manager and the scheduler; wait until each is
         healthy. On any failure, stop what was started before raising."""
-        ensure_built("etcd", "kubernetes")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            ensure_built("etcd", "kubernetes")
+            self.log_dir.mkdir(parents=True, exist_ok=True)
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
@@ -106,12 +104,20 @@ class LocalCluster:
         log.info("cluster up at %s (state in %s)", self.server, self.state_dir)
 
     def stop(self) -> None:
-        """Stop every component (newest first) and remove the state folder unless asked to keep it."""
+        """Stop every component (newest first) and remove a temporary state folder. Every component
+        is stopped even if stopping one fails; the first failure is raised at the end."""
+        failures: list[BaseException] = []
         for process in reversed(self.processes):
-            process.stop()
+            try:
+                process.stop()
+            except Exception as error:
+                log.error("stopping %s failed: %s", process.name, error)
+                failures.append(error)
         self.processes.clear()
-        if self._owns_state_dir and not self.keep_state:
+        if self._owns_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        if failures:
+            raise failures[0]
 
     def log_tails(self, lines: int = 40) -> dict[str, str]:
         """The last lines of each component's log, for a failing test's report."""
@@ -251,11 +257,17 @@ class LocalCluster:
 
     def component_metrics(self, component: str) -> str:
         """The Prometheus text of a control-plane component's /metrics, read as the admin."""
+        ports = {
+            "kube-scheduler": self.scheduler_port,
+            "kube-controller-manager": self.controller_manager_port,
+        }
         if component == "kube-apiserver":
             url = f"{self.server}/metrics"
             context = self.admin_ssl_context()
+        elif component not in ports:
+            raise ValueError(f"no control-plane component named {component!r}")
         else:
-            port = self.scheduler_port if component == "kube-scheduler" else self.controller_manager_port
+            port = ports[component]
             url = f"https://127.0.0.1:{port}/metrics"
             # Those components serve a self-signed certificate; trust is not what is tested here.
             context = self.admin_ssl_context()
@@ -277,4 +289,3 @@ def _https_ok(port: int, path: str) -> bool:
     context.verify_mode = ssl.CERT_NONE
     with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as r:
         return bool(r.status == 200)
-

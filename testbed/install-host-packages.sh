@@ -16,6 +16,11 @@ done
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
+if [[ $EUID -ne 0 ]]; then
+  echo "install-host-packages.sh: missing Debian packages: ${missing[*]}" >&2
+  echo "  install them as root: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
 echo "install-host-packages.sh: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update

@@ -1,12 +1,15 @@
-"""Reading a pod's scheduling state without tripping over the Nones of a pod still in flight.
+"""Reading and waiting for a pod's scheduling state, without tripping over the Nones of a pod in flight.
 
 The client's models make every status field optional (a pod just created has no status yet); these
-helpers answer the questions tests and the demo ask with None for "not yet".
+helpers answer the questions tests and the demo ask with None for "not yet", and the wait_until_*
+ones poll until the answer is there.
 """
 
 from __future__ import annotations
 
 from kubernetes import client
+
+from tessera.testbed.polling import poll_until
 
 
 def condition(pod: client.V1Pod, kind: str) -> client.V1PodCondition | None:
@@ -30,3 +33,54 @@ def generated_claim_name(pod: client.V1Pod, claim: str) -> str | None:
     """The name of the ResourceClaim the controller manager made for the pod's claim entry `claim`."""
     statuses = (pod.status.resource_claim_statuses if pod.status else None) or []
     return next((s.resource_claim_name for s in statuses if s.name == claim), None)
+
+
+def wait_until_bound(core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60) -> str:
+    """Wait for the scheduler to bind the pod; return the node's name."""
+    return poll_until(
+        lambda: bound_node(core.read_namespaced_pod(pod, namespace)), timeout, f"{namespace}/{pod} bound"
+    )
+
+
+def wait_until_unschedulable(
+    core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60
+) -> client.V1PodCondition:
+    """Wait for the scheduler to give up on the pod; its PodScheduled=False condition says why."""
+    condition = poll_until(
+        lambda: unschedulable_condition(core.read_namespaced_pod(pod, namespace)),
+        timeout,
+        f"PodScheduled=False on {namespace}/{pod}",
+    )
+    if condition.reason != "Unschedulable":
+        raise AssertionError(f"{namespace}/{pod} not scheduled for another reason: {condition.reason}")
+    return condition
+
+
+def wait_until_claim_allocated(
+    resource: client.ResourceV1Api,
+    core: client.CoreV1Api,
+    namespace: str,
+    pod: str,
+    claim: str,
+    timeout: float = 60,
+) -> client.ResourceV1ResourceClaim:
+    """Wait for the ResourceClaim made for the pod's claim entry `claim` to be allocated; return it."""
+
+    def allocated() -> client.ResourceV1ResourceClaim | None:
+        name = generated_claim_name(core.read_namespaced_pod(pod, namespace), claim)
+        if name is None:
+            return None
+        made = resource.read_namespaced_resource_claim(name, namespace)
+        return made if made.status and made.status.allocation else None
+
+    return poll_until(allocated, timeout, f"allocation of {namespace}/{pod}'s claim {claim}")
+
+
+def single_allocation_result(claim: client.ResourceV1ResourceClaim) -> client.V1DeviceRequestAllocationResult:
+    """The one device result of an allocated claim with a single request for one device."""
+    devices = claim.status.allocation.devices if claim.status and claim.status.allocation else None
+    results = (devices.results if devices else None) or []
+    if len(results) != 1:
+        raise AssertionError(f"expected one allocation result, got {len(results)}")
+    result: client.V1DeviceRequestAllocationResult = results[0]
+    return result

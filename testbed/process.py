@@ -54,16 +54,20 @@ class ManagedProcess:
         self.log_path = log_dir / f"{name}.log"
         self._log_file = self.log_path.open("ab")
         log.info("starting %s: %s", name, " ".join(self.argv))
-        self._popen = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            preexec_fn=_die_with_parent,
-            start_new_session=True,
-        )
+        try:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._log_file.close()
+            raise
 
     @property
     def pid(self) -> int:

@@ -8,19 +8,26 @@ cluster fails, the tail of each component's log is attached to its report.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
+from typing import Protocol, cast
 
 import pytest
 from kubernetes import client
 
 from tessera.kube import api_client
+from tessera.testbed.binaries import COMPONENTS
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.fake_nodes import create_ready_node
+from tessera.testbed.interrupts import interrupt_on_sigterm
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
+    missing = [name for name in ("etcd", "kubernetes") if COMPONENTS[name].missing()]
+    if missing:
+        # Building takes minutes: longer than a test may take. `make test` builds first.
+        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
     with LocalCluster() as running:
         yield running
 
@@ -58,13 +65,27 @@ def fake_node(kube: client.ApiClient) -> Iterator[Callable[..., str]]:
         core.delete_node(name)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A cancelled CI job sends SIGTERM: unwind like Ctrl-C so fixtures stop every daemon they started.
+    interrupt_on_sigterm()
+
+
+class HasLogTails(Protocol):
+    def log_tails(self) -> dict[str, str]: ...
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """When a test fails, attach the log tails of every daemon its fixtures started (the control
+    plane's components, each real node's containerd and kubelet)."""
     report = yield
-    running = getattr(item, "funcargs", {}).get("cluster")
-    if report.failed and isinstance(running, LocalCluster):
-        for component, tail in running.log_tails().items():
-            report.sections.append((f"{component} log (last lines)", tail))
+    if report.failed:
+        tails: dict[str, str] = {}
+        for value in getattr(item, "funcargs", {}).values():
+            if callable(getattr(value, "log_tails", None)):
+                tails.update(cast(HasLogTails, value).log_tails())
+        for daemon, tail in tails.items():
+            report.sections.append((f"{daemon} log (last lines)", tail))
     return report

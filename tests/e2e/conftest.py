@@ -6,13 +6,13 @@ cached, but every test works in its own namespace and pins its pods to a node by
 costs nothing. Everything a node took (pods, containers, mounts, cgroups, bridge, folder) is given
 back when the session ends, whether tests failed or not; a run killed outright is cleaned by the next
 one (sweep_stale_nodes). When a test that used nodes fails, the tail of each node's containerd and
-kubelet log is attached to its report.
+kubelet log is attached to its report (by the hook in tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -42,15 +42,3 @@ def node_runtime(node_factory: NodeFactory) -> NodeRuntime:
     """A node's containerd without a kubelet, for tests that create containers through the CRI
     (a kubelet terminates every pod sandbox it did not create)."""
     return node_factory.start_runtime()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    factory = getattr(item, "funcargs", {}).get("node_factory")
-    if report.failed and isinstance(factory, NodeFactory):
-        for daemon, tail in factory.log_tails().items():
-            report.sections.append((f"{daemon} log (last lines)", tail))
-    return report

@@ -3,9 +3,11 @@ hand as `tessera-cluster up` and stopped with SIGTERM."""
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,16 +20,23 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_failed_start_stops_what_was_started_and_removes_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If a later component cannot start, the earlier ones are not left running."""
+    """If a later component cannot start, the earlier ones (etcd, API server, controller manager)
+    are not left running."""
+    started: list[int] = []
+    start_controller_manager = LocalCluster._start_controller_manager
 
-    def scheduler_fails(self: LocalCluster) -> None:
+    def then_scheduler_fails(self: LocalCluster) -> None:
+        start_controller_manager(self)
+        started.extend(p.pid for p in self.processes)
         raise RuntimeError("scheduler failed to start")
 
-    monkeypatch.setattr(LocalCluster, "_start_scheduler", scheduler_fails)
+    monkeypatch.setattr(LocalCluster, "_start_controller_manager", then_scheduler_fails)
+    monkeypatch.setattr(LocalCluster, "_start_scheduler", lambda self: None)
     cluster = LocalCluster()
     with pytest.raises(RuntimeError, match="scheduler failed to start"):
         cluster.start()
-    assert cluster.processes == []
+    assert len(started) == 3
+    assert all(_gone(pid) for pid in started)
     assert not cluster.state_dir.exists()
 
 
@@ -35,23 +44,24 @@ def test_stop_removes_every_process_and_the_state_folder() -> None:
     with LocalCluster() as cluster:
         pids = [p.pid for p in cluster.processes]
         assert len(pids) == 4
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"pid {pid} still runs"
+    assert all(_gone(pid) for pid in pids)
     assert not cluster.state_dir.exists()
 
 
 def test_cluster_command_serves_until_sigterm_then_cleans_up(tmp_path: Path) -> None:
     """`tessera-cluster up` prints a usable KUBECONFIG, and SIGTERM stops every component."""
     state = tmp_path / "state"
-    command = subprocess.Popen(
-        [sys.executable, "-m", "tessera.testbed.cli", "up", "--state-dir", str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    stderr = tmp_path / "stderr.log"
+    with stderr.open("w") as errors:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "tessera.testbed.cli", "up", "--state-dir", str(state)],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    children: list[int] = []
     try:
-        assert command.stdout is not None
-        line = command.stdout.readline().strip()
+        line = _first_line(command, timeout=120, stderr=stderr)
         assert line.startswith("export KUBECONFIG="), line
         kubeconfig = Path(line.removeprefix("export KUBECONFIG="))
         namespaces = client.CoreV1Api(api_client(kubeconfig)).list_namespace()
@@ -60,18 +70,32 @@ def test_cluster_command_serves_until_sigterm_then_cleans_up(tmp_path: Path) -> 
         assert len(children) == 4, children
     finally:
         command.send_signal(signal.SIGTERM)
-        assert command.wait(30) == 0
-    for pid in children:
-        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+        # Four components, each given up to 10 s to stop before it is killed.
+        assert command.wait(60) == 0, stderr.read_text()
+    assert all(_gone(pid) for pid in children)
     # A state folder given on the command line belongs to the caller and is kept (logs to read).
     assert (state / "logs" / "kube-apiserver.log").exists()
+
+
+def _first_line(command: subprocess.Popen[str], timeout: float, stderr: Path) -> str:
+    """The command's first line of output, or a failure that shows what it wrote to stderr."""
+    assert command.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if command.poll() is not None:
+            pytest.fail(f"tessera-cluster exited with {command.returncode}:\n{stderr.read_text()}")
+        ready, _, _ = select.select([command.stdout], [], [], 1.0)
+        if ready:
+            return command.stdout.readline().strip()
+    pytest.fail(f"tessera-cluster printed nothing in {timeout:.0f}s:\n{stderr.read_text()}")
 
 
 def _children_of(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _is_zombie(pid: int) -> bool:
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts as exited)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
     except FileNotFoundError:

@@ -6,7 +6,8 @@ import ipaddress
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tessera.testbed.pki import CertificateAuthority, write_service_account_keys
@@ -41,13 +42,9 @@ def test_client_certificate_carries_user_and_groups(tmp_path: Path) -> None:
 
 
 def test_service_account_keys_are_an_rsa_pair(tmp_path: Path) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     pair = write_service_account_keys(tmp_path)
     public = serialization.load_pem_public_key(pair.cert.read_bytes())
     private = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
     assert isinstance(public, rsa.RSAPublicKey)
     assert isinstance(private, rsa.RSAPrivateKey)
     assert private.public_key().public_numbers() == public.public_numbers()
-    assert not isinstance(private, ec.EllipticCurvePrivateKey)

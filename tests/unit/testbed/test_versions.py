@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 
 from tessera.testbed import versions
+from tessera.testbed.binaries import COMPONENTS
 
 
 def test_every_component_version_is_pinned() -> None:
+    """Each component the test bed builds has a v-prefixed version in versions.env."""
     pinned = versions.pinned_versions()
-    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "HELM_VERSION"):
-        assert pinned[key].startswith("v"), f"{key} should be a v-prefixed version"
+    for component in COMPONENTS.values():
+        assert pinned[component.version_key].startswith("v"), f"{component.version_key} is not pinned"
 
 
-def test_unknown_key_names_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_key_names_the_file() -> None:
     with pytest.raises(KeyError, match=r"NOPE_VERSION is not pinned in .*versions\.env"):
         versions.version_of("NOPE_VERSION")
 
