@@ -39,7 +39,7 @@ NODE = "gpu-node-1"
 def show(cluster: LocalCluster, *args: str) -> None:
     """Run the real kubectl against the demo cluster, echoing the command and its output."""
     print(f"\n$ kubectl {' '.join(args)}", flush=True)
-    kubectl(cluster.admin_kubeconfig, *args, capture=False)
+    print(kubectl(cluster.admin_kubeconfig, *args), end="", flush=True)
 
 
 def run_story(cluster: LocalCluster) -> None:

@@ -1,9 +1,10 @@
 """containerd's configuration for one test-bed node, and the CNI network its pods join.
 
 Several containerd daemons run side by side on one machine, so every path a containerd would take
-from its defaults (/var/lib/containerd, /run/containerd, /etc/cdi, /etc/cni/net.d, /opt/cni/bin,
-/var/run/netns, the NRI socket) is set here to a folder of its own node. Each setting carries its
-reason; a setting left at its default is one that does not collide and does not matter here.
+from its defaults (/var/lib/containerd, /run/containerd, /run/containerd/runc, /etc/cdi,
+/etc/cni/net.d, /opt/cni/bin, /var/run/netns, the NRI socket) is set here to a folder of its own node.
+Each setting carries its reason; a setting left at its default is one that does not collide and does
+not matter here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ContainerdPaths:
     cni_conf_dir: Path
     cni_bin_dir: Path
     opt_dir: Path
+    runc_root: Path
 
 
 def _toml_string(value: str | Path) -> str:
@@ -78,6 +80,9 @@ state = {s(paths.state)}
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       # The runc built by build-binaries.sh, not whatever is on PATH.
       BinaryName = {s(runc)}
+      # runc's state (one folder per container, under <Root>/<namespace>) goes in the node's folder
+      # instead of the shared default /run/containerd/runc, so cleaning the node's folder cleans it.
+      Root = {s(paths.runc_root)}
       # No systemd runs the test machines (PID 1 is not systemd); the kubelet's cgroupDriver is
       # cgroupfs too, and the two must agree.
       SystemdCgroup = false

@@ -10,25 +10,28 @@ An image here is one uncompressed layer holding chosen host files (programs, and
 
 Tests add their own images (workload programs, the simulated driver libraries) with ``ImageSpec``.
 Layers are written deterministically (sorted, zero mtimes, root owner) so one set of files always gives
-one digest. Run by hand: ``python -m tessera.testbed.images build OUT_DIR``, or ``import`` to load
-archives into a running containerd.
+one digest. The two standard images are built once per set of inputs into the binaries' cache
+(``standard_images``) and reused by every later run.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
+import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from tessera.testbed.binaries import cache_root
+from tessera.testbed.commands import run_checked
 
 PAUSE_IMAGE = "tessera.local/pause:v1"
 TOOLS_IMAGE = "tessera.local/tools:v1"
@@ -43,6 +46,8 @@ _INDEX = "application/vnd.oci.image.index.v1+json"
 # Directories runc mounts over or the kubelet writes into; an image without them still runs (runc
 # creates mount points), but having them keeps the container's root read-only-friendly.
 _SKELETON_DIRECTORIES = ("dev", "etc", "proc", "sys", "tmp", "var", "run")
+# Prefix of standard_images' temporary build folders: .building-<pid>-<random>.
+_BUILDING = ".building-"
 _LDD_LIBRARY = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 
 
@@ -123,6 +128,11 @@ def _json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
+def archive_name(reference: str) -> str:
+    """The file name build_image gives the archive of an image reference."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", reference) + ".tar"
+
+
 def build_image(spec: ImageSpec, out_dir: Path) -> Path:
     """Write `spec` as an OCI image-layout archive in out_dir and return its path."""
     files = _with_shared_libraries(spec.files) if spec.include_shared_libraries else dict(spec.files)
@@ -159,7 +169,7 @@ def build_image(spec: ImageSpec, out_dir: Path) -> Path:
     index = {"schemaVersion": 2, "mediaType": _INDEX, "manifests": [manifest_descriptor]}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    archive = out_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.reference) + ".tar")
+    archive = out_dir / archive_name(spec.reference)
     with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
         layout = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}
         layout.update({f"blobs/sha256/{d.removeprefix('sha256:')}": data for d, data in blobs.items()})
@@ -170,14 +180,18 @@ def build_image(spec: ImageSpec, out_dir: Path) -> Path:
     return archive
 
 
+def _compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
+
+
 def compile_pause(out_dir: Path) -> Path:
     """Compile images/pause.c statically (no libraries needed in its image)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         raise FileNotFoundError("a C compiler (cc or gcc) is needed to build the pod sandbox image")
     out_dir.mkdir(parents=True, exist_ok=True)
     program = out_dir / "pause"
-    subprocess.run([compiler, "-static", "-O2", "-o", str(program), str(PAUSE_SOURCE)], check=True)
+    run_checked([compiler, "-static", "-O2", "-o", program, PAUSE_SOURCE], timeout=120)
     return program
 
 
@@ -189,65 +203,107 @@ def host_program(name: str) -> Path:
     return Path(found).resolve()
 
 
-def standard_images(out_dir: Path) -> list[Path]:
-    """Build the two images every node gets (pod sandbox and tools) into out_dir; return the archives."""
-    pause = ImageSpec(
-        PAUSE_IMAGE,
-        {"/pause": compile_pause(out_dir / "build")},
-        entrypoint=("/pause",),
-        include_shared_libraries=False,
-    )
-    tools = ImageSpec(
+def _tools_image() -> ImageSpec:
+    return ImageSpec(
         TOOLS_IMAGE,
         {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS},
         command=("/bin/sh",),
     )
-    return [build_image(pause, out_dir), build_image(tools, out_dir)]
+
+
+def build_standard_images(out_dir: Path) -> list[Path]:
+    """Build the two images every node gets (pod sandbox, tools) into out_dir; return the archives."""
+    build = out_dir / "build"
+    pause = ImageSpec(
+        PAUSE_IMAGE, {"/pause": compile_pause(build)}, entrypoint=("/pause",), include_shared_libraries=False
+    )
+    archives = [build_image(pause, out_dir), build_image(_tools_image(), out_dir)]
+    shutil.rmtree(build)
+    return archives
+
+
+def standard_images_digest() -> str:
+    """A digest of everything the standard images are made from: this builder, pause.c and the
+    compiler that builds it, the architecture, and the tools image's host files (shared libraries
+    included). Equal digests give equal images, so the digest names their cache folder."""
+    digest = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        digest.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
+
+    add("builder", Path(__file__).read_bytes())
+    add("pause.c", PAUSE_SOURCE.read_bytes())
+    compiler = _compiler()
+    version = run_checked([compiler, "--version"], timeout=60) if compiler else ""
+    add("compiler", f"{compiler}\n{version}".encode())
+    add("architecture", _oci_architecture().encode())
+    for image_path, source in sorted(_with_shared_libraries(_tools_image().files).items()):
+        add(image_path, source.read_bytes())
+    return digest.hexdigest()
+
+
+def standard_images(cache: Path | None = None) -> list[Path]:
+    """The archives of the two images every node gets (pod sandbox, tools), built once into
+    <cache>/images/<digest of their inputs>/ and reused while the inputs stay the same.
+
+    A build goes to a temporary folder beside the final one, renamed into place when complete, so a
+    killed build never leaves a half-written image where it would be used; a later call removes the
+    temporary folders of builders that are gone. Two processes building at once both succeed.
+    """
+    base = (cache or cache_root()) / "images"
+    final = base / standard_images_digest()
+    archives = [final / archive_name(PAUSE_IMAGE), final / archive_name(TOOLS_IMAGE)]
+    if final.is_dir():
+        return archives
+    base.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(base)
+    partial = Path(tempfile.mkdtemp(prefix=f"{_BUILDING}{os.getpid()}-", dir=base))
+    try:
+        build_standard_images(partial)
+        partial.chmod(0o755)  # mkdtemp made it private
+        try:
+            partial.rename(final)
+        except OSError:
+            if not final.is_dir():  # not "another process was first"
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return archives
+
+
+def _remove_abandoned_builds(base: Path) -> None:
+    """Remove the temporary folders of standard_images builds whose process no longer runs."""
+    for folder in base.glob(f"{_BUILDING}*"):
+        pid = folder.name.removeprefix(_BUILDING).partition("-")[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def import_image(ctr: Path, containerd_socket: Path, archive: Path) -> None:
     """Load an archive into a containerd's `k8s.io` namespace (the one its CRI plugin serves) and
     unpack it for the default snapshotter, so the kubelet finds it present and never pulls."""
-    subprocess.run(
+    run_checked(
         [
-            str(ctr),
+            ctr,
             "--address",
-            str(containerd_socket),
+            containerd_socket,
             "--namespace",
             "k8s.io",
             "images",
             "import",
             "--platform",
             f"linux/{_oci_architecture()}",
-            str(archive),
+            archive,
         ],
-        check=True,
-        capture_output=True,
-        text=True,
+        timeout=120,
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tessera.testbed.images",
-        description="Build container images from local files and import them into a containerd.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help=f"build {PAUSE_IMAGE} and {TOOLS_IMAGE} as OCI archives")
-    build.add_argument("out_dir", type=Path)
-    load = sub.add_parser("import", help="import OCI archives into a containerd's k8s.io namespace")
-    load.add_argument("--ctr", type=Path, required=True, help="the ctr binary")
-    load.add_argument("--address", type=Path, required=True, help="containerd's socket")
-    load.add_argument("archives", type=Path, nargs="+")
-    args = parser.parse_args(argv)
-    if args.command == "build":
-        for archive in standard_images(args.out_dir):
-            print(archive)
-    else:
-        for archive in args.archives:
-            import_image(args.ctr, args.address, archive)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from tessera.testbed.binaries import binary
+from tessera.testbed.commands import run_checked
 
 
-def kubectl(
-    kubeconfig: Path, *args: str, check: bool = True, capture: bool = True, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run kubectl with the given kubeconfig. With check, a failure raises with kubectl's stderr."""
-    result = subprocess.run(
-        [str(binary("kubectl")), f"--kubeconfig={kubeconfig}", *args],
-        capture_output=capture,
-        text=True,
-        timeout=timeout,
-    )
-    if check and result.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} exited with {result.returncode}: {result.stderr}")
-    return result
+def kubectl_argv(kubeconfig: Path, *args: str) -> list[str]:
+    """The command line of kubectl against the cluster of `kubeconfig`, for callers that run it
+    themselves (to look at a failing exit status, for example)."""
+    return [str(binary("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+
+
+def kubectl(kubeconfig: Path, *args: str, timeout: float = 60) -> str:
+    """Run kubectl and return its output; a failure raises CommandError with kubectl's message."""
+    return run_checked(kubectl_argv(kubeconfig, *args), timeout=timeout)

@@ -35,7 +35,7 @@ def kubelet_configuration(settings: KubeletSettings) -> dict[str, object]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        # Serve only on the node's own address (its bridge, see node.py); the API server reaches
+        # Serve only on the node's own address (its bridge, see node_host.py); the API server reaches
         # logs and exec there. The port is free-picked because all kubelets share the machine.
         "address": settings.node_ip,
         "port": settings.port,
@@ -62,7 +62,7 @@ def kubelet_configuration(settings: KubeletSettings) -> dict[str, object]:
         # No systemd runs the test machines, so cgroups are managed as plain files; containerd's runc
         # is configured the same way (SystemdCgroup = false) and the two must agree.
         "cgroupDriver": "cgroupfs",
-        # Each node keeps its pods under its own cgroup (created by node.py before the kubelet
+        # Each node keeps its pods under its own cgroup (created by node_host.py before the kubelet
         # starts: the kubelet refuses a cgroupRoot that does not exist), so two kubelets never
         # manage the same /kubepods tree, and removing a node removes its pods' cgroups.
         "cgroupRoot": settings.cgroup_root,

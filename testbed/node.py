@@ -11,15 +11,8 @@ prints their paths; Ctrl-C stops and cleans everything. ``... sweep`` cleans wha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
-import shutil
-import signal
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,7 +26,7 @@ from tessera.testbed.cluster import LocalCluster, write_kubeconfig
 from tessera.testbed.images import standard_images
 from tessera.testbed.kubelet_config import KubeletSettings, kubelet_flags, write_kubelet_configuration
 from tessera.testbed.names import unique_name
-from tessera.testbed.node_runtime import NodePaths, NodeRuntime, sweep_stale_nodes
+from tessera.testbed.node_runtime import Cleanup, NodePaths, NodeRuntime, sweep_stale_nodes
 from tessera.testbed.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
@@ -70,7 +63,8 @@ class RealNode:
             self.runtime.start()
             self._start_kubelet()
         except BaseException:
-            self.stop()
+            with contextlib.suppress(Exception):  # stop() logs its own failures; keep the first error
+                self.stop()
             raise
         self.startup_seconds = time.monotonic() - began
         log.info(
@@ -84,12 +78,23 @@ class RealNode:
     def stop(self) -> None:
         """Stop the kubelet first (so it restarts nothing), then the runtime (which removes every pod
         and gives back the host resources), then delete the Node object, so the scheduler never
-        places a pod on a node that is gone."""
-        if self.kubelet is not None:
-            self.kubelet.stop()
-        self.runtime.stop()
-        with contextlib.suppress(ApiException):
-            self._core.delete_node(self.name)
+        places a pod on a node that is gone. Each step runs even if an earlier one failed (the first
+        error is raised at the end); a second stop() does nothing."""
+        cleanup = Cleanup(f"node {self.name}")
+        kubelet, self.kubelet = self.kubelet, None
+        if kubelet is not None:
+            with cleanup.step("stop the kubelet"):
+                kubelet.stop()
+        with cleanup.step("stop the runtime"):
+            self.runtime.stop()
+        if kubelet is not None:  # only a kubelet registers the Node object
+            with cleanup.step("delete the Node object"):
+                try:
+                    self._core.delete_node(self.name, _request_timeout=30)
+                except ApiException as error:
+                    if error.status != 404:
+                        raise
+        cleanup.finish()
 
     def _start_kubelet(self) -> None:
         ca = self.cluster.ca
@@ -178,20 +183,20 @@ class RealNode:
 
 class NodeFactory:
     """Starts real nodes (and kubelet-less runtimes) for one cluster on demand, and stops them all at
-    the end. The standard images (pod sandbox, tools) are built once and imported into each."""
+    the end. The standard images (pod sandbox, tools) come from the cache (built there on first use)
+    and are imported into each."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
         self.nodes: list[RealNode] = []
         self.runtimes: list[NodeRuntime] = []
-        self._image_dir = Path(tempfile.mkdtemp(prefix="tessera-images-"))
         self._images: list[Path] = []
 
     def _standard_images(self) -> list[Path]:
         if not self._images:
             ensure_built(*NODE_COMPONENTS)
             sweep_stale_nodes()
-            self._images = standard_images(self._image_dir)
+            self._images = standard_images()
         return self._images
 
     def start(self, count: int = 1, extra_images: Sequence[Path] = ()) -> list[RealNode]:
@@ -222,14 +227,18 @@ class NodeFactory:
         return tails
 
     def stop_all(self) -> None:
-        """Stop everything started here (newest first) and remove the built images."""
+        """Stop everything started here, newest first. Every node and runtime is stopped even if
+        stopping another fails; the first error is raised at the end."""
+        cleanup = Cleanup("node factory")
         for node in reversed(self.nodes):
-            node.stop()
+            with cleanup.step(f"stop node {node.name}"):
+                node.stop()
         for runtime in reversed(self.runtimes):
-            runtime.stop()
+            with cleanup.step(f"stop runtime {runtime.name}"):
+                runtime.stop()
         self.nodes.clear()
         self.runtimes.clear()
-        shutil.rmtree(self._image_dir, ignore_errors=True)
+        cleanup.finish()
 
 
 @contextlib.contextmanager
@@ -240,4 +249,3 @@ def running_nodes(cluster: LocalCluster, count: int) -> Iterator[list[RealNode]]
         yield factory.start(count)
     finally:
         factory.stop_all()
-

@@ -2,22 +2,26 @@
 network), its cgroup tree, its mounts, and processes that outlive the daemons (containerd shims and
 the containers they run).
 
-All of these are outside the node's folder, or survive a killed daemon, so node.py calls here both to
-set a node up and to clean it after a stop or a crash. Every clean-up step tolerates finding nothing.
+All of these are outside the node's folder, or survive a killed daemon, so node_runtime.py calls here
+both to set a node up and to clean it after a stop or a crash. Every clean-up step tolerates finding
+nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera.testbed.commands import CommandError, run_checked
 from tessera.testbed.containerd_config import PodNetwork
 
 log = logging.getLogger(__name__)
@@ -28,8 +32,8 @@ _MAX_NODES = 250
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+def _ip(*args: str) -> str:
+    return run_checked(["ip", *args], timeout=30)
 
 
 # -- network -------------------------------------------------------------------------------------
@@ -67,21 +71,45 @@ class NodeBridge:
 
 
 def claim_bridge() -> NodeBridge:
-    """Create the first free tessera<N> bridge. Creating a link is atomic, so two test processes on
-    one machine cannot claim the same index."""
+    """Create the first free tessera<N> bridge, with its address, and bring it up.
+
+    Creating a link is atomic, so two test processes on one machine cannot claim the same index: a
+    name that exists ("File exists", EEXIST) is taken and the next is tried; any other failure is an
+    error. If the address or the link state cannot be set, the new bridge is deleted again.
+    """
+    if os.geteuid() != 0:
+        raise PermissionError("a real node needs root: creating its bridge (ip link add) needs CAP_NET_ADMIN")
     for index in range(1, _MAX_NODES + 1):
         bridge = NodeBridge(index)
-        if _ip("link", "add", bridge.name, "type", "bridge", check=False).returncode != 0:
-            continue
-        _ip("addr", "add", f"{bridge.address}/24", "dev", bridge.name)
-        _ip("link", "set", bridge.name, "up")
+        try:
+            _ip("link", "add", bridge.name, "type", "bridge")
+        except CommandError as error:
+            if _name_taken(error):
+                continue
+            raise
+        try:
+            _ip("addr", "add", f"{bridge.address}/24", "dev", bridge.name)
+            _ip("link", "set", bridge.name, "up")
+        except BaseException:
+            try:
+                delete_bridge(bridge.name)
+            except Exception:
+                log.exception("could not delete bridge %s after failing to set it up", bridge.name)
+            raise
         return bridge
     raise RuntimeError(f"no free bridge name {BRIDGE_PREFIX}1..{_MAX_NODES}")
 
 
+def _name_taken(error: CommandError) -> bool:
+    """Whether `ip link add` failed because the name exists (iproute2 prints strerror(EEXIST))."""
+    return os.strerror(errno.EEXIST) in (error.stderr or "")
+
+
 def delete_bridge(name: str) -> None:
-    """Remove a node's bridge (the pods' veth ends go with their network namespaces)."""
-    _ip("link", "del", name, check=False)
+    """Remove a node's bridge (the pods' veth ends go with their network namespaces); a bridge that
+    is already gone is not an error."""
+    if Path("/sys/class/net", name).exists():
+        _ip("link", "del", name)
 
 
 # -- cgroups -------------------------------------------------------------------------------------
@@ -145,16 +173,20 @@ def _kill_members(group: Path) -> None:
 # -- mounts and processes ------------------------------------------------------------------------
 
 
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
 def _unescape(field: str) -> str:
-    """Decode the octal escapes (\\040 for a space, ...) of /proc mount tables."""
-    return field.encode().decode("unicode_escape")
+    """Decode the octal escapes of /proc mount tables: the kernel writes a space, tab, newline or
+    backslash in a path as \\040, \\011, \\012 or \\134 and every other character as it is."""
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
-def mounts_under(directory: Path) -> list[Path]:
+def mounts_under(directory: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Path]:
     """Mount points at or below `directory`, deepest first (the order they can be unmounted in)."""
     prefix = str(directory).rstrip("/")
     points: list[Path] = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in mountinfo.read_text().splitlines():
         point = _unescape(line.split()[4])
         if point == prefix or point.startswith(prefix + "/"):
             points.append(Path(point))
@@ -205,9 +237,15 @@ def remove_shim_sockets(containerd_socket: Path, task_state: Path) -> None:
     state dir (<state>/io.containerd.runtime.v2.task/<namespace>/<id>), so the names can be rebuilt.
     """
     for task in task_state.glob("*/*"):
-        for suffix in ("", "/debug"):
-            key = f"{containerd_socket}/{task.parent.name}/{task.name}{suffix}"
-            (SHIM_SOCKET_DIR / hashlib.sha256(key.encode()).hexdigest()).unlink(missing_ok=True)
+        for debug in (False, True):
+            shim_socket(containerd_socket, task.parent.name, task.name, debug=debug).unlink(missing_ok=True)
+
+
+def shim_socket(containerd_socket: Path, namespace: str, task_id: str, *, debug: bool = False) -> Path:
+    """Where containerd puts the socket of the shim for one task (CreateSocketAddress in containerd's
+    pkg/shim): /run/containerd/s/<sha256 of "<containerd socket>/<namespace>/<task id>[/debug]">."""
+    key = f"{containerd_socket}/{namespace}/{task_id}" + ("/debug" if debug else "")
+    return SHIM_SOCKET_DIR / hashlib.sha256(key.encode()).hexdigest()
 
 
 def remove_container_log_links(directory: Path) -> None:

@@ -5,8 +5,9 @@ Each node has one folder (``NodePaths``) holding everything it writes: container
 socket and CDI spec directory, the CNI config and leases, the kubelet's root dir (and so the DRA plugin
 registry and plugin directories a driver is pointed at), pod logs, certificates and daemon logs. What
 cannot live in the folder -- the node's bridge, its cgroup tree, mounts, containerd shims -- is taken
-and given back through node_host.py. The folder's ``node.json`` names its owner process, so a later
-run cleans what a killed run left (``sweep_stale_nodes``).
+and given back through node_host.py. The folder's ``node.json``, written as soon as the folder exists
+and again once the bridge is claimed, names its owner process and what it took, so a later run cleans
+what a killed run left (``sweep_stale_nodes``).
 
 A runtime on its own is what CRI-level tests use: the kubelet terminates every pod sandbox it did not
 create (HandlePodCleanups), so a container made through crictl on a kubelet's runtime would be killed.
@@ -21,12 +22,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.testbed import node_host
 from tessera.testbed.binaries import binary
+from tessera.testbed.commands import CommandError, run_checked
 from tessera.testbed.containerd_config import ContainerdPaths, cni_network_config, containerd_config
 from tessera.testbed.images import PAUSE_IMAGE, import_image
 from tessera.testbed.process import ManagedProcess
@@ -34,6 +37,9 @@ from tessera.testbed.process import ManagedProcess
 log = logging.getLogger(__name__)
 
 _CONTAINERD_TIMEOUT = 60.0
+# A folder under the node root without node.json is one whose creator was killed before writing it
+# (nothing outside the folder is taken before then), or one being created right now: the age tells.
+_UNCLAIMED_FOLDER_AGE = 300.0
 
 
 def node_root() -> Path:
@@ -56,9 +62,10 @@ class NodePaths:
             state=self.containerd_state,
             socket=self.containerd_socket,
             cdi_dir=self.cdi_dir,
-            cni_conf_dir=self.root / "cni" / "net.d",
+            cni_conf_dir=self.cni_conf_dir,
             cni_bin_dir=binary("bridge").parent,
             opt_dir=self.root / "containerd" / "opt",
+            runc_root=self.root / "runc",
         )
 
     @property
@@ -94,6 +101,10 @@ class NodePaths:
         return self.root / "pod-logs"
 
     @property
+    def cni_conf_dir(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
     def ipam_dir(self) -> Path:
         return self.root / "cni" / "leases"
 
@@ -109,6 +120,27 @@ class NodePaths:
     def crictl_config(self) -> Path:
         """crictl's endpoints for this node: `crictl --config <this> ps -a` by hand, too."""
         return self.root / "crictl.yaml"
+
+
+class Cleanup:
+    """Clean-up steps that each run even if an earlier one failed: a failing step is logged with what
+    it was cleaning, and finish() raises the first error once every step has run."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.errors: list[Exception] = []
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as error:
+            log.error("%s: %s failed: %s", self.subject, what, error, exc_info=True)
+            self.errors.append(error)
+
+    def finish(self) -> None:
+        if self.errors:
+            raise self.errors[0]
 
 
 def _process_start_time(pid: int) -> str | None:
@@ -130,6 +162,9 @@ class NodeRuntime:
         self.images = list(images)
         self.bridge: node_host.NodeBridge | None = None
         self.containerd: ManagedProcess | None = None
+        # Whether this object created the folder (and so may have taken host resources) and has not
+        # given it back yet: stop() releases only then, and only once.
+        self._owns_folder = False
 
     @property
     def cgroup_root(self) -> str:
@@ -144,53 +179,76 @@ class NodeRuntime:
 
     def start(self) -> None:
         """Create the folder, bridge and cgroup root, start containerd, import the images. On any
-        failure, give back what was taken before raising."""
+        failure, give back what was taken before raising. A folder that exists already belongs to
+        another node of the same name and is left alone."""
+        node_root().mkdir(parents=True, exist_ok=True)
         try:
+            self.paths.root.mkdir()
+        except FileExistsError:
+            raise FileExistsError(f"{self.paths.root} exists; node names must be unique") from None
+        self._owns_folder = True
+        try:
+            self._write_info()
             self._prepare()
             self._start_containerd()
             for archive in self.images:
                 import_image(binary("ctr"), self.paths.containerd.socket, archive)
         except BaseException:
-            self.stop()
+            with contextlib.suppress(Exception):  # stop() logs its own failures; keep the first error
+                self.stop()
             raise
 
     def stop(self) -> None:
         """Remove every pod through the CRI, stop containerd, then give back the host resources and
-        the folder. Each step runs even if an earlier one failed."""
-        if self.containerd is not None and self.containerd.running():
-            # Stops and removes every sandbox and its containers, which ends their shims cleanly.
-            with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
-                self.crictl("rmp", "--all", "--force", timeout=60)
-        if self.containerd is not None:
-            self.containerd.stop()
-        release_host_resources(self.paths.root, self.bridge.name if self.bridge else None, self.cgroup_root)
+        the folder. Each step runs even if an earlier one failed (the first error is raised at the
+        end); what was given back is forgotten, so a second stop() does nothing."""
+        cleanup = Cleanup(f"runtime {self.name}")
+        containerd, self.containerd = self.containerd, None
+        if containerd is not None:
+            if containerd.running():
+                # Stops and removes every sandbox and its containers, which ends their shims cleanly.
+                # If that fails, release_host_resources kills them instead.
+                try:
+                    self.crictl("rmp", "--all", "--force", timeout=60)
+                except (CommandError, subprocess.TimeoutExpired) as error:
+                    log.warning("runtime %s: removing its pods through the CRI failed: %s", self.name, error)
+            with cleanup.step("stop containerd"):
+                containerd.stop()
+        if self._owns_folder:
+            bridge, self.bridge = self.bridge, None
+            self._owns_folder = False
+            with cleanup.step("give back its host resources"):
+                release_host_resources(self.paths.root, bridge.name if bridge else None, self.cgroup_root)
+        cleanup.finish()
+
+    def _write_info(self) -> None:
+        """Write node.json (atomically): the owner process and every host resource taken so far."""
+        info = {
+            "name": self.name,
+            "bridge": self.bridge.name if self.bridge else None,
+            "cgroup_root": self.cgroup_root,
+            "owner_pid": os.getpid(),
+            "owner_start": _process_start_time(os.getpid()),
+        }
+        partial = self.paths.info_file.with_suffix(".json.tmp")
+        partial.write_text(json.dumps(info))
+        partial.rename(self.paths.info_file)
 
     def _prepare(self) -> None:
-        if self.paths.root.exists():
-            raise FileExistsError(f"{self.paths.root} exists; node names must be unique")
         for directory in (
             self.paths.log_dir,
             self.paths.cdi_dir,
-            self.paths.containerd.cni_conf_dir,
+            self.paths.cni_conf_dir,
             self.paths.ipam_dir,
             self.paths.pod_logs,
             self.paths.plugins_registry,
             self.paths.plugins_dir,
         ):
             directory.mkdir(parents=True)
+        # node.json already names the cgroup root; a kill between claiming the bridge and recording
+        # it is the one moment a sweep would miss something (the bridge).
         self.bridge = node_host.claim_bridge()
-        # Written before anything else is taken, so a killed run can always be swept.
-        self.paths.info_file.write_text(
-            json.dumps(
-                {
-                    "name": self.name,
-                    "bridge": self.bridge.name,
-                    "cgroup_root": self.cgroup_root,
-                    "owner_pid": os.getpid(),
-                    "owner_start": _process_start_time(os.getpid()),
-                }
-            )
-        )
+        self._write_info()
         node_host.create_cgroup_root(self.cgroup_root)
 
     def _start_containerd(self) -> None:
@@ -210,58 +268,93 @@ class NodeRuntime:
         self.containerd.wait_until(self._runtime_ready, _CONTAINERD_TIMEOUT, "CRI runtime ready")
 
     def _runtime_ready(self) -> bool:
-        conditions = json.loads(self.crictl("info", timeout=10))["status"]["conditions"]
-        return all(c["status"] for c in conditions if c["type"] in ("RuntimeReady", "NetworkReady"))
+        """Whether containerd reports both RuntimeReady and NetworkReady true (a condition not yet
+        reported is not ready)."""
+        conditions = json.loads(self.crictl("info", timeout=10))["status"]["conditions"] or []
+        status = {c["type"]: c["status"] for c in conditions}
+        return status.get("RuntimeReady") is True and status.get("NetworkReady") is True
 
     def crictl(self, *args: str, timeout: float = 30) -> str:
-        """Run crictl against this node's containerd and return its standard output."""
-        result = subprocess.run(
+        """Run crictl against this node's containerd and return its standard output (CommandError,
+        with crictl's standard error, if it fails)."""
+        return run_checked(
             [
-                str(binary("crictl")),
+                binary("crictl"),
                 "--config",
-                str(self.paths.crictl_config),
+                self.paths.crictl_config,
                 "--timeout",
                 f"{int(timeout)}s",
                 *args,
             ],
-            capture_output=True,
-            text=True,
-            check=True,
             timeout=timeout + 5,
         )
-        return result.stdout
 
 
 def release_host_resources(folder: Path, bridge: str | None, cgroup_root: str) -> None:
     """Give back what a node took outside its daemons, then remove its folder: leftover shims and
     their sockets, containers, the cgroup tree, every mount under the folder, the bridge, and log
-    links."""
-    node_host.kill_processes_mentioning(str(folder))
+    links. Each step runs even if an earlier one failed; the first error is raised at the end."""
+    cleanup = Cleanup(f"node folder {folder}")
     paths = NodePaths(folder)
-    tasks = paths.containerd_state / "io.containerd.runtime.v2.task"
-    node_host.remove_shim_sockets(paths.containerd_socket, tasks)
-    node_host.remove_cgroup_tree(cgroup_root)
-    node_host.unmount_all_under(folder)
+    with cleanup.step("kill the processes left in it"):
+        node_host.kill_processes_mentioning(str(folder))
+    with cleanup.step("remove its shim sockets"):
+        tasks = paths.containerd_state / "io.containerd.runtime.v2.task"
+        node_host.remove_shim_sockets(paths.containerd_socket, tasks)
+    with cleanup.step(f"remove cgroup /{cgroup_root}"):
+        node_host.remove_cgroup_tree(cgroup_root)
+    with cleanup.step("unmount everything under it"):
+        node_host.unmount_all_under(folder)
     if bridge is not None:
-        node_host.delete_bridge(bridge)
-    node_host.remove_container_log_links(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+        with cleanup.step(f"delete bridge {bridge}"):
+            node_host.delete_bridge(bridge)
+    with cleanup.step("remove its /var/log/containers links"):
+        node_host.remove_container_log_links(folder)
+    with cleanup.step("remove the folder"):
+        _remove_folder(folder)
+    cleanup.finish()
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove a folder tree; once more after a moment if a just-killed process still held a file."""
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        time.sleep(0.5)
+        shutil.rmtree(folder)
 
 
 def sweep_stale_nodes(root: Path | None = None) -> list[str]:
-    """Clean the folders of nodes whose owner process is gone (a killed test run); return their names."""
+    """Clean the folders of nodes whose owner process is gone (a killed test run); return their names.
+
+    A folder whose node.json names a live owner (same PID, same start time) is left alone. A folder
+    without a readable node.json is removed once it is older than a few minutes: its creator took
+    nothing outside it. Every stale node is cleaned even if cleaning another fails; the first error is
+    raised at the end.
+    """
     swept: list[str] = []
     base = root or node_root()
     if not base.is_dir():
         return swept
-    for info_file in base.glob("*/node.json"):
+    cleanup = Cleanup("sweep")
+    for folder in sorted(p for p in base.iterdir() if p.is_dir()):
         try:
-            info = json.loads(info_file.read_text())
-        except (OSError, ValueError):
+            info = json.loads((folder / "node.json").read_text())
+            owner_pid, owner_start = int(info["owner_pid"]), info["owner_start"]
+            name, bridge, cgroup_root = info["name"], info.get("bridge"), info["cgroup_root"]
+        except (OSError, ValueError, KeyError, TypeError):
+            with cleanup.step(f"remove unclaimed folder {folder}"):
+                if time.time() - folder.stat().st_mtime > _UNCLAIMED_FOLDER_AGE:
+                    log.warning("removing node folder %s, which has no node.json", folder)
+                    _remove_folder(folder)
             continue
-        if _process_start_time(info["owner_pid"]) == info["owner_start"]:
+        if owner_start is not None and _process_start_time(owner_pid) == owner_start:
             continue
-        log.warning("cleaning node %s left by dead process %s", info["name"], info["owner_pid"])
-        release_host_resources(info_file.parent, info["bridge"], info["cgroup_root"])
-        swept.append(info["name"])
+        log.warning("cleaning node %s left by dead process %s", name, owner_pid)
+        with cleanup.step(f"clean node {name}"):
+            release_host_resources(folder, bridge, cgroup_root)
+            swept.append(name)
+    cleanup.finish()
     return swept

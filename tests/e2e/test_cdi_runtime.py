@@ -4,12 +4,12 @@ device: the step between a DRA driver's NodePrepareResources and the workload.""
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tessera.testbed.commands import CommandError
 from tessera.testbed.images import TOOLS_IMAGE
 from tessera.testbed.node_runtime import NodeRuntime
 from tessera.testbed.polling import poll_until
@@ -84,7 +84,7 @@ def run_to_exit(runtime: NodeRuntime, work: Path, cdi_device: str, script: str) 
             status: dict[str, object] = json.loads(runtime.crictl("inspect", container))["status"]
             return status if status["state"] == "CONTAINER_EXITED" else None
 
-        status = poll_until(exited, 60, "the probe container to exit")
+        status = poll_until(exited, 120, "the probe container to exit")
         output = runtime.crictl("logs", container)
         assert status["exitCode"] == 0, output
         return output
@@ -115,6 +115,6 @@ def test_cdi_device_edits_reach_the_container(node_runtime: NodeRuntime, tmp_pat
 def test_unknown_cdi_device_fails_container_creation(node_runtime: NodeRuntime, tmp_path: Path) -> None:
     """Naming a CDI device that no spec defines makes container creation fail (the runtime does not
     start a container without the device it was asked for)."""
-    with pytest.raises(subprocess.CalledProcessError) as failure:
+    with pytest.raises(CommandError) as failure:
         run_to_exit(node_runtime, tmp_path, f"{CDI_KIND}=absent-{uuid.uuid4().hex[:8]}", "true")
     assert "unresolvable CDI devices" in failure.value.stderr

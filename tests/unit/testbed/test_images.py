@@ -8,6 +8,9 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
+from tessera.testbed import images
 from tessera.testbed.images import ImageSpec, build_image, host_program, layer_bytes, shared_libraries
 
 
@@ -48,3 +51,33 @@ def test_archive_is_an_oci_layout_named_for_containerd(tmp_path: Path) -> None:
     libraries = shared_libraries(shell)
     assert libraries, "the host shell should be dynamically linked"
     assert {str(lib).lstrip("/") for lib in libraries} <= names
+
+
+def test_standard_images_are_built_once_into_the_cache_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call builds both archives into <cache>/images/<digest>/; the next reuses them without
+    building. No temporary build folder is left, and those of dead builders are removed."""
+    builds: list[Path] = []
+
+    def fake_compile_pause(out_dir: Path) -> Path:  # no C compiler needed for this test
+        out_dir.mkdir(parents=True, exist_ok=True)
+        program = out_dir / "pause"
+        program.write_bytes(b"not really a program")
+        builds.append(out_dir)
+        return program
+
+    monkeypatch.setattr(images, "compile_pause", fake_compile_pause)
+    abandoned = tmp_path / "images" / ".building-2147483647-x"  # no process has that PID
+    abandoned.mkdir(parents=True)
+
+    first = images.standard_images(tmp_path)
+    second = images.standard_images(tmp_path)
+
+    assert first == second
+    assert [p.name for p in first] == ["tessera.local_pause_v1.tar", "tessera.local_tools_v1.tar"]
+    assert all(p.is_file() and p.parent.parent == tmp_path / "images" for p in first)
+    assert first[0].parent.name == images.standard_images_digest()
+    assert len(builds) == 1
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == [first[0].parent.name]
+    assert sorted(p.name for p in first[0].parent.iterdir()) == sorted(p.name for p in first)

@@ -26,12 +26,13 @@ def containerd_paths(root: Path) -> ContainerdPaths:
         cni_conf_dir=root / "net.d",
         cni_bin_dir=root / "bin",
         opt_dir=root / "opt",
+        runc_root=root / "runc",
     )
 
 
 def test_containerd_config_is_valid_toml_with_every_path_under_the_node(tmp_path: Path) -> None:
-    """The config parses as TOML (version 3) and points root, state, socket, CDI and CNI folders at the
-    node, with the pinned runc and the locally built sandbox image."""
+    """The config parses as TOML (version 3) and points root, state, socket, CDI and CNI folders and
+    runc's state root at the node, with the pinned runc and the locally built sandbox image."""
     paths = containerd_paths(tmp_path)
     config = tomllib.loads(containerd_config(paths, runc=Path("/x/runc"), sandbox_image="local/pause:v1"))
     assert (config["version"], config["root"], config["state"]) == (3, str(paths.root), str(paths.state))
@@ -42,7 +43,8 @@ def test_containerd_config_is_valid_toml_with_every_path_under_the_node(tmp_path
     assert runtime["netns_mounts_under_state_dir"] is True
     assert runtime["restrict_oom_score_adj"] is True
     assert runtime["cni"]["conf_dir"] == str(paths.cni_conf_dir)
-    assert runtime["containerd"]["runtimes"]["runc"]["options"]["BinaryName"] == "/x/runc"
+    runc_options = runtime["containerd"]["runtimes"]["runc"]["options"]
+    assert (runc_options["BinaryName"], runc_options["Root"]) == ("/x/runc", str(paths.runc_root))
     assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == "local/pause:v1"
     assert plugins["io.containerd.nri.v1.nri"]["disable"] is True
 
