@@ -115,37 +115,38 @@ build_etcd() {
   log "etcd $v: done"
 }
 
+# go_install_component NAME VERSION "BINARY..." LDFLAGS PACKAGE@VERSION... : build a component whose
+# go.mod has no replace lines, so `go install pkg@version` works, and publish its binaries.
+go_install_component() {
+  local name=$1 v=$2 ldflags=$4
+  local bins
+  read -r -a bins <<< "$3"
+  shift 4
+  local dest=$bin_root/$name-$v
+  if complete "$dest" "${bins[@]}"; then log "$name $v: cached in $dest"; return; fi
+  local scratch
+  make_scratch "$name-$v"
+  log "$name $v: building ${bins[*]}"
+  GOBIN=$scratch go install -trimpath -ldflags "-s -w $ldflags" "$@"
+  complete "$scratch" "${bins[@]}"
+  publish "$name-$v" "$scratch"
+  log "$name $v: done"
+}
+
 build_helm() {
   local v=$HELM_VERSION
-  local dest=$bin_root/helm-$v
-  if complete "$dest" helm; then log "helm $v: cached in $dest"; return; fi
-  local scratch
-  make_scratch "helm-$v"
-  log "helm $v: building"
-  GOBIN=$scratch go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" "helm.sh/helm/v3/cmd/helm@$v"
-  publish "helm-$v" "$scratch"
-  log "helm $v: done"
+  go_install_component helm "$v" helm "-X helm.sh/helm/v3/internal/version.version=$v" \
+    "helm.sh/helm/v3/cmd/helm@$v"
 }
 
 build_containerd() {
   local v=$CONTAINERD_VERSION
-  local bins=(containerd containerd-shim-runc-v2 ctr)
-  local dest=$bin_root/containerd-$v
-  if complete "$dest" "${bins[@]}"; then log "containerd $v: cached in $dest"; return; fi
-  local scratch
-  make_scratch "containerd-$v"
-  log "containerd $v: building ${bins[*]}"
   # No cgo: the btrfs snapshotter (the only cgo part) drops out by its build constraint; the node
   # uses overlayfs. The version stamp is what `containerd --version` and the CRI Version call report.
-  local targets=()
-  local b
-  for b in "${bins[@]}"; do targets+=("github.com/containerd/containerd/v2/cmd/$b@$v"); done
-  GOBIN=$scratch go install -trimpath \
-    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$v" "${targets[@]}"
-  complete "$scratch" "${bins[@]}"
-  publish "containerd-$v" "$scratch"
-  log "containerd $v: done"
+  local cmd=github.com/containerd/containerd/v2/cmd
+  go_install_component containerd "$v" "containerd containerd-shim-runc-v2 ctr" \
+    "-X github.com/containerd/containerd/v2/version.Version=$v" \
+    "$cmd/containerd@$v" "$cmd/containerd-shim-runc-v2@$v" "$cmd/ctr@$v"
 }
 
 build_runc() {
@@ -174,31 +175,14 @@ build_runc() {
 
 build_cri_tools() {
   local v=$CRI_TOOLS_VERSION
-  local dest=$bin_root/cri-tools-$v
-  if complete "$dest" crictl; then log "cri-tools $v: cached in $dest"; return; fi
-  local scratch
-  make_scratch "cri-tools-$v"
-  log "cri-tools $v: building crictl"
-  GOBIN=$scratch go install -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" "sigs.k8s.io/cri-tools/cmd/crictl@$v"
-  publish "cri-tools-$v" "$scratch"
-  log "cri-tools $v: done"
+  go_install_component cri-tools "$v" crictl "-X sigs.k8s.io/cri-tools/pkg/version.Version=$v" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@$v"
 }
 
 build_cni_plugins() {
   local v=$CNI_PLUGINS_VERSION
-  local bins=(bridge host-local)
-  local dest=$bin_root/cni-plugins-$v
-  if complete "$dest" "${bins[@]}"; then log "cni-plugins $v: cached in $dest"; return; fi
-  local scratch
-  make_scratch "cni-plugins-$v"
-  log "cni-plugins $v: building ${bins[*]}"
   local p=github.com/containernetworking/plugins/plugins
-  GOBIN=$scratch go install -trimpath -ldflags "-s -w" \
-    "$p/main/bridge@$v" "$p/ipam/host-local@$v"
-  complete "$scratch" "${bins[@]}"
-  publish "cni-plugins-$v" "$scratch"
-  log "cni-plugins $v: done"
+  go_install_component cni-plugins "$v" "bridge host-local" "" "$p/main/bridge@$v" "$p/ipam/host-local@$v"
 }
 
 components=("$@")
