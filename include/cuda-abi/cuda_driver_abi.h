@@ -532,6 +532,8 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgra
                                      const void *edgeData, size_t count, unsigned int mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                           const void *edgeData, size_t count, unsigned int mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
 
 /* Graph memory nodes and mipmapped arrays. The node parameters are passed by pointer; only the
  * leading CUgraphNodeType of CUgraphNodeParams is declared here. */

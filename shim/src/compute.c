@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "capture.h"
 #include "compute.h"
 #include "log.h"
 
@@ -88,7 +89,6 @@ static struct pending pending[PENDING];
 static int pending_head, pending_count;
 static struct pooled_event pool[EVENT_POOL];
 static int pool_count;
-static int capturing; /* a stream capture has begun in this process (sticky) */
 
 uint64_t shim_launch_key(const void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shared)
@@ -98,11 +98,6 @@ uint64_t shim_launch_key(const void *fn, unsigned gx, unsigned gy, unsigned gz, 
     for (int i = 0; i < 7; i++)
         h = (h ^ parts[i]) * 0x100000001b3ULL;
     return h | 1; /* never 0 */
-}
-
-void shim_compute_capture_begun(void)
-{
-    __atomic_store_n(&capturing, 1, __ATOMIC_RELEASE);
 }
 
 static void sleep_ns(uint64_t ns)
@@ -287,18 +282,6 @@ static void collect(uint64_t block_key)
 
 /* ---------------------------------------------------------------- launches -------------- */
 
-static bool stream_capturing(CUstream stream, bool ptsz)
-{
-    if (SHIM_LIKELY(__atomic_load_n(&capturing, __ATOMIC_ACQUIRE) == 0))
-        return false; /* no capture ever began in this process */
-    __typeof__(&cuStreamIsCapturing) is_capturing =
-        ptsz && shim_real.cuStreamIsCapturing_ptsz != NULL ? shim_real.cuStreamIsCapturing_ptsz
-                                                           : shim_real.cuStreamIsCapturing;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return is_capturing != NULL && is_capturing(stream, &st) == CUDA_SUCCESS &&
-           st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bool ptsz)
 {
     l->active = false;
@@ -312,7 +295,7 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     const struct shim_device *d = shim_device(dev);
     if (d == NULL || d->cores == 0)
         return;
-    if (stream_capturing(stream, ptsz))
+    if (shim_stream_capturing(stream, ptsz))
         return; /* recorded into a graph, not run: charged when the graph launches */
     l->active = true;
     l->gpu = d->gpu;
@@ -416,8 +399,7 @@ void shim_compute_parent_after_fork(void)
 
 void shim_compute_child_after_fork(void)
 {
-    /* The parent's events and measurements are not the child's; its streams are not either,
-     * but a child that inherited a capture flag just keeps checking (harmless). */
+    /* The parent's events and measurements are not the child's. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     mu = fresh;
     memset(shapes, 0, sizeof shapes);

@@ -34,10 +34,6 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
 /* After the real launch (its result `rc`): finish the measurement, or refund if it failed. */
 void shim_compute_end(struct shim_launch *l, CUresult rc);
 
-/* A stream capture is beginning in this process: from now on launches ask the driver whether
- * their stream is capturing (until then none can be, and the launch path saves the call). */
-void shim_compute_capture_begun(void);
-
 void shim_compute_prepare_fork(void);
 void shim_compute_parent_after_fork(void);
 void shim_compute_child_after_fork(void);

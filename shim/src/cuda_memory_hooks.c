@@ -7,6 +7,7 @@
  */
 #include <string.h>
 
+#include "capture.h"
 #include "log.h"
 #include "memory.h"
 #include "pools.h"
@@ -85,11 +86,19 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 }
 
 /* A stream-ordered allocation from `pool` (NULL: the current pool of the device of the current
- * context, as cuMemAllocAsync uses). Charged like any allocation; then the pool is tracked and
- * the device's cache charge settled, which refunds what the driver served from the cache. */
+ * context, as cuMemAllocAsync uses) on `stream`. Charged like any allocation; then the pool is
+ * tracked and the device's cache charge settled, which refunds what the driver served from the
+ * cache. On a capturing stream it would be a graph memory node (memory the driver reserves for
+ * the graph, outside the pools, at instantiation or launch), not accounted: refused while a
+ * memory limit is in force, like cuGraphAddMemAllocNode. */
 static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *dptr,
-                             size_t bytesize, CUmemoryPool pool)
+                             size_t bytesize, CUmemoryPool pool, CUstream stream, bool ptsz)
 {
+    if (shim.memory_limited && shim_stream_capturing(stream, ptsz)) {
+        SHIM_WARN("stream-ordered allocation of %zu bytes on a capturing stream refused: graph "
+                  "memory is not accounted while a memory limit is in force", bytesize);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     struct shim_charge c;
     CUresult rc = shim_charge_begin(&c, pool != NULL ? shim_pools_device(pool) : -1, bytesize);
     if (rc != CUDA_SUCCESS)
@@ -136,14 +145,14 @@ SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstrea
 {
     REAL_OR_NOT_FOUND(cuMemAllocAsync);
     struct alloc_args a = {dptr, bytesize, NULL, stream, shim_real.cuMemAllocAsync, NULL};
-    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL);
+    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL, stream, false);
 }
 
 SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
     REAL_OR_NOT_FOUND(cuMemAllocAsync_ptsz);
     struct alloc_args a = {dptr, bytesize, NULL, stream, shim_real.cuMemAllocAsync_ptsz, NULL};
-    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL);
+    return alloc_pooled(call_alloc_async, &a, dptr, bytesize, NULL, stream, true);
 }
 
 SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
@@ -151,7 +160,7 @@ SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 {
     REAL_OR_NOT_FOUND(cuMemAllocFromPoolAsync);
     struct alloc_args a = {dptr, bytesize, pool, stream, NULL, shim_real.cuMemAllocFromPoolAsync};
-    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool);
+    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool, stream, false);
 }
 
 SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -160,7 +169,7 @@ SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
     REAL_OR_NOT_FOUND(cuMemAllocFromPoolAsync_ptsz);
     struct alloc_args a = {dptr, bytesize, pool, stream, NULL,
                            shim_real.cuMemAllocFromPoolAsync_ptsz};
-    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool);
+    return alloc_pooled(call_alloc_from_pool, &a, dptr, bytesize, pool, stream, true);
 }
 
 SHIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)

@@ -29,6 +29,7 @@ struct CUstream_st {
     unsigned int flags;
     int priority;
     uint64_t last_end_ns; /* when the last work queued on this stream completes */
+    CUgraph capture;      /* the graph being captured from this stream, or NULL */
 };
 
 struct CUctx_st {
@@ -108,6 +109,12 @@ CUresult sim_stream_wait(struct CUstream_st *stream);
 
 /* Queue `duration_ns` of device work on `stream`. */
 void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns);
+
+/* Stream capture: the graph a launch on `stream` is recorded into instead of run (NULL: run it).
+ * Graphs (cuda_launch.c): an empty one, and appending a kernel node of a given duration. */
+CUgraph sim_stream_capture(struct CUstream_st *stream);
+CUresult sim_graph_new(CUgraph *out);
+CUresult sim_graph_append(CUgraph graph, uint64_t duration_ns);
 
 /* Wait for everything queued in `ctx` (synchronous copies and cuCtxSynchronize). */
 CUresult sim_ctx_wait(CUcontext ctx);

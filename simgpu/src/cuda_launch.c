@@ -268,9 +268,13 @@ static CUresult launch(const struct launch *l, CUstream stream, enum sim_default
     struct CUstream_st *s = NULL;
     if (rc == CUDA_SUCCESS)
         rc = sim_resolve_stream(stream, mode, &s);
-    if (rc == CUDA_SUCCESS)
-        sim_stream_submit(s, duration);
-    return rc;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUgraph capture = sim_stream_capture(s);
+    if (capture != NULL)
+        return sim_graph_append(capture, duration); /* recorded, not run */
+    sim_stream_submit(s, duration);
+    return CUDA_SUCCESS;
 }
 
 static CUresult launch_kernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -366,19 +370,39 @@ SIMGPU_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gr
                               sharedMemBytes, stream, kernelParams, SIM_PER_THREAD);
 }
 
-/* ---- Graphs: kernel nodes only, run in insertion order (which respects dependencies). ---- */
+/* ---- Graphs: kernel nodes only, run in insertion order (which respects dependencies). A
+ * stream capture (cuda_stream.c) appends its launches to a graph the same way. ---- */
+
+CUresult sim_graph_new(CUgraph *out)
+{
+    CUgraph g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->tag = TAG_GRAPH;
+    *out = g;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_graph_append(CUgraph graph, uint64_t duration_ns)
+{
+    struct sim_graph_node *n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->duration_ns = duration_ns;
+    if (graph->last != NULL)
+        graph->last->next = n;
+    else
+        graph->first = n;
+    graph->last = n;
+    return CUDA_SUCCESS;
+}
 
 SIMGPU_API CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
 {
     SIM_ENTER();
     if (graph == NULL || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    CUgraph g = calloc(1, sizeof *g);
-    if (g == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    g->tag = TAG_GRAPH;
-    *graph = g;
-    return CUDA_SUCCESS;
+    return sim_graph_new(graph);
 }
 
 SIMGPU_API CUresult cuGraphDestroy(CUgraph graph)
@@ -402,19 +426,11 @@ static CUresult add_kernel_node(CUgraphNode *node, CUgraph graph, const CUgraphN
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t duration = 0;
     CUresult rc = prepare(l, &duration);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct sim_graph_node *n = calloc(1, sizeof *n);
-    if (n == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    n->duration_ns = duration;
-    if (graph->last != NULL)
-        graph->last->next = n;
-    else
-        graph->first = n;
-    graph->last = n;
-    *node = (CUgraphNode)n;
-    return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS)
+        rc = sim_graph_append(graph, duration);
+    if (rc == CUDA_SUCCESS)
+        *node = (CUgraphNode)graph->last;
+    return rc;
 }
 
 SIMGPU_API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
@@ -490,9 +506,14 @@ static CUresult graph_launch(CUgraphExec exec, CUstream stream, enum sim_default
     CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    for (size_t i = 0; i < exec->count; i++)
-        sim_stream_submit(s, exec->nodes[i].duration_ns);
-    return CUDA_SUCCESS;
+    CUgraph capture = sim_stream_capture(s);
+    for (size_t i = 0; i < exec->count && rc == CUDA_SUCCESS; i++) {
+        if (capture != NULL)
+            rc = sim_graph_append(capture, exec->nodes[i].duration_ns); /* recorded, not run */
+        else
+            sim_stream_submit(s, exec->nodes[i].duration_ns);
+    }
+    return rc;
 }
 
 SIMGPU_API CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)

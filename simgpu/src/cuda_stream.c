@@ -150,6 +150,8 @@ SIMGPU_API CUresult cuStreamDestroy_v2(CUstream stream)
     pthread_mutex_unlock(&sim_cuda.mu);
     if (!valid)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->capture != NULL) /* a capture in progress is abandoned with its stream */
+        cuGraphDestroy(stream->capture);
     free(stream); /* queued work still completes on the device timeline */
     return CUDA_SUCCESS;
 }
@@ -199,7 +201,97 @@ SIMGPU_API CUresult cuStreamQuery_ptsz(CUstream stream)
     return stream_query(stream, SIM_PER_THREAD);
 }
 
-/* cuStreamBeginCapture is not supported (cuda_stubs.c), so no stream is ever capturing. */
+/*
+ * Stream capture, minimal: between cuStreamBeginCapture and cuStreamEndCapture, kernel and graph
+ * launches on the stream are appended to a graph instead of run (cuda_launch.c), and
+ * cuStreamEndCapture hands that graph over; launching it runs the captured kernels' durations.
+ * Only the capturing stream records (no cross-stream capture through events); other work on it
+ * (copies, memsets, events, stream-ordered allocations) still happens at once.
+ */
+CUgraph sim_stream_capture(struct CUstream_st *stream)
+{
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUgraph g = stream->capture;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return g;
+}
+
+static CUresult begin_capture(CUstream stream, unsigned int mode, enum sim_default_stream dflt)
+{
+    SIM_ENTER();
+    if (mode > 2) /* CU_STREAM_CAPTURE_MODE_GLOBAL, _THREAD_LOCAL, _RELAXED */
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, dflt, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (s == &s->ctx->null) /* the legacy default stream cannot be captured */
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUgraph g = NULL;
+    rc = sim_graph_new(&g);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool busy = s->capture != NULL;
+    if (!busy)
+        s->capture = g;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (busy) {
+        cuGraphDestroy(g);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamBeginCapture(CUstream stream)
+{
+    return begin_capture(stream, 0, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    return begin_capture(stream, 0, SIM_PER_THREAD);
+}
+
+SIMGPU_API CUresult cuStreamBeginCapture_v2(CUstream stream, unsigned int mode)
+{
+    return begin_capture(stream, mode, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, unsigned int mode)
+{
+    return begin_capture(stream, mode, SIM_PER_THREAD);
+}
+
+static CUresult end_capture(CUstream stream, CUgraph *graph, enum sim_default_stream dflt)
+{
+    SIM_ENTER();
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, dflt, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUgraph g = s->capture;
+    s->capture = NULL;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (g == NULL)
+        return CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+    *graph = g;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
+{
+    return end_capture(stream, graph, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
+{
+    return end_capture(stream, graph, SIM_PER_THREAD);
+}
+
 static CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status,
                                     enum sim_default_stream mode)
 {
@@ -210,7 +302,8 @@ static CUresult stream_is_capturing(CUstream stream, CUstreamCaptureStatus *stat
     CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = sim_stream_capture(s) != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                            : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 

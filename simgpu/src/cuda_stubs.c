@@ -35,7 +35,7 @@
     X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)               \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId) X(cuStreamAddCallback)            \
-    X(cuStreamAttachMemAsync) X(cuStreamEndCapture)                                             \
+    X(cuStreamAttachMemAsync)                                                                    \
     X(cuStreamGetCaptureInfo_v2) X(cuStreamGetAttribute)                                          \
     X(cuStreamSetAttribute) X(cuStreamCopyAttributes) X(cuStreamWaitValue32_v2)                   \
     X(cuStreamWriteValue32_v2) X(cuStreamBatchMemOp_v2) X(cuEventRecordWithFlags)                 \
@@ -63,7 +63,6 @@
     X(cuMemcpy3DAsync_v2_ptsz) X(cuMemcpyPeerAsync_ptsz) X(cuMemsetD16Async_ptsz)                 \
     X(cuMemPrefetchAsync_ptsz) X(cuStreamGetPriority_ptsz) X(cuStreamGetFlags_ptsz)               \
     X(cuStreamGetId_ptsz) X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
-    X(cuStreamEndCapture_ptsz)                                                                    \
     X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetAttribute_ptsz) X(cuStreamSetAttribute_ptsz)   \
     X(cuStreamCopyAttributes_ptsz) X(cuStreamWaitValue32_v2_ptsz) X(cuStreamWriteValue32_v2_ptsz) \
     X(cuStreamBatchMemOp_v2_ptsz) X(cuEventRecordWithFlags_ptsz) X(cuLaunchHostFunc_ptsz)         \
@@ -81,22 +80,8 @@ static CUresult not_supported(void)
 SIM_CUDA_STUBS(DEFINE_STUB)
 SIM_CUDA_STUB_VARIANTS(DEFINE_STUB)
 
-/* Stubs that cuda_driver_abi.h declares with their real signatures (the shim hooks them) are
- * defined with those signatures instead of as aliases. */
-SIMGPU_API CUresult cuStreamBeginCapture_v2(CUstream stream, unsigned int mode)
-{
-    (void)stream;
-    (void)mode;
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-
-SIMGPU_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, unsigned int mode)
-{
-    return cuStreamBeginCapture_v2(stream, mode);
-}
-
 #define STUB_NAME(name) #name,
-static const char *const stub_names[] = {SIM_CUDA_STUBS(STUB_NAME) "cuStreamBeginCapture_v2"};
+static const char *const stub_names[] = {SIM_CUDA_STUBS(STUB_NAME)};
 
 /* cuGetProcAddress asks for base names ("cuMemcpy2D"); the stubs carry versioned ones. */
 void *sim_cuda_stub_lookup(const char *symbol)

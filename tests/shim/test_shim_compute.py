@@ -54,15 +54,20 @@ def test_graphs_cooperative_and_ex_launches_are_capped(make_claim: ClaimFactory,
     assert abs(share - 50) <= TOLERANCE, share
 
 
-def test_capped_after_a_capture_began(make_claim: ClaimFactory) -> None:
-    """Once a process has begun a stream capture (here refused by the simulator, which has no
-    capture), its launches ask the driver whether their stream is capturing - and, not capturing,
-    are still capped. The capture call itself passes through to the driver."""
+def test_launches_into_a_capturing_stream_are_not_paced(make_claim: ClaimFactory) -> None:
+    """Launches into a capturing stream are recorded into a graph, not run, so the controller
+    neither gates nor charges them: of 200 captured and N plain launches the region counts the
+    N. Once the capture has ended the process's launches ask the driver whether their stream is
+    capturing and, not capturing, are capped as before. The capture calls pass through."""
+    from tessera.shim.format import read_region
+
     claim = make_claim(limits=[(0, None, 50)])
     proc = claim.start("shim_probe", "duty", "1000000", "1.5", "4", "capture")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert values(out)["begin_capture_rc"] == "801"  # CUDA_ERROR_NOT_SUPPORTED, the driver's answer
+    assert values(out)["begin_capture_rc"] == "0"
+    assert claim.region is not None
+    assert read_region(claim.region).gpus[0].launches == int(values(out)["launched"]), out
     assert abs(float(values(out)["share"]) - 50) <= TOLERANCE, out
 
 

@@ -183,3 +183,20 @@ print("after", total.value - free.value)
     assert lines["big"] == "2" and lines["ok"] == "0"
     assert lines["info"] == f"{256 * MiB} {100 * MiB}"
     assert lines["after"] == "0"
+
+
+def test_application_signal_handlers_are_left_alone(make_claim: ClaimFactory) -> None:
+    """The shim installs no signal handler and changes no signal mask: an application's handlers
+    for SIGUSR1, SIGUSR2, SIGTERM and SIGCHLD (installed before CUDA is initialised through the
+    shim, with memory and cores limits in force), and the default SIGSEGV/SIGBUS dispositions, are
+    the same - handler, flags and mask, for every signal - after allocations, a refusal and capped
+    launches, and the handlers are still the ones the signals are delivered to."""
+    claim = make_claim(limits=[(0, 256 << 20, 50)])
+    done = claim.run("shim_probe", "signals")
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout)["refused_rc"] == "2"  # the memory limit was in force
+    assert values(done.stdout)["changed"] == "0", done.stdout
+    assert values(done.stdout)["mask_changed"] == "0"
+    assert values(done.stdout)["segv_default"] == "1" and values(done.stdout)["bus_default"] == "1"
+    delivered = values(done.stdout.splitlines()[-1])
+    assert delivered == {"usr1": "1", "usr2": "1", "term": "1", "chld": "1"}, done.stdout

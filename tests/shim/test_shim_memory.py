@@ -313,3 +313,40 @@ def test_pools_per_device_are_bounded(make_claim: ClaimFactory) -> None:
     assert values(done.stdout)["created"] == "63" and values(done.stdout)["rc"] == "2"
     assert values(done.stdout)["again_rc"] == "0"
     assert values(done.stdout)["trim_invalid_rc"] == "1"
+
+
+ASYNC_APIS = ["async", "async_ptsz", "pool", "pool_ptsz"]
+
+
+@pytest.mark.parametrize("api", ASYNC_APIS)
+def test_stream_ordered_allocation_on_a_capturing_stream_is_refused(
+    make_claim: ClaimFactory, api: str
+) -> None:
+    """While a memory limit is in force, cuMemAllocAsync / cuMemAllocFromPoolAsync (+ _ptsz) on
+    a capturing stream return CUDA_ERROR_NOT_SUPPORTED, charge nothing and log why (the memory
+    would be the graph's, reserved by the driver at instantiation or launch, which the shim does
+    not account); on the same stream once the capture has ended they are charged as usual."""
+    claim = make_claim()
+    done = claim.run("shim_probe", "capture_alloc", api, str(64 * MiB))
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout)["captured_rc"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert prefixed(done.stdout, "captured: ")["used"] == "0"
+    assert "on a capturing stream refused: graph memory is not accounted" in done.stderr
+    assert values(done.stdout)["uncaptured_rc"] == "0"
+    assert prefixed(done.stdout, "uncaptured: ")["used"] == str(64 * MiB)
+    assert prefixed(done.stdout, "after: ")["used"] == "0"
+    assert region_used(claim) == 0
+
+
+@pytest.mark.parametrize("api", ["async", "pool_ptsz"])
+def test_stream_ordered_allocation_on_a_capturing_stream_passes_without_memory_limit(
+    make_claim: ClaimFactory, simulated_only: None, api: str
+) -> None:
+    """Without a memory limit (a cores-only claim) the allocation on a capturing stream passes
+    through to the driver unchanged (the simulator allocates it at once)."""
+    claim = make_claim(limits=[(0, None, 50)])
+    done = claim.run("shim_probe", "capture_alloc", api, str(64 * MiB))
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout)["captured_rc"] == "0"
+    assert "refused" not in done.stderr
+    assert values(done.stdout)["uncaptured_rc"] == "0"

@@ -11,7 +11,8 @@ def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:
     managed, pinned host, async, pools, VMM, arrays, which die with their context; a pool keeps
     freed memory reserved, on the device too, until a sync trims it to its release threshold or
     cuMemPoolTrimTo does, and reuses it), modules,
-    launches, events, graphs, the per-thread default stream of the _ptsz/_ptds entry points, and
+    launches, events, graphs, stream capture (launches recorded into a graph, not run), the
+    per-thread default stream of the _ptsz/_ptds entry points, and
     cuGetProcAddress in all three signatures honouring the requested version and stream flags,
     each with its failure paths."""
     done = make_node(name="cuda").program("cuda_api")

@@ -16,6 +16,9 @@
  *   shim_probe pools                       create pools until refused
  *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
+ *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
+ *                                          on the same stream not capturing
+ *   shim_probe signals                     the application's signal handlers survive CUDA use
  *
  * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
  *      procaddr procaddr_v2 procaddr_v2_ptsz legacy
@@ -31,6 +34,7 @@
 
 static void *lib;
 static int device;
+static CUstream alloc_stream; /* the stream of stream-ordered allocations and frees */
 
 #define CHECK(call)                                                                               \
     do {                                                                                          \
@@ -111,7 +115,7 @@ static CUresult do_alloc(struct held *h)
     if (strncmp(api, "async", 5) == 0) {
         __typeof__(&cuMemAllocAsync) p = (__typeof__(&cuMemAllocAsync))test_sym(
             lib, strcmp(api, "async_ptsz") == 0 ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync");
-        return p(&h->ptr, size, NULL);
+        return p(&h->ptr, size, alloc_stream);
     }
     if (strncmp(api, "pool", 4) == 0) {
         LOAD(lib, cuMemPoolCreate);
@@ -124,7 +128,7 @@ static CUresult do_alloc(struct held *h)
         __typeof__(&cuMemAllocFromPoolAsync) p = (__typeof__(&cuMemAllocFromPoolAsync))test_sym(
             lib, strcmp(api, "pool_ptsz") == 0 ? "cuMemAllocFromPoolAsync_ptsz"
                                                : "cuMemAllocFromPoolAsync");
-        return p(&h->ptr, size, h->pool, NULL);
+        return p(&h->ptr, size, h->pool, alloc_stream);
     }
     if (strcmp(api, "vmm") == 0) {
         LOAD(lib, cuMemCreate);
@@ -194,7 +198,7 @@ static CUresult do_free(struct held *h)
         __typeof__(&cuMemFreeAsync) p = (__typeof__(&cuMemFreeAsync))test_sym(
             lib, ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
         LOAD(lib, cuCtxSynchronize);
-        CUresult rc = p(h->ptr, NULL);
+        CUresult rc = p(h->ptr, alloc_stream);
         p_cuCtxSynchronize();
         if (h->pool != NULL) {
             LOAD(lib, cuMemPoolDestroy);
@@ -230,6 +234,47 @@ static int mode_alloc(int argc, char **argv)
             ;
     }
     printf("free_rc=%d\n", (int)do_free(&h));
+    report("after: ");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- capture ----- */
+
+/* API async/pool on a created stream, async_ptsz/pool_ptsz on the per-thread default stream. */
+static int mode_capture_alloc(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    setup();
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuGraphDestroy);
+    bool ptsz = strstr(argv[2], "ptsz") != NULL;
+    if (!ptsz)
+        CHECK(p_cuStreamCreate(&alloc_stream, CU_STREAM_NON_BLOCKING));
+    CUresult (*begin)(CUstream, unsigned int) = (CUresult(*)(CUstream, unsigned int))test_sym(
+        lib, ptsz ? "cuStreamBeginCapture_v2_ptsz" : "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) = (CUresult(*)(CUstream, CUgraph *))test_sym(
+        lib, ptsz ? "cuStreamEndCapture_ptsz" : "cuStreamEndCapture");
+    struct held h = {.api = argv[2], .size = strtoull(argv[3], NULL, 0)};
+    CHECK(begin(alloc_stream, 0));
+    CUresult rc = do_alloc(&h);
+    printf("captured_rc=%d\n", (int)rc);
+    report("captured: ");
+    CUgraph g = NULL;
+    CHECK(end(alloc_stream, &g));
+    CHECK(p_cuGraphDestroy(g));
+    if (rc == CUDA_SUCCESS) {
+        CHECK(do_free(&h));
+    } else if (h.pool != NULL) {
+        LOAD(lib, cuMemPoolDestroy);
+        CHECK(p_cuMemPoolDestroy(h.pool));
+    }
+    struct held again = {.api = argv[2], .size = h.size};
+    rc = do_alloc(&again);
+    printf("uncaptured_rc=%d\n", (int)rc);
+    report("uncaptured: ");
+    if (rc == CUDA_SUCCESS)
+        CHECK(do_free(&again));
     report("after: ");
     return 0;
 }
@@ -581,17 +626,24 @@ static int mode_duty(int argc, char **argv)
         CHECK(p_cuGraphInstantiateWithFlags(&exec, g, 0));
     }
     if (strcmp(how, "capture") == 0) {
-        /* Begin a capture first (the simulator refuses it; a real driver would capture the
-         * stream, so end it again), then launch plain kernels. */
+        /* Capture 200 launches into a graph first (recorded, not run: not to be paced), then
+         * launch plain kernels. */
         CUresult (*begin)(CUstream, unsigned int) =
             (CUresult(*)(CUstream, unsigned int))test_sym(lib, "cuStreamBeginCapture_v2");
         CUresult rc = begin(s, 0);
         printf("begin_capture_rc=%d\n", (int)rc);
         if (rc == CUDA_SUCCESS) {
+            LOAD(lib, cuLaunchKernel);
+            LOAD(lib, cuGraphDestroy);
+            uint64_t t = test_now_ns();
+            for (int i = 0; i < 200; i++)
+                CHECK(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+            printf("capture_ns=%llu\n", (unsigned long long)(test_now_ns() - t));
             CUresult (*end_capture)(CUstream, CUgraph *) =
                 (CUresult(*)(CUstream, CUgraph *))test_sym(lib, "cuStreamEndCapture");
             CUgraph g = NULL;
             CHECK(end_capture(s, &g));
+            CHECK(p_cuGraphDestroy(g));
         }
     }
     enum { RING = 64 };
@@ -692,6 +744,119 @@ static int mode_bench(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------------- signals ----- */
+
+static volatile sig_atomic_t delivered[NSIG];
+
+static void count_signal(int sig, siginfo_t *info, void *uctx)
+{
+    (void)info;
+    (void)uctx;
+    delivered[sig]++;
+}
+
+static bool same_action(const struct sigaction *a, const struct sigaction *b)
+{
+    if (a->sa_flags != b->sa_flags)
+        return false;
+    if ((a->sa_flags & SA_SIGINFO) ? a->sa_sigaction != b->sa_sigaction
+                                   : a->sa_handler != b->sa_handler)
+        return false;
+    for (int s = 1; s < NSIG; s++)
+        if (sigismember(&a->sa_mask, s) != sigismember(&b->sa_mask, s))
+            return false;
+    return true;
+}
+
+/* Installs handlers, then initialises CUDA and allocates and launches (through the shim with
+ * memory and cores limits), then checks that every signal's disposition and the thread's mask
+ * are what they were, and that the handlers are still the ones delivered to. */
+static int mode_signals(void)
+{
+    static const int mine[] = {SIGUSR1, SIGUSR2, SIGTERM, SIGCHLD};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = count_signal;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGUSR1 + (int)i % 2); /* a distinct mask to compare */
+        if (sigaction(mine[i], &sa, NULL) != 0)
+            return 3;
+    }
+    static struct sigaction before[NSIG];
+    static bool known[NSIG];
+    for (int s = 1; s < NSIG; s++)
+        known[s] = sigaction(s, NULL, &before[s]) == 0;
+    sigset_t mask_before, mask_after;
+    pthread_sigmask(SIG_SETMASK, NULL, &mask_before);
+
+    setup();
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuLaunchKernel);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
+    LOAD(lib, cuMemAllocAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemGetInfo_v2);
+    LOAD(lib, cuCtxSynchronize);
+    CUmodule m;
+    CUfunction f;
+    CHECK(p_cuModuleLoadData(&m, sleep_kernel_ptx));
+    CHECK(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"));
+    uint64_t ns = 200000;
+    void *params[] = {&ns};
+    for (int i = 0; i < 40; i++) {
+        CUdeviceptr a, b;
+        CHECK(p_cuMemAlloc_v2(&a, 1 << 20));
+        CHECK(p_cuMemAllocAsync(&b, 1 << 20, NULL));
+        CHECK(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        CHECK(p_cuMemFreeAsync(b, NULL));
+        CHECK(p_cuMemFree_v2(a));
+    }
+    CUdeviceptr big;
+    printf("refused_rc=%d\n", (int)p_cuMemAlloc_v2(&big, (size_t)1 << 40));
+    size_t free_b, total;
+    CHECK(p_cuMemGetInfo_v2(&free_b, &total));
+    CHECK(p_cuCtxSynchronize());
+
+    int changed = 0;
+    for (int s = 1; s < NSIG; s++) {
+        struct sigaction now;
+        bool ok = sigaction(s, NULL, &now) == 0;
+        if (ok != known[s] || (ok && !same_action(&before[s], &now))) {
+            printf("changed_signal=%d\n", s);
+            changed++;
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, NULL, &mask_after);
+    int mask_changed = 0;
+    for (int s = 1; s < NSIG; s++)
+        mask_changed += sigismember(&mask_before, s) != sigismember(&mask_after, s);
+    struct sigaction segv, bus;
+    sigaction(SIGSEGV, NULL, &segv);
+    sigaction(SIGBUS, NULL, &bus);
+
+    /* Delivery: raised in the process, and SIGCHLD from a real child. */
+    raise(SIGUSR1);
+    raise(SIGUSR2);
+    raise(SIGTERM);
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    int status;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    for (int i = 0; i < 100 && delivered[SIGCHLD] == 0; i++)
+        usleep(1000);
+    printf("changed=%d mask_changed=%d segv_default=%d bus_default=%d\n", changed, mask_changed,
+           segv.sa_handler == SIG_DFL, bus.sa_handler == SIG_DFL);
+    printf("usr1=%d usr2=%d term=%d chld=%d\n", (int)delivered[SIGUSR1], (int)delivered[SIGUSR2],
+           (int)delivered[SIGTERM], (int)delivered[SIGCHLD]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -728,6 +893,10 @@ int main(int argc, char **argv)
         return mode_pools();
     if (strcmp(mode, "bench") == 0)
         return mode_bench(argc, argv);
+    if (strcmp(mode, "capture_alloc") == 0)
+        return mode_capture_alloc(argc, argv);
+    if (strcmp(mode, "signals") == 0)
+        return mode_signals();
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
 }

@@ -474,6 +474,112 @@ static void execution(void)
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_ERROR_INVALID_HANDLE);
 }
 
+/* Stream capture: launches on a capturing stream are recorded into a graph, not run; launching
+ * the graph runs them. Only one capture per stream; the legacy default stream cannot capture. */
+static CUgraphExec instantiate_captured(CUgraph g)
+{
+    LOAD(lib, cuGraphInstantiateWithFlags);
+    CUgraphExec exec = NULL;
+    EXPECT_EQ(p_cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
+    return exec;
+}
+
+static float timed_graph_launch(CUgraphExec exec, CUstream s)
+{
+    LOAD(lib, cuEventCreate);
+    LOAD(lib, cuEventRecord);
+    LOAD(lib, cuEventSynchronize);
+    LOAD(lib, cuEventElapsedTime);
+    LOAD(lib, cuGraphLaunch);
+    CUevent a = NULL, b = NULL;
+    float ms = -1;
+    EXPECT_EQ(p_cuEventCreate(&a, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventCreate(&b, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventRecord(a, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventRecord(b, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventSynchronize(b), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+    return ms;
+}
+
+static void capture(void)
+{
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuLaunchKernel);
+    LOAD(lib, cuLaunchKernel_ptsz);
+    LOAD(lib, cuLaunchKernelEx);
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamQuery);
+    LOAD(lib, cuStreamDestroy_v2);
+    LOAD(lib, cuStreamIsCapturing);
+    LOAD(lib, cuStreamIsCapturing_ptsz);
+    LOAD(lib, cuStreamBeginCapture);
+    LOAD(lib, cuStreamBeginCapture_v2);
+    LOAD(lib, cuStreamBeginCapture_v2_ptsz);
+    LOAD(lib, cuStreamEndCapture);
+    LOAD(lib, cuStreamEndCapture_ptsz);
+    LOAD(lib, cuGraphLaunch);
+    LOAD(lib, cuGraphExecDestroy);
+    LOAD(lib, cuGraphDestroy);
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    CUstream s = NULL, other = NULL;
+    CUgraph g = NULL, again = NULL;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    uint64_t ns = 20 * 1000000ULL;
+    void *params[] = {&ns};
+    EXPECT_EQ(p_cuModuleLoadData(&m, sleep_kernel_ptx), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE); /* not capturing */
+    EXPECT_EQ(p_cuStreamBeginCapture_v2(s, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamBeginCapture_v2(s, 0), CUDA_ERROR_ILLEGAL_STATE); /* already */
+    EXPECT_EQ(p_cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_EQ(p_cuStreamIsCapturing(NULL, &st), CUDA_SUCCESS);
+    EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    /* Two 20 ms kernels recorded: nothing runs, the stream stays idle. */
+    uint64_t t = test_now_ns();
+    EXPECT_EQ(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    EXPECT_EQ(p_cuLaunchKernelEx(&cfg, f, params, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamQuery(s), CUDA_SUCCESS);
+    EXPECT_TRUE(test_now_ns() - t < 10 * 1000000ULL);
+    EXPECT_EQ(p_cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+    EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    /* Launching the graph runs both kernels: 40 ms on the timeline. */
+    CUgraphExec exec = instantiate_captured(g);
+    float ms = timed_graph_launch(exec, s);
+    EXPECT_TRUE(ms >= 39.5f && ms < 80.0f);
+    /* A graph launched into a capturing stream is recorded too; the per-thread default stream
+     * can capture (through the _ptsz entry points). */
+    EXPECT_EQ(p_cuStreamBeginCapture_v2_ptsz(NULL, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamIsCapturing_ptsz(NULL, &st), CUDA_SUCCESS);
+    EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    EXPECT_EQ(p_cuGraphLaunch(exec, CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLaunchKernel_ptsz(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamEndCapture_ptsz(NULL, &again), CUDA_SUCCESS);
+    CUgraphExec exec_again = instantiate_captured(again);
+    ms = timed_graph_launch(exec_again, s);
+    EXPECT_TRUE(ms >= 59.5f && ms < 100.0f);
+    /* A stream destroyed while capturing abandons its capture (cuStreamBeginCapture: v1). */
+    EXPECT_EQ(p_cuStreamCreate(&other, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamBeginCapture(other), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamDestroy_v2(other), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphExecDestroy(exec_again), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(again), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(g), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
 /* The per-thread default stream: the _ptsz/_ptds entry points' NULL stream is the calling
  * thread's own stream, which does not wait for other threads' work (the legacy default stream
  * waits for every blocking stream, per-thread default streams included). */
@@ -619,6 +725,8 @@ static void proc_address(void)
         {"cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"},
         {"cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz"},
         {"cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz"},
+        {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
+        {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
         {"cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz"},
         {"cuGetProcAddress", "cuGetProcAddress_v2", "cuGetProcAddress_v2_ptsz"},
         {"cuMemAlloc", "cuMemAlloc_v2", "cuMemAlloc_v2"},
@@ -655,6 +763,7 @@ int main(void)
     vmm();
     arrays();
     execution();
+    capture();
     per_thread_default_stream();
     proc_address();
     if (test_failures > 0) {

@@ -63,6 +63,8 @@ static void cuda(void)
     LOAD(lib, cuStreamDestroy_v2);
     LOAD(lib, cuStreamGetCtx);
     LOAD(lib, cuStreamIsCapturing);
+    LOAD(lib, cuStreamBeginCapture_v2);
+    LOAD(lib, cuStreamEndCapture);
     LOAD(lib, cuEventCreate);
     LOAD(lib, cuEventRecord);
     LOAD(lib, cuEventQuery);
@@ -124,6 +126,8 @@ static void cuda(void)
         ROW(p_cuMemGetInfo_v2(&size, &size), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuStreamCreate(&stream, 0), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuStreamIsCapturing(NULL, &capture), CUDA_ERROR_INVALID_CONTEXT),
+        ROW(p_cuStreamBeginCapture_v2(NULL, 0), CUDA_ERROR_INVALID_CONTEXT),
+        ROW(p_cuStreamEndCapture(NULL, &graph), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuEventCreate(&event, 0), CUDA_ERROR_INVALID_CONTEXT),
     };
     check(no_context, sizeof no_context / sizeof no_context[0]);
@@ -191,6 +195,11 @@ static void cuda(void)
         ROW(p_cuStreamDestroy_v2(NULL), CUDA_ERROR_INVALID_HANDLE),
         ROW(p_cuStreamGetCtx(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuStreamIsCapturing(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamBeginCapture_v2(CU_STREAM_PER_THREAD, 3), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamBeginCapture_v2(NULL, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+        ROW(p_cuStreamBeginCapture_v2(CU_STREAM_LEGACY, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+        ROW(p_cuStreamEndCapture(CU_STREAM_PER_THREAD, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamEndCapture(CU_STREAM_PER_THREAD, &graph), CUDA_ERROR_ILLEGAL_STATE),
         ROW(p_cuEventCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuEventRecord(NULL, NULL), CUDA_ERROR_INVALID_HANDLE),
         ROW(p_cuEventQuery(NULL), CUDA_ERROR_INVALID_HANDLE),
