@@ -85,12 +85,36 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     return rc;
 }
 
+/* Charge `c` (begun for `bytesize` on its device) what the allocation from `pool` (NULL: the
+ * device's current pool) can make the pool grow by, before the driver is called, so that the
+ * growth never takes the claim past its limit (pools.h). If that does not fit, the process's
+ * pools give back what they cache and it is tried again. Returns false (the charge aborted) if
+ * the claim cannot take it; `*pool` is the pool charged for. */
+static bool charge_growth(struct shim_charge *c, CUmemoryPool *pool, size_t bytesize)
+{
+    if (c->gpu < 0)
+        return true;
+    if (*pool == NULL) /* the pool the driver will allocate from */
+        shim_real.cuDeviceGetMemPool(pool, c->device);
+    if (shim_charge_resize(c, shim_pools_charge_for(*pool, bytesize)))
+        return true;
+    if (shim_pools_reclaim(c->device) &&
+        shim_charge_resize(c, shim_pools_charge_for(*pool, bytesize)))
+        return true;
+    SHIM_DEBUG("refused %zu bytes from memory pool %p on CUDA device %d: the pool would grow "
+               "past the claim's limit", bytesize, (void *)*pool, c->device);
+    shim_charge_abort(c);
+    return false;
+}
+
 /* A stream-ordered allocation from `pool` (NULL: the current pool of the device of the current
- * context, as cuMemAllocAsync uses) on `stream`. Charged like any allocation; then the pool is
- * tracked and the device's cache charge settled, which refunds what the driver served from the
- * cache. On a capturing stream it would be a graph memory node (memory the driver reserves for
- * the graph, outside the pools, at instantiation or launch), not accounted: refused while a
- * memory limit is in force, like cuGraphAddMemAllocNode. */
+ * context, as cuMemAllocAsync uses) on `stream`. Charged before the real call for what the pool
+ * can grow by (charge_growth); then the pool is tracked and the device's cache charge settled:
+ * its growth is taken from what was charged beyond the allocation, the rest refunded, and what
+ * the driver served from the cache is refunded too. On a capturing stream it would be a graph
+ * memory node (memory the driver reserves for the graph, outside the pools, at instantiation or
+ * launch), not accounted: refused while a memory limit is in force, like
+ * cuGraphAddMemAllocNode. */
 static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *dptr,
                              size_t bytesize, CUmemoryPool pool, CUstream stream, bool ptsz)
 {
@@ -103,20 +127,21 @@ static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *d
     CUresult rc = shim_charge_begin(&c, pool != NULL ? shim_pools_device(pool) : -1, bytesize);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (!charge_growth(&c, &pool, bytesize))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     rc = call(arg);
     if (rc != CUDA_SUCCESS) {
         shim_charge_abort(&c);
         return rc;
     }
+    if (c.gpu >= 0) {
+        if (shim_pools_track(c.device, pool, false) != 0)
+            SHIM_ERROR("more than %d memory pools on CUDA device %d: what pool %p caches is not "
+                       "counted", SHIM_MAX_POOLS, c.device, (void *)pool);
+        shim_charge_hand_over(&c, shim_pools_settle_growth(c.device, c.bytes - bytesize));
+        shim_charge_resize(&c, bytesize); /* refunds what the growth did not take */
+    }
     shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
-    if (c.gpu < 0)
-        return rc;
-    if (pool == NULL) /* the pool the driver just allocated from */
-        shim_real.cuDeviceGetMemPool(&pool, c.device);
-    if (shim_pools_track(c.device, pool, false) != 0)
-        SHIM_ERROR("more than %d memory pools on CUDA device %d: what pool %p caches is not "
-                   "counted", SHIM_MAX_POOLS, c.device, (void *)pool);
-    shim_pools_settle(c.device);
     return rc;
 }
 

@@ -59,6 +59,12 @@ bool shim_charge_resize(struct shim_charge *c, uint64_t bytes)
     return true;
 }
 
+void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes)
+{
+    if (c->gpu >= 0)
+        c->bytes -= bytes; /* at most what was charged beyond the allocation */
+}
+
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key)
 {
     if (c->gpu < 0)

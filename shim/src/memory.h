@@ -29,6 +29,10 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes);
  * keeps the old amount) if the claim cannot take the increase. */
 bool shim_charge_resize(struct shim_charge *c, uint64_t bytes);
 
+/* `bytes` of the reservation now belong to another account (a pool's cache, pools.h): the
+ * charge keeps the rest and the claim's total is unchanged. */
+void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes);
+
 /* The real call succeeded: remember that `key` holds the reservation. */
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key);
 

@@ -88,6 +88,41 @@ static void settle_locked(int dev)
     s->cached = now;
 }
 
+/* Called for a stream-ordered allocation the driver has the entry point for, so it has the
+ * pool API of CUDA 11.2 too. A pool that cannot be queried is taken to have nothing free. */
+uint64_t shim_pools_charge_for(CUmemoryPool pool, uint64_t bytes)
+{
+    cuuint64_t reserved = 0, used = 0;
+    if (shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) ==
+            CUDA_SUCCESS &&
+        shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) ==
+            CUDA_SUCCESS &&
+        reserved >= used && reserved - used >= bytes)
+        return bytes;
+    if (bytes > UINT64_MAX - (SHIM_POOL_GRANULE - 1))
+        return UINT64_MAX;
+    return (bytes + SHIM_POOL_GRANULE - 1) / SHIM_POOL_GRANULE * SHIM_POOL_GRANULE;
+}
+
+uint64_t shim_pools_settle_growth(int dev, uint64_t spare)
+{
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES)
+        return 0;
+    const struct shim_device *d = shim_device(dev);
+    if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT)
+        return 0;
+    struct pool_set *s = &sets[dev];
+    pthread_mutex_lock(&mu);
+    uint64_t now = pools_cached_locked(s), taken = 0;
+    if (now > s->cached) {
+        taken = now - s->cached < spare ? now - s->cached : spare;
+        s->cached += taken; /* moved from the allocation's charge: the claim's total is unchanged */
+    }
+    settle_locked(dev);
+    pthread_mutex_unlock(&mu);
+    return taken;
+}
+
 void shim_pools_forget(CUmemoryPool pool)
 {
     pthread_mutex_lock(&mu);

@@ -2,8 +2,10 @@
  * Memory that stream-ordered pools keep cached. cuMemFreeAsync does not give memory back to the
  * device: the pool keeps it reserved for reuse until a synchronisation trims the pool to its
  * release threshold, or cuMemPoolTrimTo does. The claim is charged what its pools reserve: an
- * allocation is charged when it is made (like any other), its charge becomes part of its
- * device's cache charge when it is freed, and the cache charge is settled to what the process's
+ * allocation is charged before it is made for what it can make its pool grow by
+ * (shim_pools_charge_for), the growth moves to the cache charge when settled
+ * (shim_pools_settle_growth), its own charge becomes part of its device's cache charge when it
+ * is freed, and the cache charge is settled to what the process's
  * pools on that device really hold beyond their allocations (the sum of
  * CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT - CU_MEMPOOL_ATTR_USED_MEM_CURRENT) whenever the shim
  * looks: at stream-ordered frees and allocations, cuMemPoolTrimTo, pool destruction,
@@ -36,6 +38,22 @@ void shim_pools_freed(int dev, uint64_t bytes);
 
 /* Settle device `dev`'s cache charge to what its pools hold beyond their allocations. */
 void shim_pools_settle(int dev);
+
+/* What a pool's reservation is taken to grow by when an allocation does not fit in it: the
+ * allocation's size rounded up to this. Real drivers grow pools in granules of 2 MiB; the
+ * granularity cannot be queried, so growth beyond this is charged only when settled. */
+#define SHIM_POOL_GRANULE (2ull << 20)
+
+/* What to charge before a stream-ordered allocation of `bytes` from `pool` (on its device):
+ * `bytes` if the pool's free reserved memory (RESERVED_MEM_CURRENT - USED_MEM_CURRENT, already
+ * charged as its cache) holds that much, else `bytes` rounded up to SHIM_POOL_GRANULE, what the
+ * pool grows by. UINT64_MAX if that does not fit in 64 bits. */
+uint64_t shim_pools_charge_for(CUmemoryPool pool, uint64_t bytes);
+
+/* An allocation from a pool on device `dev` succeeded, charged `spare` bytes beyond its size for
+ * the pool's growth: settle as shim_pools_settle, the cache's growth taken from `spare` first
+ * (only the rest is charged anew). Returns how much of `spare` the cache took over. */
+uint64_t shim_pools_settle_growth(int dev, uint64_t spare);
 
 /* The claim is at its limit: give back what the process's pools on `dev` cache
  * (cuMemPoolTrimTo(pool, 0) on each) and settle. True if the cache charge went down. */

@@ -14,7 +14,7 @@ static size_t round_up(size_t v, size_t unit)
     return (v + unit - 1) / unit * unit;
 }
 
-CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind, CUmemoryPool pool,
+CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
                    struct sim_alloc_rec **out)
 {
     struct sim_alloc_rec *rec = calloc(1, sizeof *rec);
@@ -40,7 +40,6 @@ CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind, CUmemo
     rec->size = bytes;
     rec->ctx = ctx;
     rec->kind = kind;
-    rec->pool = pool;
     pthread_mutex_lock(&sim_cuda.mu);
     sim_link_alloc(rec);
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -68,7 +67,7 @@ void sim_free_rec(struct sim_alloc_rec *rec)
 {
     sim_unlink_alloc(rec);
     munmap((void *)rec->base, rec->size);
-    if (rec->kind != ALLOC_HOST)
+    if (rec->kind != ALLOC_HOST && rec->kind != ALLOC_POOL)
         sim_mem_release(&sim_cuda.rt.node, rec->handle);
     free(rec);
 }
@@ -108,7 +107,7 @@ void sim_memory_release_context(CUcontext ctx)
         struct sim_alloc_rec *next = r->next;
         if (r->ctx == ctx) {
             if (r->kind == ALLOC_POOL)
-                sim_pool_forget(r->pool, r->size);
+                sim_pool_forget(r);
             sim_free_rec(r);
         }
         r = next;
@@ -124,7 +123,7 @@ SIMGPU_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUresult rc = sim_require_ctx(&ctx);
     struct sim_alloc_rec *rec = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = sim_alloc(ctx, bytesize, ALLOC_DEVICE, NULL, &rec);
+        rc = sim_alloc(ctx, bytesize, ALLOC_DEVICE, &rec);
     if (rc == CUDA_SUCCESS)
         *dptr = rec->base;
     return rc;
@@ -144,7 +143,7 @@ SIMGPU_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t 
     CUresult rc = sim_require_ctx(&ctx);
     struct sim_alloc_rec *rec = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = sim_alloc(ctx, row * height, ALLOC_DEVICE, NULL, &rec);
+        rc = sim_alloc(ctx, row * height, ALLOC_DEVICE, &rec);
     if (rc == CUDA_SUCCESS) {
         *dptr = rec->base;
         *pitch = row;
@@ -162,7 +161,7 @@ SIMGPU_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
     CUresult rc = sim_require_ctx(&ctx);
     struct sim_alloc_rec *rec = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = sim_alloc(ctx, bytesize, ALLOC_MANAGED, NULL, &rec);
+        rc = sim_alloc(ctx, bytesize, ALLOC_MANAGED, &rec);
     if (rc == CUDA_SUCCESS)
         *dptr = rec->base;
     return rc;
@@ -177,7 +176,7 @@ SIMGPU_API CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
     CUresult rc = sim_require_ctx(&ctx);
     struct sim_alloc_rec *rec = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = sim_alloc(ctx, bytesize, ALLOC_HOST, NULL, &rec);
+        rc = sim_alloc(ctx, bytesize, ALLOC_HOST, &rec);
     if (rc == CUDA_SUCCESS)
         *pp = (void *)rec->base;
     return rc;

@@ -20,32 +20,37 @@ enum sim_alloc_kind {
     ALLOC_HOST,    /* cuMemAllocHost: pinned host memory, not counted on the device */
 };
 
+struct sim_pool_chunk; /* cuda_pool.c */
+
 struct sim_alloc_rec {
     uintptr_t base;
     size_t size;
     CUcontext ctx;
     enum sim_alloc_kind kind;
-    uint32_t handle; /* shared-table reservation; unused for ALLOC_HOST */
+    uint32_t handle; /* shared-table reservation; unused for ALLOC_HOST and ALLOC_POOL */
     CUmemoryPool pool;
+    struct sim_pool_chunk *chunk; /* ALLOC_POOL: the pool's reservation it is carved from */
     struct sim_alloc_rec *next;
 };
 
 /* Bytes are accounted in units of this, as real allocators round small requests up. */
 #define SIM_ALLOC_ROUNDING 512u
 
-/* Reserve device memory and map backing for it; the record is linked into the registry. */
-CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind, CUmemoryPool pool,
+/* Reserve device memory and map backing for it; the record is linked into the registry. Not
+ * for ALLOC_POOL: pool blocks are carved from their pool's reservation (cuda_pool.c). */
+CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
                    struct sim_alloc_rec **out);
 
-/* Unlink, unmap and give the reservation back. Needs mu. */
+/* Unlink, unmap and give the reservation back (a pool block's stays with its pool). Needs mu. */
 void sim_free_rec(struct sim_alloc_rec *rec);
 
 /* Add to / remove from the registry without touching the reservation (pool caching). Need mu. */
 void sim_link_alloc(struct sim_alloc_rec *rec);
 void sim_unlink_alloc(struct sim_alloc_rec *rec);
 
-/* A pool allocation freed with its context: drop it from the pool's statistics. Needs mu. */
-void sim_pool_forget(CUmemoryPool pool, size_t bytes);
+/* A pool allocation freed with its context: drop it from the pool's statistics (its memory
+ * stays reserved in the pool). Needs mu; call before sim_free_rec. */
+void sim_pool_forget(const struct sim_alloc_rec *rec);
 
 /* The allocation starting exactly at `ptr`, or NULL. Needs mu. */
 struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr);

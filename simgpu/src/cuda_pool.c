@@ -1,13 +1,29 @@
 /*
- * Stream-ordered allocation and memory pools. As on a GPU, memory freed with cuMemFreeAsync is
- * not returned to the device at once: it stays reserved in its pool (visible to cuMemGetInfo and
- * NVML) for reuse, and is released at the next synchronisation down to the pool's release
- * threshold (0 by default), or by cuMemPoolTrimTo.
+ * Stream-ordered allocation and memory pools. As on a GPU, a pool reserves device memory in
+ * chunks and suballocates: an allocation that fits in no chunk's free space grows the
+ * reservation by a chunk of its size rounded up to SIM_POOL_CHUNK. Memory freed with
+ * cuMemFreeAsync is not returned to the device at once: it stays reserved in its pool (visible to
+ * cuMemGetInfo and NVML) for reuse, and whole chunks nothing is allocated from are released at
+ * the next synchronisation down to the pool's release threshold (0 by default), or by
+ * cuMemPoolTrimTo.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "cuda_memory.h"
+#include "devmem.h"
+
+/* What a pool's reservation grows by, at least (real drivers: 2 MiB or more). */
+#define SIM_POOL_CHUNK (2u << 20)
+
+/* One growth of a pool's reservation. Its blocks (live or cached) take `used` + `cached`
+ * bytes of it, rounded as device allocations are; the rest is free. */
+struct sim_pool_chunk {
+    uint32_t handle; /* shared-table reservation */
+    uint64_t size, used, cached;
+    struct sim_pool_chunk *next;
+};
 
 struct CUmemPoolHandle_st {
     uint32_t tag;
@@ -15,9 +31,10 @@ struct CUmemPoolHandle_st {
     uint64_t release_threshold;
     int reuse_flags[4]; /* the three REUSE_* attributes, indexed by attribute number */
     uint64_t used, used_high;
-    uint64_t cached; /* freed but still reserved */
-    uint64_t reserved_high;
+    uint64_t cached; /* freed blocks kept for reuse */
+    uint64_t reserved, reserved_high; /* the chunks' sizes */
     struct sim_alloc_rec *free_list; /* freed blocks, unlinked from the allocation registry */
+    struct sim_pool_chunk *chunks;   /* newest first */
 };
 
 static struct CUmemPoolHandle_st default_pools[SIM_MAX_GPUS];
@@ -47,18 +64,54 @@ static bool pool_valid(CUmemoryPool pool)
     return pool != NULL && pool->tag == TAG_POOL;
 }
 
-/* Release cached blocks until the pool reserves at most `keep` bytes (its allocations count:
- * what is in use cannot be released), as cuMemPoolTrimTo and the release threshold are defined.
+static uint64_t round_up(uint64_t v, uint64_t unit)
+{
+    return (v + unit - 1) / unit * unit;
+}
+
+/* What a block takes of its chunk. */
+static uint64_t block_bytes(size_t size)
+{
+    return round_up(size, SIM_ALLOC_ROUNDING);
+}
+
+/* Drop the cached blocks of `chunk` (all of the pool's if NULL): their space becomes free.
  * Needs mu. */
+static void drop_cached(CUmemoryPool pool, struct sim_pool_chunk *chunk)
+{
+    struct sim_alloc_rec **link = &pool->free_list;
+    while (*link != NULL) {
+        struct sim_alloc_rec *rec = *link;
+        if (chunk != NULL && rec->chunk != chunk) {
+            link = &rec->next;
+            continue;
+        }
+        *link = rec->next;
+        pool->cached -= rec->size;
+        rec->chunk->cached -= block_bytes(rec->size);
+        rec->next = NULL;
+        /* Not in the registry any more: sim_free_rec just unmaps. */
+        sim_free_rec(rec);
+    }
+}
+
+/* Release whole chunks nothing is allocated from, newest first, until the pool reserves at
+ * most `keep` bytes (its allocations count: what is in use cannot be released), as
+ * cuMemPoolTrimTo and the release threshold are defined. Needs mu. */
 static void trim(CUmemoryPool pool, uint64_t keep)
 {
-    while (pool->used + pool->cached > keep && pool->free_list != NULL) {
-        struct sim_alloc_rec *rec = pool->free_list;
-        pool->free_list = rec->next;
-        pool->cached -= rec->size;
-        rec->next = NULL;
-        /* Not in the registry any more: sim_free_rec just unmaps and gives the bytes back. */
-        sim_free_rec(rec);
+    struct sim_pool_chunk **link = &pool->chunks;
+    while (pool->reserved > keep && *link != NULL) {
+        struct sim_pool_chunk *chunk = *link;
+        if (chunk->used != 0) {
+            link = &chunk->next;
+            continue;
+        }
+        drop_cached(pool, chunk);
+        *link = chunk->next;
+        pool->reserved -= chunk->size;
+        sim_mem_release(&sim_cuda.rt.node, chunk->handle);
+        free(chunk);
     }
 }
 
@@ -72,9 +125,12 @@ void sim_pools_trim_after_sync(CUdevice dev)
     pthread_mutex_unlock(&sim_cuda.mu);
 }
 
-void sim_pool_forget(CUmemoryPool pool, size_t bytes)
+void sim_pool_forget(const struct sim_alloc_rec *rec)
 {
-    pool->used -= bytes;
+    rec->pool->used -= rec->size;
+    rec->chunk->used -= block_bytes(rec->size);
+    if (!pool_valid(rec->pool)) /* destroyed: what it still held goes once unused */
+        trim(rec->pool, 0);
 }
 
 void sim_pools_release_context(CUcontext ctx)
@@ -84,6 +140,75 @@ void sim_pools_release_context(CUcontext ctx)
         trim(&default_pools[ctx->device], 0);
     if (current_pools[ctx->device] != NULL)
         trim(current_pools[ctx->device], 0);
+}
+
+/* A cached block of exactly `bytes`, taken off the free list, or NULL. Needs mu. */
+static struct sim_alloc_rec *reuse_cached(CUmemoryPool pool, size_t bytes)
+{
+    for (struct sim_alloc_rec **link = &pool->free_list; *link != NULL; link = &(*link)->next) {
+        struct sim_alloc_rec *rec = *link;
+        if (rec->size == bytes) {
+            *link = rec->next;
+            pool->cached -= bytes;
+            rec->chunk->cached -= block_bytes(bytes);
+            return rec;
+        }
+    }
+    return NULL;
+}
+
+/* A chunk with `need` bytes free, dropping a chunk's cached blocks to make room if that is
+ * what it takes, or growing the reservation by a new chunk. NULL: the device is out of memory.
+ * Needs mu. */
+static struct sim_pool_chunk *chunk_for(CUmemoryPool pool, uint64_t need)
+{
+    for (struct sim_pool_chunk *c = pool->chunks; c != NULL; c = c->next)
+        if (c->size - c->used - c->cached >= need)
+            return c;
+    for (struct sim_pool_chunk *c = pool->chunks; c != NULL; c = c->next) {
+        if (c->size - c->used >= need) {
+            drop_cached(pool, c);
+            return c;
+        }
+    }
+    struct sim_pool_chunk *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->size = round_up(need, SIM_POOL_CHUNK);
+    if (sim_devmem_reserve(pool->device, c->size, &c->handle) != CUDA_SUCCESS) {
+        free(c);
+        return NULL;
+    }
+    c->next = pool->chunks;
+    pool->chunks = c;
+    pool->reserved += c->size;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
+    return c;
+}
+
+/* Carve a new block of `bytes` out of the pool's reservation. Needs mu. */
+static CUresult carve(CUmemoryPool pool, size_t bytes, struct sim_alloc_rec **out)
+{
+    struct sim_alloc_rec *rec = calloc(1, sizeof *rec);
+    if (rec == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct sim_pool_chunk *chunk = map == MAP_FAILED ? NULL : chunk_for(pool, block_bytes(bytes));
+    if (chunk == NULL) {
+        if (map != MAP_FAILED)
+            munmap(map, bytes);
+        free(rec);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    rec->base = (uintptr_t)map;
+    rec->size = bytes;
+    rec->kind = ALLOC_POOL;
+    rec->pool = pool;
+    rec->chunk = chunk;
+    *out = rec;
+    return CUDA_SUCCESS;
 }
 
 static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
@@ -104,33 +229,21 @@ static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, C
         pthread_mutex_unlock(&sim_cuda.mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    /* Reuse a cached block of exactly this size before asking the device for more. */
-    struct sim_alloc_rec *rec = NULL;
-    for (struct sim_alloc_rec **link = &pool->free_list; *link != NULL; link = &(*link)->next) {
-        if ((*link)->size == bytes) {
-            rec = *link;
-            *link = rec->next;
-            pool->cached -= bytes;
-            rec->ctx = s->ctx;
-            sim_link_alloc(rec);
-            break;
-        }
+    /* Reuse a cached block of exactly this size before carving a new one. */
+    struct sim_alloc_rec *rec = reuse_cached(pool, bytes);
+    if (rec == NULL)
+        rc = carve(pool, bytes, &rec);
+    if (rc == CUDA_SUCCESS) {
+        rec->ctx = s->ctx;
+        sim_link_alloc(rec);
+        rec->chunk->used += block_bytes(bytes);
+        pool->used += bytes;
+        if (pool->used > pool->used_high)
+            pool->used_high = pool->used;
+        *dptr = rec->base;
     }
     pthread_mutex_unlock(&sim_cuda.mu);
-    if (rec == NULL) {
-        rc = sim_alloc(s->ctx, bytes, ALLOC_POOL, pool, &rec);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-    }
-    pthread_mutex_lock(&sim_cuda.mu);
-    pool->used += bytes;
-    if (pool->used > pool->used_high)
-        pool->used_high = pool->used;
-    if (pool->used + pool->cached > pool->reserved_high)
-        pool->reserved_high = pool->used + pool->cached;
-    pthread_mutex_unlock(&sim_cuda.mu);
-    *dptr = rec->base;
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 SIMGPU_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
@@ -183,6 +296,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, enum sim_default_s
         pool->free_list = rec;
         pool->used -= rec->size;
         pool->cached += rec->size;
+        rec->chunk->used -= block_bytes(rec->size);
+        rec->chunk->cached += block_bytes(rec->size);
+        if (!pool_valid(pool)) /* destroyed: what it still held goes once unused */
+            trim(pool, 0);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -277,7 +394,7 @@ SIMGPU_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute
             else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
                 pool->used_high = pool->used;
             else
-                pool->reserved_high = pool->used + pool->cached;
+                pool->reserved_high = pool->reserved;
             break;
         default:
             rc = CUDA_ERROR_INVALID_VALUE;
@@ -305,7 +422,7 @@ SIMGPU_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute
             *(cuuint64_t *)value = pool->release_threshold;
             break;
         case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-            *(cuuint64_t *)value = pool->used + pool->cached;
+            *(cuuint64_t *)value = pool->reserved;
             break;
         case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
             *(cuuint64_t *)value = pool->reserved_high;

@@ -304,6 +304,79 @@ def test_another_process_pool_cache_limits_the_claim(make_claim: ClaimFactory) -
     assert values(claim.run("shim_probe", "alloc", "mem", str(100 * MiB)).stdout)["rc"] == "0"
 
 
+def _growth_steps(stdout: str, n: int) -> list[tuple[str, int, int]]:
+    """(rc, pool reservation, claim's usage) after each step of ``shim_probe poolgrowth``."""
+    steps = [prefixed(stdout, f"step{i}: ") for i in range(n)]
+    return [(v["rc"], int(v["reserved"]), int(v["used"])) for v in steps]
+
+
+def test_pool_growth_is_charged_before_the_driver_is_called(make_claim: ClaimFactory) -> None:
+    """A pool grows in 2 MiB chunks, and the shim charges the chunk before the allocation: with a
+    3.5 MiB limit, 1 MiB from a new pool takes a whole chunk (2 MiB charged, 1 MiB of it the
+    pool's free memory), leaving 1.5 MiB of headroom, less than a chunk. 2 MiB more is refused
+    with CUDA_ERROR_OUT_OF_MEMORY as any allocation past the limit; so is 1.25 MiB, which the
+    headroom would hold but which does not fit in the chunk and would grow the pool past the
+    limit: refused before the driver is called (the pool did not grow). 512 KiB fits in the chunk
+    already reserved and succeeds without growing it. The claim never holds more than its limit,
+    nor less than the pool reserves."""
+    claim = make_claim(limits=((0, 3 * MiB + MiB // 2, 0),))
+    done = claim.run("shim_probe", "poolgrowth", "1024", "2048", "1280", "512")
+    assert done.returncode == 0, done.stderr
+    assert _growth_steps(done.stdout, 4) == [
+        ("0", 2 * MiB, 2 * MiB),
+        ("2", 2 * MiB, 2 * MiB),
+        ("2", 2 * MiB, 2 * MiB),
+        ("0", 2 * MiB, 2 * MiB),
+    ]
+    assert prefixed(done.stdout, "trimmed: ")["used"] == "0"
+    assert region_used(claim) == 0
+
+
+def test_pool_growth_trims_other_pools_to_make_room(make_claim: ClaimFactory) -> None:
+    """Growth that does not fit beside what the process's pools cache makes the shim trim them,
+    as for any allocation: with a 3 MiB limit, a pool's 2 MiB chunk stays cached after its
+    allocation is freed; 512 KiB from another pool needs a chunk of its own, which fits only once
+    the first pool is trimmed, and then succeeds."""
+    claim = make_claim(limits=((0, 3 * MiB, 0),))
+    done = claim.run("shim_probe", "poolgrowth", "2048", "free", "pool", "512")
+    assert done.returncode == 0, done.stderr
+    assert _growth_steps(done.stdout, 4) == [
+        ("0", 2 * MiB, 2 * MiB),
+        ("0", 2 * MiB, 2 * MiB),
+        ("0", 0, 2 * MiB),
+        ("0", 2 * MiB, 2 * MiB),
+    ]
+    assert prefixed(done.stdout, "trimmed: ")["used"] == "0"
+    assert region_used(claim) == 0
+
+
+def test_pool_growth_beside_fragmented_free_memory_is_charged_when_seen(make_claim: ClaimFactory) -> None:
+    """What remains of the gap: an allocation the pool's free memory holds in total is charged
+    only its size, but the free memory may lie in pieces none of which holds it, and the pool
+    grows anyway. With a 5.5 MiB limit: 1 MiB and 1.5 MiB take two chunks (4 MiB); 1.25 MiB is
+    charged 1.25 MiB (1.5 MiB is free in total, 1 MiB + 0.5 MiB), the pool grows a third chunk,
+    and the growth is charged when settled: the claim holds 6 MiB, what the device really holds
+    for it, less than a chunk past its limit (cuMemGetInfo shows it full). Nothing more is
+    granted until it is back under: 512 KiB, which fits, is refused."""
+    claim = make_claim(limits=((0, 5 * MiB + MiB // 2, 0),))
+    holder = claim.start("shim_probe", "poolgrowth", "1024", "1536", "1280", "512", "hold")
+    try:
+        steps = [prefixed(read_line(holder, f"step{i}: "), f"step{i}: ") for i in range(4)]
+        read_line(holder, "HOLD")
+        assert region_used(claim) == 6 * MiB
+    finally:
+        release(holder)
+    limit = 5 * MiB + MiB // 2
+    assert [(v["rc"], int(v["reserved"]), int(v["used"])) for v in steps] == [
+        ("0", 2 * MiB, 2 * MiB),
+        ("0", 4 * MiB, 4 * MiB),
+        ("0", 6 * MiB, limit),
+        ("2", 6 * MiB, limit),
+    ]
+    assert holder.returncode == 0
+    assert region_used(claim) == 0
+
+
 def test_pools_per_device_are_bounded(make_claim: ClaimFactory) -> None:
     """A process can have 63 pools of its own per device (the 64th place is the default pool's);
     one more is destroyed and refused with CUDA_ERROR_OUT_OF_MEMORY, destroying one makes room,

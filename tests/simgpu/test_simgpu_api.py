@@ -8,9 +8,10 @@ from tessera.simgpu.node import NodeFactory
 
 def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:
     """tests/simgpu/programs/cuda_api.c passes: init, devices, contexts, memory (plain, pitched,
-    managed, pinned host, async, pools, VMM, arrays, which die with their context; a pool keeps
-    freed memory reserved, on the device too, until a sync trims it to its release threshold or
-    cuMemPoolTrimTo does, and reuses it), modules,
+    managed, pinned host, async, pools, VMM, arrays, which die with their context; a pool
+    reserves in 2 MiB-aligned chunks and suballocates, keeps freed memory reserved, on the device
+    too, until a sync trims whole unused chunks to its release threshold or cuMemPoolTrimTo does,
+    and reuses it), modules,
     launches, events, graphs, stream capture (launches recorded into a graph, not run), the
     per-thread default stream of the _ptsz/_ptds entry points, and
     cuGetProcAddress in all three signatures honouring the requested version and stream flags,

@@ -14,6 +14,8 @@
  *   shim_probe caching LIMIT BLOCK         a caching allocator: grow, split, reuse, release
  *   shim_probe poolcache THRESHOLD BYTES [hold]   stream-ordered memory cached by a pool
  *   shim_probe pools                       create pools until refused
+ *   shim_probe poolgrowth STEP... [hold]   allocate sizes (KiB) from a pool; "free": free the last
+ *                                          one, "pool": allocate from a new pool from now on
  *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
  *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
@@ -555,6 +557,75 @@ static int mode_poolcache(int argc, char **argv)
     return 0;
 }
 
+/* Allocate each size (KiB) in turn from a new pool ("free": free the previous step's allocation;
+ * "pool": a new pool from now on); after each step, print its result, the pool's reservation
+ * and what the claim holds as cuMemGetInfo reports it (at most the limit). With "hold" it then
+ * waits on stdin. Then free them all and trim the pools. */
+static int mode_poolgrowth(int argc, char **argv)
+{
+    setup();
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuMemPoolCreate);
+    LOAD(lib, cuMemPoolGetAttribute);
+    LOAD(lib, cuMemPoolTrimTo);
+    LOAD(lib, cuMemAllocFromPoolAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemGetInfo_v2);
+    enum { MAX = 16 };
+    CUdeviceptr ptrs[MAX] = {0};
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    CUmemoryPool pool = NULL;
+    CUstream s = NULL;
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(p_cuMemPoolCreate(&pool, &props));
+    bool hold = argc > 2 && strcmp(argv[argc - 1], "hold") == 0;
+    int n = argc - 2 - (hold ? 1 : 0);
+    if (n > MAX)
+        n = MAX;
+    CUmemoryPool pools[MAX] = {pool};
+    int npools = 1;
+    for (int i = 0; i < n; i++) {
+        size_t kib = 0;
+        CUresult rc = CUDA_SUCCESS;
+        if (strcmp(argv[2 + i], "free") == 0 && i > 0) {
+            rc = p_cuMemFreeAsync(ptrs[i - 1], s);
+            ptrs[i - 1] = 0;
+        } else if (strcmp(argv[2 + i], "pool") == 0) {
+            rc = p_cuMemPoolCreate(&pool, &props);
+            pools[npools++] = pool;
+        } else {
+            kib = strtoull(argv[2 + i], NULL, 0);
+            rc = p_cuMemAllocFromPoolAsync(&ptrs[i], kib << 10, pool, s);
+        }
+        if (rc != CUDA_SUCCESS)
+            ptrs[i] = 0;
+        cuuint64_t reserved = 0;
+        size_t free_b = 0, total = 0;
+        CHECK(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+        CHECK(p_cuMemGetInfo_v2(&free_b, &total));
+        printf("step%d: kib=%zu rc=%d reserved=%llu used=%zu\n", i, kib, (int)rc,
+               (unsigned long long)reserved, total - free_b);
+    }
+    if (hold) {
+        printf("HOLD\n");
+        fflush(stdout);
+        char buf[16];
+        while (read(0, buf, sizeof buf) > 0)
+            ;
+    }
+    for (int i = 0; i < n; i++)
+        if (ptrs[i] != 0)
+            CHECK(p_cuMemFreeAsync(ptrs[i], s));
+    for (int i = 0; i < npools; i++)
+        CHECK(p_cuMemPoolTrimTo(pools[i], 0));
+    report("trimmed: ");
+    return 0;
+}
+
 /* Create pools on the device until refused; then destroy one, create again, and trim an
  * invalid pool. */
 static int mode_pools(void)
@@ -891,6 +962,8 @@ int main(int argc, char **argv)
         return mode_poolcache(argc, argv);
     if (strcmp(mode, "pools") == 0)
         return mode_pools();
+    if (strcmp(mode, "poolgrowth") == 0)
+        return mode_poolgrowth(argc, argv);
     if (strcmp(mode, "bench") == 0)
         return mode_bench(argc, argv);
     if (strcmp(mode, "capture_alloc") == 0)

@@ -190,6 +190,7 @@ static void pools_and_async(void)
     LOAD(lib, cuMemPoolGetAttribute);
     LOAD(lib, cuMemPoolTrimTo);
     LOAD(lib, cuDeviceGetDefaultMemPool);
+    LOAD(lib, cuMemGetInfo_v2);
     CUstream s = NULL;
     CUdeviceptr p = 0, q = 0;
     CUmemoryPool pool = NULL, dflt = NULL;
@@ -214,16 +215,38 @@ static void pools_and_async(void)
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
               CUDA_SUCCESS);
     EXPECT_EQ(used, 0);
+    /* More than the device has: the pool cannot grow, and its reservation is unchanged. */
+    size_t free0 = 0, free1 = 0, total = 0;
+    cuuint64_t reserved = 1;
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free0, &total), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocFromPoolAsync(&q, total + (1 << 20), pool, s),
+              CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 0);
+    /* A pool destroyed with an allocation outstanding keeps its chunk until that is freed, then
+     * gives it back. (The simulator shows the whole 2 MiB chunk held; under a memory-limited
+     * shim cuMemGetInfo shows the claim's charge, which stops counting a destroyed pool's free
+     * memory: 1 MiB.) */
+    EXPECT_EQ(p_cuMemAllocFromPoolAsync(&q, 1 << 20, pool, s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolDestroy(pool), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_TRUE(free0 - free1 >= (1 << 20));
+    EXPECT_EQ(p_cuMemFreeAsync(q, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free1, free0);
     EXPECT_EQ(p_cuMemAllocFromPoolAsync(&q, 1 << 20, NULL, s), CUDA_ERROR_INVALID_VALUE);
     props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
     EXPECT_EQ(p_cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
-/* A pool keeps freed memory reserved (RESERVED_MEM_CURRENT, and used on the device) until a
- * synchronisation trims it to its release threshold, or cuMemPoolTrimTo; both count the pool's
- * allocations towards what they keep; a block of the same size is reused from the cache. */
+/* A pool reserves device memory in chunks (an allocation that fits in no chunk's free space
+ * grows the reservation by its size rounded up to 2 MiB) and keeps freed memory reserved
+ * (RESERVED_MEM_CURRENT, and used on the device) until a synchronisation trims it to its release
+ * threshold, or cuMemPoolTrimTo; both count the pool's allocations towards what they keep and
+ * release only whole chunks nothing is allocated from; a block of the same size is reused from
+ * the cache. */
 static void pool_cache(void)
 {
     LOAD(lib, cuStreamCreate);
@@ -239,45 +262,65 @@ static void pool_cache(void)
     const cuuint64_t mib = 1 << 20;
     CUstream s = NULL;
     CUmemoryPool pool = NULL;
-    CUdeviceptr a = 0, b = 0, c = 0;
-    cuuint64_t reserved = 0, used = 0, threshold = 4 * mib;
+    CUdeviceptr a = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
+    cuuint64_t reserved = 0, used = 0, high = 0, threshold = 4 * mib;
     size_t free0 = 0, free1 = 0, total = 0;
     EXPECT_EQ(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     EXPECT_EQ(p_cuDeviceGetMemPool(&pool, 0), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
               CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemGetInfo_v2(&free0, &total), CUDA_SUCCESS);
-    EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS);
-    EXPECT_EQ(p_cuMemAllocAsync(&b, 2 * mib, s), CUDA_SUCCESS);
-    EXPECT_EQ(p_cuMemAllocAsync(&c, 1 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS); /* chunk A: 2 MiB */
+    EXPECT_EQ(p_cuMemAllocAsync(&b, 2 * mib, s), CUDA_SUCCESS); /* chunk B: 2 MiB */
+    EXPECT_EQ(p_cuMemAllocAsync(&c, 1 * mib, s), CUDA_SUCCESS); /* chunk C: 2 MiB, 1 MiB free */
     EXPECT_EQ(p_cuMemFreeAsync(a, s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
               CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
               CUDA_SUCCESS);
-    EXPECT_EQ(reserved, 5 * mib); /* the freed block stays reserved */
+    EXPECT_EQ(reserved, 6 * mib); /* whole chunks, the freed block's included */
     EXPECT_EQ(used, 3 * mib);
     EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
-    EXPECT_EQ(free0 - free1, 5 * mib); /* and taken on the device */
+    EXPECT_EQ(free0 - free1, 6 * mib); /* and taken on the device */
+    /* Half a MiB fits in chunk C's free space: no growth. */
+    EXPECT_EQ(p_cuMemAllocAsync(&d, mib / 2, s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS); /* reused from the cache */
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
               CUDA_SUCCESS);
-    EXPECT_EQ(reserved, 5 * mib);
+    EXPECT_EQ(reserved, 6 * mib);
+    /* 1 MiB fits in chunk C once the cached half MiB there is dropped: still no growth. */
+    EXPECT_EQ(p_cuMemFreeAsync(d, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemAllocAsync(&e, 1 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 6 * mib);
+    /* 3 MiB fits nowhere: the pool grows by 4 MiB (chunk F). */
+    EXPECT_EQ(p_cuMemAllocAsync(&f, 3 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 10 * mib);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free0 - free1, 10 * mib);
+    EXPECT_EQ(p_cuMemFreeAsync(e, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeAsync(f, s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemFreeAsync(a, s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemFreeAsync(b, s), CUDA_SUCCESS);
-    /* A sync trims the reservation to the threshold (4 MiB, the 1 MiB in use included): one
-     * 2 MiB block goes, one stays. */
+    /* A sync trims the reservation to the threshold (4 MiB, chunk C in use included), newest
+     * unused chunk first: F and B go, A stays. */
     EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
               CUDA_SUCCESS);
-    EXPECT_EQ(reserved, 3 * mib);
+    EXPECT_EQ(reserved, 4 * mib);
     EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
-    EXPECT_EQ(free0 - free1, 3 * mib);
-    /* TrimTo(0) releases every cached block, never what is in use. */
+    EXPECT_EQ(free0 - free1, 4 * mib);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &high),
+              CUDA_SUCCESS);
+    EXPECT_EQ(high, 10 * mib);
+    /* TrimTo(0) releases every unused chunk, never one in use. */
     EXPECT_EQ(p_cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
     EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
               CUDA_SUCCESS);
-    EXPECT_EQ(reserved, 1 * mib);
+    EXPECT_EQ(reserved, 2 * mib);
     EXPECT_EQ(p_cuMemFreeAsync(c, s), CUDA_SUCCESS);
     threshold = 0;
     EXPECT_EQ(p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
