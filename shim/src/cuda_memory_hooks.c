@@ -86,9 +86,9 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 }
 
 /* Charge `c` (begun for `bytesize` on its device) what the allocation from `pool` (NULL: the
- * device's current pool) can make the pool grow by, before the driver is called, so that the
- * growth never takes the claim past its limit (pools.h). If that does not fit, the process's
- * pools give back what they cache and it is tried again. Returns false (the charge aborted) if
+ * device's current pool) can make the pool grow by, its size rounded up to a granule, before
+ * the driver is called, so that the growth never takes the claim past its limit (pools.h). If
+ * that does not fit, the process's pools give back what they cache and it is tried again. Returns false (the charge aborted) if
  * the claim cannot take it; `*pool` is the pool charged for. */
 static bool charge_growth(struct shim_charge *c, CUmemoryPool *pool, size_t bytesize)
 {
@@ -96,10 +96,9 @@ static bool charge_growth(struct shim_charge *c, CUmemoryPool *pool, size_t byte
         return true;
     if (*pool == NULL) /* the pool the driver will allocate from */
         shim_real.cuDeviceGetMemPool(pool, c->device);
-    if (shim_charge_resize(c, shim_pools_charge_for(*pool, bytesize)))
+    if (shim_charge_resize(c, shim_pools_charge_for(bytesize)))
         return true;
-    if (shim_pools_reclaim(c->device) &&
-        shim_charge_resize(c, shim_pools_charge_for(*pool, bytesize)))
+    if (shim_pools_reclaim(c->device) && shim_charge_resize(c, shim_pools_charge_for(bytesize)))
         return true;
     SHIM_DEBUG("refused %zu bytes from memory pool %p on CUDA device %d: the pool would grow "
                "past the claim's limit", bytesize, (void *)*pool, c->device);
@@ -138,6 +137,7 @@ static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *d
         if (shim_pools_track(c.device, pool, false) != 0)
             SHIM_ERROR("more than %d memory pools on CUDA device %d: what pool %p caches is not "
                        "counted", SHIM_MAX_POOLS, c.device, (void *)pool);
+        c.pool = shim_pools_allocated(c.device, pool);
         shim_charge_hand_over(&c, shim_pools_settle_growth(c.device, c.bytes - bytesize));
         shim_charge_resize(&c, bytesize); /* refunds what the growth did not take */
     }
@@ -216,10 +216,12 @@ SHIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 SHIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     REAL_OR_NOT_FOUND(cuMemPoolDestroy);
-    /* Allocations still out keep their charge until freed, as they keep their memory. */
+    /* Allocations still out keep their charge until freed, and the pool's reservation beside
+     * them stays counted until the last is: read while the pool can still be queried. */
+    uint64_t free_before = shim_pools_free_of(pool);
     CUresult rc = shim_real.cuMemPoolDestroy(pool);
     if (rc == CUDA_SUCCESS)
-        shim_pools_forget(pool);
+        shim_pools_forget(pool, free_before);
     return rc;
 }
 
@@ -396,8 +398,8 @@ static CUresult free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)
         return rc;
     if (rc != CUDA_SUCCESS)
         shim_table_put(&e);
-    else if (into_pool && e.gpu >= 0)
-        shim_pools_freed(e.device, e.bytes);
+    else if ((into_pool || e.pool != 0) && e.gpu >= 0)
+        shim_pools_freed(e.device, e.bytes, e.pool);
     else
         shim_uncharge(&e);
     return rc;

@@ -14,6 +14,7 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
     c->bytes = 0;
     c->limit = TESSERA_NO_MEMORY_LIMIT;
     c->ctx = NULL;
+    c->pool = 0;
     shim_init();
     if (SHIM_LIKELY(!shim.memory_limited) || !shim_devices_ready())
         return CUDA_SUCCESS;
@@ -70,6 +71,7 @@ void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key
     if (c->gpu < 0)
         return;
     struct shim_entry e = {.key = key, .bytes = c->bytes, .peer = (uint64_t)(uintptr_t)c->ctx,
+                           .pool = c->pool,
                            .gpu = c->gpu, .device = c->device, .kind = (uint8_t)kind, .refs = 1};
     if (shim_table_put(&e) != 0)
         SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
@@ -99,6 +101,7 @@ static void uncharge_removed(const struct shim_entry *e, void *arg)
 {
     (void)arg;
     shim_uncharge(e);
+    shim_pools_dropped(e->device, e->pool);
 }
 
 void shim_uncharge_context(CUcontext ctx)

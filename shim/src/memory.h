@@ -18,6 +18,7 @@ struct shim_charge {
     uint64_t bytes;
     uint64_t limit;
     CUcontext ctx;
+    uint64_t pool; /* the pool allocated from (pools.c's id), 0: none */
 };
 
 /* Reserve `bytes` on device `dev` (-1: the current context's device). CUDA_SUCCESS, or

@@ -6,21 +6,59 @@
 
 #include "log.h"
 
+/* A tracked pool. A pool destroyed while allocations from it are outstanding keeps its place
+ * (its handle no longer found) until the last of them is freed: the driver keeps its
+ * reservation until then, and `kept` is what it holds beyond those allocations. */
+struct pool_slot {
+    CUmemoryPool pool;
+    uint64_t id;   /* the pointer table's name for it (never reused, unlike handles) */
+    uint64_t live; /* allocations from it in the pointer table */
+    uint64_t kept; /* destroyed: its reservation beyond `live`'s allocations */
+    bool destroyed;
+};
+
 struct pool_set {
-    CUmemoryPool pools[SHIM_MAX_POOLS];
+    struct pool_slot pools[SHIM_MAX_POOLS];
     int n;
     uint64_t cached; /* charged for what the pools hold beyond their allocations */
 };
 
 static struct pool_set sets[SHIM_MAX_DEVICES];
+static uint64_t next_id = 1;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int find_locked(const struct pool_set *s, CUmemoryPool pool)
 {
     for (int i = 0; i < s->n; i++)
-        if (s->pools[i] == pool)
+        if (s->pools[i].pool == pool && !s->pools[i].destroyed)
             return i;
     return -1;
+}
+
+static int find_id_locked(const struct pool_set *s, uint64_t id)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->pools[i].id == id)
+            return i;
+    return -1;
+}
+
+static void remove_locked(struct pool_set *s, int i)
+{
+    s->pools[i] = s->pools[--s->n];
+}
+
+/* RESERVED_MEM_CURRENT - USED_MEM_CURRENT of a live pool; false if it cannot be queried. */
+static bool pool_free(CUmemoryPool pool, uint64_t *out)
+{
+    cuuint64_t reserved = 0, used = 0;
+    if (shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+            CUDA_SUCCESS ||
+        shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) !=
+            CUDA_SUCCESS)
+        return false;
+    *out = reserved > used ? reserved - used : 0;
+    return true;
 }
 
 int shim_pools_track(int dev, CUmemoryPool pool, bool created)
@@ -32,7 +70,7 @@ int shim_pools_track(int dev, CUmemoryPool pool, bool created)
     pthread_mutex_lock(&mu);
     if (find_locked(s, pool) < 0) {
         if (s->n < SHIM_MAX_POOLS - (created ? 1 : 0))
-            s->pools[s->n++] = pool;
+            s->pools[s->n++] = (struct pool_slot){.pool = pool, .id = next_id++};
         else
             rc = -1;
     }
@@ -58,14 +96,11 @@ static uint64_t pools_cached_locked(const struct pool_set *s)
 {
     uint64_t sum = 0;
     for (int i = 0; i < s->n; i++) {
-        cuuint64_t reserved = 0, used = 0;
-        if (shim_real.cuMemPoolGetAttribute(s->pools[i], CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                            &reserved) != CUDA_SUCCESS ||
-            shim_real.cuMemPoolGetAttribute(s->pools[i], CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-                                            &used) != CUDA_SUCCESS)
-            continue;
-        if (reserved > used)
-            sum += reserved - used;
+        uint64_t free_b = 0;
+        if (s->pools[i].destroyed)
+            sum += s->pools[i].kept;
+        else if (pool_free(s->pools[i].pool, &free_b))
+            sum += free_b;
     }
     return sum;
 }
@@ -88,17 +123,8 @@ static void settle_locked(int dev)
     s->cached = now;
 }
 
-/* Called for a stream-ordered allocation the driver has the entry point for, so it has the
- * pool API of CUDA 11.2 too. A pool that cannot be queried is taken to have nothing free. */
-uint64_t shim_pools_charge_for(CUmemoryPool pool, uint64_t bytes)
+uint64_t shim_pools_charge_for(uint64_t bytes)
 {
-    cuuint64_t reserved = 0, used = 0;
-    if (shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) ==
-            CUDA_SUCCESS &&
-        shim_real.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) ==
-            CUDA_SUCCESS &&
-        reserved >= used && reserved - used >= bytes)
-        return bytes;
     if (bytes > UINT64_MAX - (SHIM_POOL_GRANULE - 1))
         return UINT64_MAX;
     return (bytes + SHIM_POOL_GRANULE - 1) / SHIM_POOL_GRANULE * SHIM_POOL_GRANULE;
@@ -123,14 +149,42 @@ uint64_t shim_pools_settle_growth(int dev, uint64_t spare)
     return taken;
 }
 
-void shim_pools_forget(CUmemoryPool pool)
+uint64_t shim_pools_allocated(int dev, CUmemoryPool pool)
+{
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES)
+        return 0;
+    uint64_t id = 0;
+    pthread_mutex_lock(&mu);
+    int i = find_locked(&sets[dev], pool);
+    if (i >= 0) {
+        sets[dev].pools[i].live++;
+        id = sets[dev].pools[i].id;
+    }
+    pthread_mutex_unlock(&mu);
+    return id;
+}
+
+uint64_t shim_pools_free_of(CUmemoryPool pool)
+{
+    uint64_t free_b = 0;
+    if (shim_pools_device(pool) < 0 || !pool_free(pool, &free_b))
+        return 0;
+    return free_b;
+}
+
+void shim_pools_forget(CUmemoryPool pool, uint64_t free_before)
 {
     pthread_mutex_lock(&mu);
     for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
         struct pool_set *s = &sets[d];
         int i = find_locked(s, pool);
         if (i >= 0) {
-            s->pools[i] = s->pools[--s->n];
+            if (s->pools[i].live > 0) {
+                s->pools[i].destroyed = true;
+                s->pools[i].kept = free_before;
+            } else {
+                remove_locked(s, i);
+            }
             settle_locked(d);
             break;
         }
@@ -138,12 +192,39 @@ void shim_pools_forget(CUmemoryPool pool)
     pthread_mutex_unlock(&mu);
 }
 
-void shim_pools_freed(int dev, uint64_t bytes)
+/* One allocation from pool `id` on `dev` is gone; `bytes`: what of it the destroyed pool keeps
+ * reserved (the reservation is released with its last allocation). */
+static void gone_locked(int dev, uint64_t id, uint64_t bytes)
+{
+    struct pool_set *s = &sets[dev];
+    int i = id != 0 ? find_id_locked(s, id) : -1;
+    if (i < 0 || s->pools[i].live == 0)
+        return;
+    s->pools[i].live--;
+    if (s->pools[i].destroyed) {
+        s->pools[i].kept += bytes;
+        if (s->pools[i].live == 0)
+            remove_locked(s, i);
+    }
+}
+
+void shim_pools_freed(int dev, uint64_t bytes, uint64_t id)
 {
     if (dev < 0 || dev >= SHIM_MAX_DEVICES)
         return;
     pthread_mutex_lock(&mu);
+    gone_locked(dev, id, bytes);
     sets[dev].cached += bytes;
+    settle_locked(dev);
+    pthread_mutex_unlock(&mu);
+}
+
+void shim_pools_dropped(int dev, uint64_t id)
+{
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES || id == 0)
+        return;
+    pthread_mutex_lock(&mu);
+    gone_locked(dev, id, 0);
     settle_locked(dev);
     pthread_mutex_unlock(&mu);
 }
@@ -167,7 +248,8 @@ bool shim_pools_reclaim(int dev)
     settle_locked(dev);
     if (s->cached > 0) {
         for (int i = 0; i < s->n; i++)
-            shim_real.cuMemPoolTrimTo(s->pools[i], 0);
+            if (!s->pools[i].destroyed)
+                shim_real.cuMemPoolTrimTo(s->pools[i].pool, 0);
         settle_locked(dev);
     }
     bool less = s->cached < before;
@@ -182,4 +264,5 @@ void shim_pools_child_after_fork(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     mu = fresh;
     memset(sets, 0, sizeof sets);
+    next_id = 1;
 }

@@ -29,26 +29,45 @@ int shim_pools_track(int dev, CUmemoryPool pool, bool created);
 /* The CUDA ordinal of a tracked pool, or -1. */
 int shim_pools_device(CUmemoryPool pool);
 
-/* `pool` was destroyed (the driver released what it cached): forget it and settle. */
-void shim_pools_forget(CUmemoryPool pool);
+/* An allocation from tracked `pool` on `dev` succeeded. Returns the pool's id for the pointer
+ * table (shim_entry.pool), 0 if the pool is not tracked. */
+uint64_t shim_pools_allocated(int dev, CUmemoryPool pool);
 
-/* An allocation charged `bytes` on device `dev` was freed into a pool: its charge now covers
- * the pool's cache, until a settlement finds the pool released it. */
-void shim_pools_freed(int dev, uint64_t bytes);
+/* What tracked `pool` holds beyond its allocations (0 if untracked or not queryable): read
+ * before cuMemPoolDestroy, while the pool can still be queried. */
+uint64_t shim_pools_free_of(CUmemoryPool pool);
+
+/* `pool` was destroyed. Without outstanding allocations it is forgotten (the driver released
+ * it); with some, the driver keeps its reservation until the last is freed, so it stays
+ * counted: `free_before` (shim_pools_free_of) beside them, and each of them once freed, until
+ * the last is freed, which refunds it all. Settles either way. */
+void shim_pools_forget(CUmemoryPool pool, uint64_t free_before);
+
+/* An allocation charged `bytes` on device `dev` from pool `id` (0: none known) was freed into
+ * its pool: its charge now covers the pool's cache, until a settlement finds the pool released
+ * it. */
+void shim_pools_freed(int dev, uint64_t bytes, uint64_t id);
+
+/* An allocation from pool `id` on `dev` is gone without being freed into the pool (its
+ * context was destroyed; its charge was given back): count it out of the pool, and settle. */
+void shim_pools_dropped(int dev, uint64_t id);
 
 /* Settle device `dev`'s cache charge to what its pools hold beyond their allocations. */
 void shim_pools_settle(int dev);
 
 /* What a pool's reservation is taken to grow by when an allocation does not fit in it: the
  * allocation's size rounded up to this. Real drivers grow pools in granules of 2 MiB; the
- * granularity cannot be queried, so growth beyond this is charged only when settled. */
+ * granularity cannot be queried, so growth beyond this (a driver with a larger granule) is
+ * charged only when settled. */
 #define SHIM_POOL_GRANULE (2ull << 20)
 
-/* What to charge before a stream-ordered allocation of `bytes` from `pool` (on its device):
- * `bytes` if the pool's free reserved memory (RESERVED_MEM_CURRENT - USED_MEM_CURRENT, already
- * charged as its cache) holds that much, else `bytes` rounded up to SHIM_POOL_GRANULE, what the
- * pool grows by. UINT64_MAX if that does not fit in 64 bits. */
-uint64_t shim_pools_charge_for(CUmemoryPool pool, uint64_t bytes);
+/* What to charge before a stream-ordered allocation of `bytes`: `bytes` rounded up to
+ * SHIM_POOL_GRANULE, what its pool grows by if it does not fit. The driver reports only a
+ * pool's free reserved memory in total (RESERVED_MEM_CURRENT - USED_MEM_CURRENT), not whether
+ * one piece of it holds the allocation, so no allocation is known to fit without growth; what
+ * the pool did not grow by is refunded when settled (shim_pools_settle_growth). UINT64_MAX if
+ * that does not fit in 64 bits. */
+uint64_t shim_pools_charge_for(uint64_t bytes);
 
 /* An allocation from a pool on device `dev` succeeded, charged `spare` bytes beyond its size for
  * the pool's growth: settle as shim_pools_settle, the cache's growth taken from `spare` first

@@ -23,6 +23,7 @@ struct shim_entry {
     uint64_t key;
     uint64_t bytes;  /* bytes charged (MAPPING: length of the mapping) */
     uint64_t peer;   /* MAPPING: the handle; DEVICE/ARRAY: the context */
+    uint64_t pool;   /* DEVICE from a memory pool: the pool's id in pools.c; 0: none */
     int32_t gpu;     /* region GPU index charged, -1: not charged */
     int32_t device;  /* CUDA ordinal (charged entries, CONTEXT) */
     uint32_t refs;   /* HANDLE: 1 while not released + one per mapping */

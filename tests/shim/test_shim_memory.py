@@ -311,22 +311,27 @@ def _growth_steps(stdout: str, n: int) -> list[tuple[str, int, int]]:
 
 
 def test_pool_growth_is_charged_before_the_driver_is_called(make_claim: ClaimFactory) -> None:
-    """A pool grows in 2 MiB chunks, and the shim charges the chunk before the allocation: with a
-    3.5 MiB limit, 1 MiB from a new pool takes a whole chunk (2 MiB charged, 1 MiB of it the
-    pool's free memory), leaving 1.5 MiB of headroom, less than a chunk. 2 MiB more is refused
-    with CUDA_ERROR_OUT_OF_MEMORY as any allocation past the limit; so is 1.25 MiB, which the
-    headroom would hold but which does not fit in the chunk and would grow the pool past the
-    limit: refused before the driver is called (the pool did not grow). 512 KiB fits in the chunk
-    already reserved and succeeds without growing it. The claim never holds more than its limit,
-    nor less than the pool reserves."""
-    claim = make_claim(limits=((0, 3 * MiB + MiB // 2, 0),))
-    done = claim.run("shim_probe", "poolgrowth", "1024", "2048", "1280", "512")
+    """A pool grows in 2 MiB chunks, and the shim charges a chunk before every stream-ordered
+    allocation (it cannot tell whether the pool's free memory holds it in one piece), refunding
+    what the pool did not grow by once the call returns. With a 4.5 MiB limit: 1 MiB from a new
+    pool takes a whole chunk (2 MiB charged, 1 MiB of it the pool's free memory), leaving
+    2.5 MiB of headroom. 3 MiB would grow the pool by 4 MiB: refused with
+    CUDA_ERROR_OUT_OF_MEMORY before the driver is called (the pool did not grow). 512 KiB is
+    charged a chunk, fits in the chunk already reserved, and the chunk is refunded: the claim
+    still holds 2 MiB. 2 MiB grows the pool by a chunk, charged beforehand: 4 MiB. 512 KiB more,
+    although the first chunk has 512 KiB free, is refused now: a chunk does not fit in the
+    0.5 MiB of headroom. The claim never holds more than its limit, nor less than the pool
+    reserves."""
+    limit = 4 * MiB + MiB // 2
+    claim = make_claim(limits=((0, limit, 0),))
+    done = claim.run("shim_probe", "poolgrowth", "1024", "3072", "512", "2048", "512")
     assert done.returncode == 0, done.stderr
-    assert _growth_steps(done.stdout, 4) == [
+    assert _growth_steps(done.stdout, 5) == [
         ("0", 2 * MiB, 2 * MiB),
         ("2", 2 * MiB, 2 * MiB),
-        ("2", 2 * MiB, 2 * MiB),
         ("0", 2 * MiB, 2 * MiB),
+        ("0", 4 * MiB, 4 * MiB),
+        ("2", 4 * MiB, 4 * MiB),
     ]
     assert prefixed(done.stdout, "trimmed: ")["used"] == "0"
     assert region_used(claim) == 0
@@ -350,15 +355,46 @@ def test_pool_growth_trims_other_pools_to_make_room(make_claim: ClaimFactory) ->
     assert region_used(claim) == 0
 
 
-def test_pool_growth_beside_fragmented_free_memory_is_charged_when_seen(make_claim: ClaimFactory) -> None:
-    """What remains of the gap: an allocation the pool's free memory holds in total is charged
-    only its size, but the free memory may lie in pieces none of which holds it, and the pool
-    grows anyway. With a 5.5 MiB limit: 1 MiB and 1.5 MiB take two chunks (4 MiB); 1.25 MiB is
-    charged 1.25 MiB (1.5 MiB is free in total, 1 MiB + 0.5 MiB), the pool grows a third chunk,
-    and the growth is charged when settled: the claim holds 6 MiB, what the device really holds
-    for it, less than a chunk past its limit (cuMemGetInfo shows it full). Nothing more is
-    granted until it is back under: 512 KiB, which fits, is refused."""
-    claim = make_claim(limits=((0, 5 * MiB + MiB // 2, 0),))
+def test_pool_growth_beside_fragmented_free_memory_never_passes_the_limit(
+    make_claim: ClaimFactory,
+) -> None:
+    """An allocation the pool's free memory holds in total, but in pieces none of which holds it,
+    grows the pool; the chunk it grows by was charged before the driver was called, so the claim
+    never holds more than its limit. With a 5.5 MiB limit: 1 MiB and 1.5 MiB take two chunks
+    (4 MiB); 1.25 MiB (1.5 MiB is free in total, 1 MiB + 0.5 MiB) needs a chunk, which does not
+    fit in the 1.5 MiB of headroom: refused before the driver is called, the pool does not grow
+    (it grew a third chunk, past the limit, before); so is 512 KiB. While the process holds what
+    it has, the claim holds 4 MiB, what the device holds for it."""
+    limit = 5 * MiB + MiB // 2
+    claim = make_claim(limits=((0, limit, 0),))
+    holder = claim.start("shim_probe", "poolgrowth", "1024", "1536", "1280", "512", "hold")
+    try:
+        steps = [prefixed(read_line(holder, f"step{i}: "), f"step{i}: ") for i in range(4)]
+        read_line(holder, "HOLD")
+        assert region_used(claim) == 4 * MiB <= limit
+    finally:
+        release(holder)
+    got = [(v["rc"], int(v["reserved"]), int(v["used"])) for v in steps]
+    assert got == [
+        ("0", 2 * MiB, 2 * MiB),
+        ("0", 4 * MiB, 4 * MiB),
+        ("2", 4 * MiB, 4 * MiB),
+        ("2", 4 * MiB, 4 * MiB),
+    ]
+    assert all(used <= limit for _, _, used in got)
+    assert holder.returncode == 0
+    assert region_used(claim) == 0
+
+
+def test_pool_growth_beside_fragmented_free_memory_is_charged_beforehand(
+    make_claim: ClaimFactory,
+) -> None:
+    """With a 6 MiB limit the same fragmented allocation fits: 1.25 MiB is charged a chunk
+    before the call, the pool grows its third chunk, and the claim holds 6 MiB, exactly what the
+    device holds for it and no more than its limit. 512 KiB more is refused (no room for a
+    chunk)."""
+    limit = 6 * MiB
+    claim = make_claim(limits=((0, limit, 0),))
     holder = claim.start("shim_probe", "poolgrowth", "1024", "1536", "1280", "512", "hold")
     try:
         steps = [prefixed(read_line(holder, f"step{i}: "), f"step{i}: ") for i in range(4)]
@@ -366,14 +402,31 @@ def test_pool_growth_beside_fragmented_free_memory_is_charged_when_seen(make_cla
         assert region_used(claim) == 6 * MiB
     finally:
         release(holder)
-    limit = 5 * MiB + MiB // 2
     assert [(v["rc"], int(v["reserved"]), int(v["used"])) for v in steps] == [
         ("0", 2 * MiB, 2 * MiB),
         ("0", 4 * MiB, 4 * MiB),
-        ("0", 6 * MiB, limit),
-        ("2", 6 * MiB, limit),
+        ("0", 6 * MiB, 6 * MiB),
+        ("2", 6 * MiB, 6 * MiB),
     ]
     assert holder.returncode == 0
+    assert region_used(claim) == 0
+
+
+@pytest.mark.parametrize("how", ["async", "sync", "ctx"])
+def test_destroyed_pool_is_charged_until_its_last_allocation_is_gone(
+    make_claim: ClaimFactory, how: str
+) -> None:
+    """A pool destroyed while allocations from it are out keeps its reservation in the driver
+    until the last of them is gone, and the claim keeps being charged for all of it: 1 MiB and
+    512 KiB from a new pool take a 2 MiB chunk; after cuMemPoolDestroy the claim still holds
+    2 MiB (the 512 KiB free beside them included), and after the 1 MiB is freed too; once the
+    last allocation is gone - freed with cuMemFreeAsync, with cuMemFree, or with the context it
+    was made in destroyed - the pool's reservation is refunded and the claim holds nothing."""
+    claim = make_claim()
+    done = claim.run("shim_probe", "pooldestroy", how)
+    assert done.returncode == 0, done.stderr
+    for step, used in [("alloced", 2 * MiB), ("destroyed", 2 * MiB), ("one", 2 * MiB), ("last", 0)]:
+        assert prefixed(done.stdout, f"{step}: ")["used"] == str(used), step
     assert region_used(claim) == 0
 
 

@@ -16,6 +16,9 @@
  *   shim_probe pools                       create pools until refused
  *   shim_probe poolgrowth STEP... [hold]   allocate sizes (KiB) from a pool; "free": free the last
  *                                          one, "pool": allocate from a new pool from now on
+ *   shim_probe pooldestroy HOW             destroy a pool with allocations out, then free them;
+ *                                          the last with HOW: async, sync (cuMemFree) or ctx
+ *                                          (destroy their context)
  *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
  *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
@@ -626,6 +629,55 @@ static int mode_poolgrowth(int argc, char **argv)
     return 0;
 }
 
+/* In a context of its own (HOW = ctx) or the primary one: allocate 1 MiB and 512 KiB from a new
+ * pool, destroy the pool, free the 1 MiB with cuMemFreeAsync, then the 512 KiB with
+ * cuMemFreeAsync (async), cuMemFree (sync) or by destroying the context (ctx), reporting what
+ * the claim holds after each step. */
+static int mode_pooldestroy(int argc, char **argv)
+{
+    CUcontext primary = setup();
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuCtxCreate_v2);
+    LOAD(lib, cuCtxDestroy_v2);
+    LOAD(lib, cuCtxSetCurrent);
+    LOAD(lib, cuMemPoolCreate);
+    LOAD(lib, cuMemPoolDestroy);
+    LOAD(lib, cuMemAllocFromPoolAsync);
+    LOAD(lib, cuMemFreeAsync);
+    LOAD(lib, cuMemFree_v2);
+    const char *how = argc > 2 ? argv[2] : "async";
+    CUcontext ctx = NULL;
+    if (strcmp(how, "ctx") == 0)
+        CHECK(p_cuCtxCreate_v2(&ctx, 0, device));
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    CUmemoryPool pool = NULL;
+    CUstream s = NULL;
+    CUdeviceptr a = 0, b = 0;
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(p_cuMemPoolCreate(&pool, &props));
+    CHECK(p_cuMemAllocFromPoolAsync(&a, 1 << 20, pool, s));
+    CHECK(p_cuMemAllocFromPoolAsync(&b, 512 << 10, pool, s));
+    report("alloced: ");
+    CHECK(p_cuMemPoolDestroy(pool));
+    report("destroyed: ");
+    CHECK(p_cuMemFreeAsync(a, s));
+    report("one: ");
+    if (strcmp(how, "sync") == 0) {
+        CHECK(p_cuMemFree_v2(b));
+    } else if (ctx != NULL) {
+        CHECK(p_cuCtxDestroy_v2(ctx));
+        CHECK(p_cuCtxSetCurrent(primary));
+    } else {
+        CHECK(p_cuMemFreeAsync(b, s));
+    }
+    report("last: ");
+    return 0;
+}
+
 /* Create pools on the device until refused; then destroy one, create again, and trim an
  * invalid pool. */
 static int mode_pools(void)
@@ -964,6 +1016,8 @@ int main(int argc, char **argv)
         return mode_pools();
     if (strcmp(mode, "poolgrowth") == 0)
         return mode_poolgrowth(argc, argv);
+    if (strcmp(mode, "pooldestroy") == 0)
+        return mode_pooldestroy(argc, argv);
     if (strcmp(mode, "bench") == 0)
         return mode_bench(argc, argv);
     if (strcmp(mode, "capture_alloc") == 0)
