@@ -8,13 +8,12 @@ functions the shim links, so the two sides cannot drift apart.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.files import write_atomically
 from tessera.shim._format import ffi, lib
 
 _lib: Any = lib
@@ -112,18 +111,7 @@ def read_limits(path: Path) -> list[GpuLimit] | None:
 
 def write_limits(path: Path, limits: Iterable[GpuLimit]) -> Path:
     """Write a limits file atomically, read-only for everyone (mode 0444). Returns ``path``."""
-    text = format_limits(limits)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    return write_atomically(path, format_limits(limits), mode=0o444)
 
 
 def create_region(path: Path) -> Path:

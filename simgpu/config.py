@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+from tessera.files import write_atomically
 
 CONFIG_ENV = "SIMGPU_CONFIG"
 LIB_DIR_ENV = "TESSERA_SIMGPU_LIB_DIR"
@@ -141,17 +142,7 @@ def render(spec: NodeSpec) -> str:
 def write_config(spec: NodeSpec, path: Path) -> Path:
     """Write ``spec`` to ``path`` atomically (running processes re-read faults from it, and must
     never see half a file). Returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(render(spec))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    return write_atomically(path, render(spec))
 
 
 def library_dir() -> Path:

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tessera.files import write_atomically
 from tessera.testbed import node_host
 from tessera.testbed.binaries import binary
 from tessera.testbed.commands import CommandError, run_checked
@@ -230,9 +231,7 @@ class NodeRuntime:
             "owner_pid": os.getpid(),
             "owner_start": _process_start_time(os.getpid()),
         }
-        partial = self.paths.info_file.with_suffix(".json.tmp")
-        partial.write_text(json.dumps(info))
-        partial.rename(self.paths.info_file)
+        write_atomically(self.paths.info_file, json.dumps(info))
 
     def _prepare(self) -> None:
         for directory in (

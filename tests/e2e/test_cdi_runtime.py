@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.files import write_atomically
 from tessera.testbed.commands import CommandError
 from tessera.testbed.images import TOOLS_IMAGE
 from tessera.testbed.node_runtime import NodeRuntime
@@ -43,9 +44,7 @@ def write_cdi_spec(directory: Path, device: str, env: str, host_file: Path) -> N
             }
         ],
     }
-    partial = directory / f".{device}.tmp"
-    partial.write_text(json.dumps(spec))
-    partial.rename(directory / f"probe.tessera.dev-{device}.json")
+    write_atomically(directory / f"probe.tessera.dev-{device}.json", json.dumps(spec))
 
 
 def run_to_exit(runtime: NodeRuntime, work: Path, cdi_device: str, script: str) -> str:
