@@ -10,7 +10,7 @@ VENV_STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 # ruff does not follow the tessera/<part> links, so it is given the real folders; mypy is given the
 # import root (and must not see a module under two names), so it is not.
-RUFF_SOURCES := tessera testbed simgpu shim tests demo benchmarks setup.py
+RUFF_SOURCES := tessera testbed simgpu shim proto tests demo benchmarks setup.py
 MYPY_SOURCES := tessera tests demo benchmarks setup.py
 
 .PHONY: help test demo venv host-packages binaries simgpu lint unit integration e2e clean
@@ -20,8 +20,9 @@ help:
 	@echo "make demo   set everything up and run the demo"
 	@echo "make host-packages | binaries | simgpu | venv | lint | unit | integration | e2e | clean"
 
-# Reinstall when the dependency list changes; pip does nothing for what is already there.
-$(VENV_STAMP): pyproject.toml
+# Reinstall when the dependency list changes; pip does nothing for what is already there. The install
+# also regenerates the gRPC stubs, so a changed .proto file triggers it too.
+$(VENV_STAMP): pyproject.toml $(wildcard proto/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
@@ -64,3 +65,4 @@ demo: venv binaries simgpu
 
 clean:
 	rm -rf build $(VENV) shim/lib shim/_format*.so tessera.egg-info
+	find proto -name '*_pb2.py' -delete -o -name '*_pb2_grpc.py' -delete

@@ -1,15 +1,17 @@
-"""Compiled parts of the package; everything else is in pyproject.toml.
+"""Compiled and generated parts of the package; everything else is in pyproject.toml.
 
 cffi builds ``tessera.shim._format`` (the Python binding of the shim's formats) from
 ``shim/build.py:ffibuilder``; the build_ext step then compiles the preload libraries (plain C,
-no Python) into ``tessera/shim/lib`` - in place for editable installs, into the build tree for
-wheels - so both carry them.
+no Python) into ``tessera/shim/lib`` and generates the kubelet gRPC stubs (``api_pb2.py``,
+``api_pb2_grpc.py``) from ``proto/**/*.proto`` into ``tessera/proto`` - in place for editable
+installs, into the build tree for wheels - so both carry them.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -17,15 +19,24 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def load(name: str, path: Path) -> ModuleType:
+    """Load a build helper from its file: the package itself is not importable while it is built."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class BuildExtWithShim(build_ext):
     def run(self) -> None:
         super().run()
-        spec = importlib.util.spec_from_file_location("tessera_shim_build", ROOT / "shim" / "build.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
         out = ROOT / "shim" / "lib" if self.inplace else Path(self.build_lib) / "tessera" / "shim" / "lib"
-        module.build_preload(out)
+        load("tessera_shim_build", ROOT / "shim" / "build.py").build_preload(out)
+        # generate() writes below <root>/tessera/proto: here that is the tessera/proto -> ../proto link.
+        load("tessera_proto_generate", ROOT / "proto" / "generate.py").generate(
+            ROOT if self.inplace else Path(self.build_lib)
+        )
 
 
 setup(cffi_modules=["shim/build.py:ffibuilder"], cmdclass={"build_ext": BuildExtWithShim})

@@ -1,0 +1,1 @@
+"""The DRA node service the kubelet calls to prepare and unprepare claims."""

@@ -1,0 +1,1 @@
+"""DRA device health, streamed from the plugin to the kubelet."""

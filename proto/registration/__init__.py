@@ -1,0 +1,1 @@
+"""Kubelet plugin registration (proto package ``pluginregistration``)."""

@@ -1,0 +1,1 @@
+"""Plugin registration v1 (proto package ``pluginregistration``); ``api_pb2{,_grpc}`` are generated here."""
