@@ -6,8 +6,10 @@ in-cluster service account), so the driver, the webhook and the tests cannot dri
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 
@@ -25,3 +27,12 @@ def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
     configuration = client.Configuration()
     config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration)
+
+
+def raw_json(response: Any) -> dict[str, Any]:
+    """The JSON body of a call made with ``_preload_content=False``.
+
+    The driver reads claims and slices as plain JSON: the client's typed models cost milliseconds
+    per object to build, which a prepare call answering within the kubelet's budget cannot spend."""
+    body: dict[str, Any] = json.loads(response.data)
+    return body

@@ -99,6 +99,19 @@ class ManagedProcess:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once and reap it (a crash, as tests need one)."""
+        if self.running():
+            log.info("killing %s (pid %d)", self.name, self.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
+            self._popen.wait()
+        self._log_file.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the whole process group, then SIGKILL whatever is left after `grace` seconds."""
         if self.running():

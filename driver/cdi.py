@@ -1,0 +1,135 @@
+"""A claim's CDI spec: what the container runtime adds to every container that uses the claim.
+
+One transient spec file per claim in the CDI directory, named as CDI names transient specs
+(``<vendor>-<class>_<claim UID>.json``), written atomically and removed on unprepare. Each share is
+one CDI device whose name carries the claim UID, the GPU and the scheduler's shareID, so a claim
+holding two shares of one GPU gets two distinct devices (kubernetes#134519). What every share of
+the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, the environment)
+sits in the spec-wide edits, applied once whichever of the claim's devices a container names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tessera.driver.claim_files import (
+    CONTAINER_LIMITS,
+    CONTAINER_PRELOAD,
+    CONTAINER_REGION,
+    CONTAINER_SHIM_DIR,
+    ClaimFiles,
+)
+from tessera.driver.config import CDI_CLASS, CDI_KIND, CDI_VENDOR
+from tessera.files import write_atomically
+from tessera.shim.format import LIMITS_ENV, REGION_ENV
+
+CDI_VERSION = "0.6.0"
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """One share as a CDI device: its name in our spec and the GPU it is on."""
+
+    name: str
+    gpu_uuid: str
+    device_nodes: tuple[Path, ...] = ()
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{CDI_KIND}={self.name}"
+
+
+def device_name(claim_uid: str, device: str, share_id: str | None) -> str:
+    """Unique per share: two shares of one GPU in one claim differ by their shareID."""
+    return f"{claim_uid}-{device}" + (f"-{share_id}" if share_id else "")
+
+
+def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
+    return cdi_dir / f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def spec(
+    devices: Sequence[CdiDevice],
+    files: ClaimFiles,
+    gpu_uuids: Sequence[str],
+    libraries: Mapping[PurePosixPath, Path],
+    common_device_nodes: Sequence[Path],
+    extra_env: Sequence[tuple[str, str]],
+    extra_mounts: Sequence[Path],
+) -> dict[str, Any]:
+    """The claim's spec. ``libraries`` maps container paths to host paths of driver libraries the
+    spec mounts itself (empty when NVIDIA's toolkit spec provides them)."""
+    visible = ",".join(gpu_uuids)
+    env = [
+        f"{LIMITS_ENV}={CONTAINER_LIMITS}",
+        f"{REGION_ENV}={CONTAINER_REGION}",
+        f"CUDA_VISIBLE_DEVICES={visible}",
+        f"NVIDIA_VISIBLE_DEVICES={visible}",
+        *(f"{k}={v}" for k, v in extra_env),
+    ]
+    mounts = [
+        _mount(files.shim, CONTAINER_SHIM_DIR, read_only=True),
+        _mount(files.preload, CONTAINER_PRELOAD, read_only=True),
+        _mount(files.limits, CONTAINER_LIMITS, read_only=True),
+        _mount(files.region, CONTAINER_REGION, read_only=False),
+        *(_mount(host, container, read_only=True) for container, host in sorted(libraries.items())),
+        *(_mount(path, PurePosixPath(path), read_only=False) for path in extra_mounts),
+    ]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "containerEdits": {
+            "env": env,
+            "mounts": mounts,
+            "deviceNodes": [{"path": str(node)} for node in common_device_nodes],
+        },
+        "devices": [
+            {
+                "name": d.name,
+                "containerEdits": {
+                    # Every CDI device needs at least one edit; this one also tells a user in the
+                    # container which GPU each share is on.
+                    "env": [f"TESSERA_SHARE_{_env_suffix(d.name)}={d.gpu_uuid}"],
+                    "deviceNodes": [{"path": str(node)} for node in d.device_nodes],
+                },
+            }
+            for d in devices
+        ],
+    }
+
+
+def write(cdi_dir: Path, claim_uid: str, claim_spec: Mapping[str, Any]) -> Path:
+    """Write the claim's spec atomically (containerd watches the folder)."""
+    return write_atomically(spec_path(cdi_dir, claim_uid), json.dumps(claim_spec, indent=1))
+
+
+def remove(cdi_dir: Path, claim_uid: str) -> None:
+    spec_path(cdi_dir, claim_uid).unlink(missing_ok=True)
+
+
+def claim_uids(cdi_dir: Path) -> list[str]:
+    """Claim UIDs of the specs this driver left in ``cdi_dir``."""
+    prefix = f"{CDI_VENDOR}-{CDI_CLASS}_"
+    if not cdi_dir.is_dir():
+        return []
+    return sorted(
+        p.name.removeprefix(prefix).removesuffix(".json")
+        for p in cdi_dir.iterdir()
+        if p.name.startswith(prefix) and p.name.endswith(".json")
+    )
+
+
+def _mount(host: Path, container: PurePosixPath, read_only: bool) -> dict[str, Any]:
+    return {
+        "hostPath": str(host),
+        "containerPath": str(container),
+        "options": ["ro" if read_only else "rw", "nosuid", "nodev", "bind"],
+    }
+
+
+def _env_suffix(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).upper()

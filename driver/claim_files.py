@@ -1,0 +1,97 @@
+"""A prepared claim's folder on the host: limits file, usage region, shim, ld.so.preload.
+
+One folder per claim, ``<state dir>/claims/<claim UID>/``, holds everything the claim's containers
+mount, so unprepare removes one folder and nothing is left behind. The limits file and the usage
+region are written only through ``tessera.shim.format`` (the shim's own C code), never by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from tessera.files import write_atomically
+from tessera.shim import format as shim_format
+from tessera.shim.install import Installation, install
+
+CONTAINER_DIR = PurePosixPath("/run/tessera")
+CONTAINER_LIMITS = CONTAINER_DIR / "limits"
+CONTAINER_REGION = CONTAINER_DIR / "usage"
+CONTAINER_SHIM_DIR = PurePosixPath("/usr/local/tessera/shim")
+CONTAINER_PRELOAD = PurePosixPath("/etc/ld.so.preload")
+
+
+@dataclass(frozen=True)
+class ClaimFiles:
+    """The host paths of one claim's folder."""
+
+    directory: Path
+
+    @property
+    def limits(self) -> Path:
+        return self.directory / "limits"
+
+    @property
+    def region(self) -> Path:
+        return self.directory / "usage"
+
+    @property
+    def shim(self) -> Path:
+        return self.directory / "shim"
+
+    @property
+    def preload(self) -> Path:
+        return self.directory / "ld.so.preload"
+
+    @property
+    def identity(self) -> Path:
+        """namespace, name and UID: lets a lost checkpoint be rebuilt from the folders."""
+        return self.directory / "claim.json"
+
+
+def claim_files(claims_dir: Path, uid: str) -> ClaimFiles:
+    return ClaimFiles(claims_dir / uid)
+
+
+def write(
+    files: ClaimFiles,
+    namespace: str,
+    name: str,
+    uid: str,
+    limits: Sequence[shim_format.GpuLimit],
+    container_cuda: PurePosixPath,
+    container_nvml: PurePosixPath,
+) -> None:
+    """Write (or rewrite, identically) the claim's folder. The usage region is created only if
+    missing: a retried prepare must not reset what running processes have recorded."""
+    files.directory.mkdir(parents=True, exist_ok=True)
+    write_atomically(files.identity, json.dumps({"namespace": namespace, "name": name, "uid": uid}))
+    shim_format.write_limits(files.limits, limits)
+    shim_format.create_region(files.region)
+    installation: Installation = install(files.shim, Path(container_cuda), Path(container_nvml))
+    preload = [CONTAINER_SHIM_DIR / installation.cuda.name, CONTAINER_SHIM_DIR / installation.nvml.name]
+    write_atomically(files.preload, "".join(f"{p}\n" for p in preload), mode=0o444)
+
+
+def read_identity(files: ClaimFiles) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) recorded in the folder, or None if it is missing or unreadable."""
+    try:
+        data = json.loads(files.identity.read_text())
+        return str(data["namespace"]), str(data["name"]), str(data["uid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove(files: ClaimFiles) -> None:
+    """Remove the claim's folder; a folder already gone is fine."""
+    shutil.rmtree(files.directory, ignore_errors=True)
+
+
+def claim_uids(claims_dir: Path) -> list[str]:
+    """The UIDs of every claim folder on the host."""
+    if not claims_dir.is_dir():
+        return []
+    return sorted(p.name for p in claims_dir.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -1,0 +1,200 @@
+"""The node daemon's life: start every part in order, serve, and shut down in reverse.
+
+Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state,
+serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
+cannot answer — then publish the slice and watch GPU health. Stop (SIGTERM): deregister first (the
+registration socket goes, so the kubelet stops calling), let calls in flight finish, remove the DRA
+socket, stop the background loops. A background loop that dies unexpectedly stops the daemon, so
+it is restarted rather than left half-working.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from kubernetes import client
+
+from tessera.driver import cleanup, device_health, devices, plugin, registration
+from tessera.driver.checkpoint import read_boot_id
+from tessera.driver.claims import ClaimCache
+from tessera.driver.config import DriverConfig
+from tessera.driver.container_driver import resolve
+from tessera.driver.discovery import Gpu, Nvml
+from tessera.driver.health import HealthServer, dra_socket_answers
+from tessera.driver.slices import SlicePublisher
+from tessera.driver.state import DeviceState
+from tessera.kube import api_client
+
+log = logging.getLogger(__name__)
+
+_STANDARD_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+class Daemon:
+    def __init__(self, config: DriverConfig, kube: client.ApiClient | None = None) -> None:
+        config.validate()
+        self.config = config
+        self._kube = kube or api_client()
+        self._stop = threading.Event()
+        self.fatal: str | None = None
+        self._threads: list[threading.Thread] = []
+        self._servers: list[tuple[grpc.Server, Path]] = []
+        self._health_http: HealthServer | None = None
+        self._nvml: Nvml | None = None
+        self._service: plugin.DraService | None = None
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        config = self.config
+        self._nvml = Nvml()
+        gpus = self._shareable(self._nvml.gpus())
+        container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
+        self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
+        resource = client.ResourceV1Api(self._kube)
+        self.claims = ClaimCache(resource, config.driver_name, config.pool_name)
+        if self.state.rebuild_reason:
+            log.warning("rebuilding prepared claims from the API and the host: %s", self.state.rebuild_reason)
+            cleanup.sweep(config, self.state, self.claims, reprepare=True)
+            self.state.save()
+        self._background("claim-watch", self.claims.run, self._stop)
+
+        self._service = plugin.DraService(self.state, self.claims)
+        self.tracker = device_health.HealthTracker(
+            gpus, config.pool_name, check_timeout=max(30.0, 5 * config.health_interval)
+        )
+        dra = self._serve(config.dra_socket)
+        plugin.add_to_server(dra, self._service)
+        device_health.add_to_server(dra, self.tracker, self._stop)
+        dra.start()
+
+        self.registration = registration.RegistrationService(
+            config.driver_name,
+            config.dra_socket,
+            [*plugin.SUPPORTED_VERSIONS, *device_health.SUPPORTED_VERSIONS],
+        )
+        reg = self._serve(config.registration_socket)
+        registration.add_to_server(reg, self.registration)
+        reg.start()
+        log.info("serving %s; registration socket %s", config.dra_socket, config.registration_socket)
+
+        self.publisher = SlicePublisher(
+            resource, client.CoreV1Api(self._kube), config.node_name, config.driver_name
+        )
+
+        def publish() -> None:
+            problems = self.tracker.problems()
+            self.publisher.set_devices([devices.device(g, *problems.get(g.uuid, (None, None))) for g in gpus])
+
+        self.tracker.on_change = publish
+        self.tracker.poll(self._nvml.problem)
+        publish()
+        self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
+        self._background(
+            "gpu-health",
+            device_health.poll_forever,
+            self.tracker,
+            self._nvml.problem,
+            config.health_interval,
+            self._stop,
+        )
+        self._background(
+            "cleanup",
+            cleanup.sweep_forever,
+            config,
+            self.state,
+            self.claims,
+            config.cleanup_interval,
+            self._stop,
+        )
+        if config.health_port:
+            self._health_http = HealthServer(
+                config.health_address, config.health_port, self.alive, self.not_ready
+            )
+            self._health_http.start()
+
+    def _shareable(self, gpus: list[Gpu]) -> list[Gpu]:
+        """GPUs in MIG mode are not published: their memory and compute belong to MIG instances,
+        which the shim cannot divide further; use MIG's own devices for them."""
+        out = []
+        for gpu in gpus:
+            if gpu.mig_enabled:
+                log.warning("GPU %s (%s) is in MIG mode; not publishing it for sharing", gpu.index, gpu.uuid)
+            else:
+                out.append(gpu)
+        log.info(
+            "found %d GPUs to share: %s", len(out), ", ".join(f"{g.index}:{g.uuid}" for g in out) or "none"
+        )
+        return out
+
+    def _serve(self, socket: Path) -> grpc.Server:
+        socket.parent.mkdir(parents=True, exist_ok=True)
+        if socket.exists() or socket.is_symlink():
+            log.info("removing stale socket %s", socket)
+            socket.unlink()
+        server = grpc.server(ThreadPoolExecutor(max_workers=32, thread_name_prefix=socket.name))
+        server.add_insecure_port(f"unix://{socket}")
+        self._servers.append((server, socket))
+        return server
+
+    def _background(self, name: str, target: Callable[..., None], *args: object) -> None:
+        def guarded() -> None:
+            try:
+                target(*args)
+            except Exception as error:
+                log.exception("background loop %s failed; stopping the daemon", name)
+                self.fatal = f"{name}: {error}"
+                self._stop.set()
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # ------------------------------------------------------------------ probes
+
+    def alive(self) -> bool:
+        return self.fatal is None and dra_socket_answers(self.config.dra_socket)
+
+    def not_ready(self) -> str | None:
+        if not self.registration.registered.is_set():
+            return "not registered with the kubelet yet" + (
+                f" ({self.registration.last_error})" if self.registration.last_error else ""
+            )
+        if not self.publisher.published.is_set():
+            return "ResourceSlice not published yet"
+        return None
+
+    # ------------------------------------------------------------------ stop
+
+    def wait(self) -> None:
+        """Until stop() is called or a background loop fails."""
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Deregister, drain, remove our sockets, stop the loops. Safe to call twice."""
+        self._stop.set()
+        for server, socket in reversed(self._servers):  # registration first
+            socket.unlink(missing_ok=True)
+            server.stop(grace=5).wait()
+        self._servers.clear()
+        if self._health_http is not None:
+            self._health_http.stop()
+            self._health_http = None
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads.clear()
+        if self._service is not None:
+            self._service.close()
+            self._service = None
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+        log.info("stopped")

@@ -1,0 +1,104 @@
+"""A GPU record to the resource.k8s.io/v1 Device the scheduler allocates from: pure, no I/O.
+
+The request policy is the product's promise about one-dimensional claims, so it is stated here
+once (docs/driver.md explains it to users):
+
+- ``memory`` (bytes, 1Mi steps, 0 to the whole GPU): a claim that does not name memory reserves
+  none and gets a memory limit of 0 — it can run kernels on memory it does not own only if it
+  allocates nothing. A share holds exactly the memory it reserved, so memory is never overcommitted.
+- ``cores`` (percent of the GPU's time, 1 steps, 0-100): a claim that does not name cores reserves
+  none and is not compute-capped (it time-slices with the rest); a claim that names cores is capped
+  at them. The sum of the caps never exceeds 100.
+
+Neither default is "the whole device", so a claim that names one dimension never makes the GPU
+exclusive by accident (HAMi's DRA driver defaults both to the whole GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tessera.driver.discovery import Gpu
+from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT
+from tessera.quantity import MiB, round_down
+
+MEMORY_STEP = MiB
+CORES_TOTAL = 100
+STANDARD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+def device_name(gpu: Gpu) -> str:
+    """A DNS label that names the same physical GPU across restarts, reboots and renumbering:
+    derived from its UUID, never from its index."""
+    return "gpu-" + gpu.uuid.lower().removeprefix("gpu-")
+
+
+def version(text: str) -> str:
+    """A semantic version for a DRA version attribute: "550.54.15" stays, "9.0" becomes "9.0.0"."""
+    parts = [str(int(p)) for p in text.split(".")[:3]]
+    return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:3B:00.0" in the standard attribute's form "0000:3b:00.0"."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def device(gpu: Gpu, problem: str | None = None, taint_time: str | None = None) -> dict[str, Any]:
+    """The Device for ``gpu``: attributes, consumable memory and cores, and, while ``problem``
+    says why the GPU is unusable, a NoSchedule taint carrying that reason."""
+    memory = round_down(gpu.memory_bytes, MEMORY_STEP)
+    major, minor = gpu.cuda_compute_capability
+    cuda = gpu.cuda_driver_version
+    attributes: dict[str, Mapping[str, object]] = {
+        "type": {"string": "gpu"},
+        "uuid": {"string": gpu.uuid},
+        "index": {"int": gpu.index},
+        "productName": {"string": gpu.product_name},
+        "brand": {"string": gpu.brand},
+        "architecture": {"string": gpu.architecture},
+        "cudaComputeCapability": {"version": version(f"{major}.{minor}")},
+        "driverVersion": {"version": version(gpu.driver_version)},
+        "cudaDriverVersion": {"version": version(f"{cuda // 1000}.{cuda % 1000 // 10}")},
+        STANDARD_PCI_BUS_ID: {"string": pci_bus_id(gpu.pci_bus_id)},
+    }
+    result: dict[str, Any] = {
+        "name": device_name(gpu),
+        "allowMultipleAllocations": True,
+        "attributes": attributes,
+        "capacity": {
+            MEMORY_CAPACITY: {
+                "value": str(memory),
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": str(memory), "step": str(MEMORY_STEP)},
+                },
+            },
+            CORES_CAPACITY: {
+                "value": str(CORES_TOTAL),
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": str(CORES_TOTAL), "step": "1"},
+                },
+            },
+        },
+    }
+    if problem is not None:
+        taint: dict[str, str] = {
+            "key": UNHEALTHY_TAINT,
+            "value": _taint_value(problem),
+            "effect": "NoSchedule",
+        }
+        if taint_time:
+            taint["timeAdded"] = taint_time
+        result["taints"] = [taint]
+    return result
+
+
+def _taint_value(problem: str) -> str:
+    """A taint value is a label value: 63 characters of [A-Za-z0-9._-]; the full message goes to the
+    health service and the log."""
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in problem)
+    return cleaned[:63].strip("-._") or "unhealthy"

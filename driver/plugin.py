@@ -1,0 +1,137 @@
+"""The kubelet's DRA node service: one implementation behind v1 and v1beta1, one answer per claim.
+
+Every claim in a request gets its own result or its own one-sentence error (which the kubelet puts
+in the pod's events); one bad claim never fails its neighbours. Claims of one call are prepared in
+parallel. The two API versions differ only in their package and v1's ``share_id``, so the same
+handler fills either version's messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from tessera.driver.allocation import AllocationError
+from tessera.driver.checkpoint import PreparedDevice
+from tessera.driver.claims import ClaimCache
+from tessera.driver.container_driver import DriverSourceError
+from tessera.driver.state import DeviceState
+from tessera.proto.dra.v1 import api_pb2 as v1
+from tessera.proto.dra.v1 import api_pb2_grpc as v1_grpc
+from tessera.proto.dra.v1beta1 import api_pb2 as v1beta1
+from tessera.proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+"""In the order the kubelet should prefer them (some kubelets take the first they know)."""
+
+
+class DraService:
+    """NodePrepareResources and NodeUnprepareResources, whatever the API version."""
+
+    def __init__(self, state: DeviceState, claims: ClaimCache, workers: int = 16) -> None:
+        self._state = state
+        self._claims = claims
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prepare")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def prepare(self, request: Any, pb: ModuleType) -> Any:
+        call = uuid.uuid4().hex[:8]
+        began = time.monotonic()
+        response = pb.NodePrepareResourcesResponse()
+        results = self._pool.map(lambda c: (c, self._prepare_one(c, pb, call)), list(request.claims))
+        for claim, result in results:
+            response.claims[claim.uid].CopyFrom(result)
+        log.debug(
+            "call %s: prepared %d claims in %.1f ms",
+            call,
+            len(request.claims),
+            1e3 * (time.monotonic() - began),
+        )
+        return response
+
+    def _prepare_one(self, claim: Any, pb: ModuleType, call: str) -> Any:
+        try:
+            obj = self._claims.get(claim.namespace, claim.name, claim.uid)
+            devices = self._state.prepare(obj)
+        except (AllocationError, DriverSourceError) as error:
+            return self._failed(pb, claim, call, str(error))
+        except OSError as error:
+            return self._failed(pb, claim, call, f"cannot write the claim's files on the node: {error}")
+        except Exception as error:  # a bug or the API: still one answer for this claim only
+            log.exception("call %s: preparing %s/%s failed unexpectedly", call, claim.namespace, claim.name)
+            return self._failed(pb, claim, call, f"unexpected error preparing the claim: {error}")
+        return pb.NodePrepareResourceResponse(devices=[_device(pb, d) for d in devices])
+
+    @staticmethod
+    def _failed(pb: ModuleType, claim: Any, call: str, message: str) -> Any:
+        log.warning(
+            "call %s: cannot prepare ResourceClaim %s/%s (%s): %s",
+            call,
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            message,
+        )
+        return pb.NodePrepareResourceResponse(error=message)
+
+    def unprepare(self, request: Any, pb: ModuleType) -> Any:
+        response = pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                self._state.unprepare(claim.uid)
+                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
+            except OSError as error:
+                message = f"cannot remove the claim's files on the node: {error}"
+                log.warning("cannot unprepare ResourceClaim %s/%s: %s", claim.namespace, claim.name, message)
+                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse(error=message))
+        return response
+
+
+def _device(pb: ModuleType, d: PreparedDevice) -> Any:
+    fields: dict[str, Any] = {
+        "request_names": list(d.request_names),
+        "pool_name": d.pool,
+        "device_name": d.device,
+        "cdi_device_ids": list(d.cdi_device_ids),
+    }
+    if d.share_id and pb is v1:  # v1beta1 has no share_id
+        fields["share_id"] = d.share_id
+    return pb.Device(**fields)
+
+
+class _V1Servicer:
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._service.prepare(request, v1)
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._service.unprepare(request, v1)
+
+
+class _V1Beta1Servicer:
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._service.prepare(request, v1beta1)
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._service.unprepare(request, v1beta1)
+
+
+def add_to_server(server: grpc.Server, service: DraService) -> None:
+    """Register ``service`` as both v1 and v1beta1 DRAPlugin on ``server``."""
+    v1_grpc.add_DRAPluginServicer_to_server(_V1Servicer(service), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(_V1Beta1Servicer(service), server)

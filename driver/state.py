@@ -1,0 +1,185 @@
+"""Prepare and unprepare under the checkpoint's two phases: the one place claims change state.
+
+For each claim: compute the shares and devices (pure, repeatable), record ``PrepareStarted``, write
+the claim's folder and CDI spec, record ``PrepareCompleted``. A claim already completed with the
+same devices is returned as it is; a started one is simply redone (every side effect overwrites
+identically), so a kill at any instant converges on the kubelet's retry. Calls for different claims
+run in parallel; calls for one claim are serialised by that claim's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from tessera.driver import allocation, cdi, checkpoint, claim_files
+from tessera.driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, PreparedDevice
+from tessera.driver.config import DriverConfig
+from tessera.driver.container_driver import ContainerDriver
+from tessera.driver.devices import device_name
+from tessera.driver.discovery import Gpu
+from tessera.shim.format import GpuLimit
+
+log = logging.getLogger(__name__)
+
+CRASH_POINT_ENV = "TESSERA_DRIVER_CRASH_POINT"
+"""Fault injection for the crash tests: the daemon SIGKILLs itself when a prepare reaches the named
+point — "before-checkpoint", "after-checkpoint" (PrepareStarted recorded, nothing written yet) or
+"after-cdi" (the CDI spec written, PrepareCompleted not yet recorded). Never set in production."""
+CRASH_POINTS = ("before-checkpoint", "after-checkpoint", "after-cdi")
+
+
+def _crash_point(point: str) -> None:
+    if os.environ.get(CRASH_POINT_ENV) == point:
+        log.warning("crash point %s reached: killing myself, as %s asks", point, CRASH_POINT_ENV)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DeviceState:
+    def __init__(
+        self, config: DriverConfig, gpus: Sequence[Gpu], container_driver: ContainerDriver, boot_id: str
+    ) -> None:
+        self._config = config
+        self._gpus = {device_name(g): g for g in gpus}
+        self._driver = container_driver
+        self._claim_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        loaded = checkpoint.load(config.checkpoint_file, boot_id)
+        self._checkpoint = loaded.checkpoint
+        self.rebuild_reason = loaded.rebuild
+        """Set when the prepared state must be rebuilt from the API and the host (see cleanup)."""
+
+    # ------------------------------------------------------------------ queries
+
+    def records(self) -> dict[str, ClaimRecord]:
+        with self._checkpoint_lock:
+            return dict(self._checkpoint.claims)
+
+    def devices_on_host(self) -> set[str]:
+        """Claim UIDs with a folder or a CDI spec on the host, recorded or not."""
+        return set(claim_files.claim_uids(self._config.claims_dir)) | set(
+            cdi.claim_uids(self._config.cdi_dir)
+        )
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, claim: Mapping[str, Any]) -> list[PreparedDevice]:
+        """Prepare ``claim`` (a ResourceClaim as JSON, allocated); raise AllocationError or
+        OSError with a one-sentence reason."""
+        meta = claim["metadata"]
+        uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
+        shares = allocation.shares(claim, self._config.driver_name, self._config.pool_name, list(self._gpus))
+        devices = self._devices(uid, shares)
+        with self._claim_lock(uid):
+            record = self.records().get(uid)
+            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
+                return devices
+            _crash_point("before-checkpoint")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
+            _crash_point("after-checkpoint")
+            self._write_side_effects(uid, namespace, name, shares)
+            _crash_point("after-cdi")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+        log.info(
+            "prepared claim %s/%s (%s): %s",
+            namespace,
+            name,
+            uid,
+            ", ".join(
+                f"{s.device} memory={s.memory_bytes} cores={s.cores} share={s.share_id}" for s in shares
+            ),
+        )
+        return devices
+
+    def _devices(self, uid: str, shares: Sequence[allocation.Share]) -> list[PreparedDevice]:
+        out = []
+        for share in shares:
+            gpu = self._gpus[share.device]
+            ours = cdi.CdiDevice(cdi.device_name(uid, share.device, share.share_id), gpu.uuid)
+            out.append(
+                PreparedDevice(
+                    request_names=(share.request,),
+                    pool=share.pool,
+                    device=share.device,
+                    cdi_device_ids=(ours.qualified_name, *self._driver.toolkit_ids([gpu.uuid])),
+                    share_id=share.share_id,
+                )
+            )
+        return out
+
+    def _write_side_effects(
+        self, uid: str, namespace: str, name: str, shares: Sequence[allocation.Share]
+    ) -> None:
+        files = claim_files.claim_files(self._config.claims_dir, uid)
+        limits = [
+            GpuLimit(self._gpus[g.device].uuid, g.memory_bytes, g.cores) for g in allocation.limits(shares)
+        ]
+        claim_files.write(
+            files, namespace, name, uid, limits, self._driver.container_cuda, self._driver.container_nvml
+        )
+        cdi_devices = [
+            cdi.CdiDevice(
+                cdi.device_name(uid, s.device, s.share_id),
+                self._gpus[s.device].uuid,
+                self._driver.gpu_device_nodes(self._gpus[s.device].minor_number),
+            )
+            for s in shares
+        ]
+        spec = cdi.spec(
+            cdi_devices,
+            files,
+            [limit.uuid for limit in limits],
+            self._driver.libraries,
+            self._driver.common_device_nodes,
+            self._config.container_env,
+            self._config.container_mounts,
+        )
+        cdi.write(self._config.cdi_dir, uid, spec)
+
+    # ------------------------------------------------------------------ unprepare
+
+    def unprepare(self, uid: str) -> bool:
+        """Remove what prepare made for ``uid``. Unknown claims succeed. Returns whether anything
+        was recorded or on the host."""
+        with self._claim_lock(uid):
+            known = uid in self.records()
+            on_host = uid in self.devices_on_host()
+            cdi.remove(self._config.cdi_dir, uid)
+            claim_files.remove(claim_files.claim_files(self._config.claims_dir, uid))
+            if known:
+                with self._checkpoint_lock:
+                    self._checkpoint.claims.pop(uid, None)
+                    checkpoint.save(self._config.checkpoint_file, self._checkpoint)
+        if known or on_host:
+            log.info("unprepared claim %s", uid)
+        return known or on_host
+
+    # ------------------------------------------------------------------ internals
+
+    def _record(self, record: ClaimRecord) -> None:
+        with self._checkpoint_lock:
+            self._checkpoint.claims[record.uid] = record
+            checkpoint.save(self._config.checkpoint_file, self._checkpoint)
+
+    def save(self) -> None:
+        """Write the checkpoint as it is now (after a rebuild started from an empty one)."""
+        with self._checkpoint_lock:
+            checkpoint.save(self._config.checkpoint_file, self._checkpoint)
+
+    @contextmanager
+    def _claim_lock(self, uid: str) -> Iterator[None]:
+        with self._locks_guard:
+            lock = self._claim_locks.setdefault(uid, threading.Lock())
+        with lock:
+            yield
+
+
+def claim_identity(config: DriverConfig, uid: str) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of a claim folder on the host (for rebuilding a lost checkpoint)."""
+    return claim_files.read_identity(claim_files.claim_files(config.claims_dir, uid))

@@ -1,0 +1,227 @@
+"""Tessera's node daemon on a test-bed node, over simulated GPUs, under the chart's RBAC.
+
+What the DaemonSet will do on a real cluster, done with processes: the daemon (``tessera-driver``)
+runs with the simulated driver's environment, authenticated as a service account that holds only the
+ClusterRole rules the chart installs (``charts/tessera/files/kubeletplugin-rules.yaml``), pointed at
+the node's kubelet root and CDI folder. Prepared containers get the simulated libraries and the
+node's simulator state through the daemon's own CDI edits (``--driver-source own``), exactly as a node
+without NVIDIA's toolkit gets the real ones. Works for real nodes (kubelet, containerd) and for
+kubelet-less fake Node objects (the tests then call the DRA socket themselves).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.kube import api_client, raw_json
+from tessera.names import DEVICE_CLASS, DRIVER_NAME
+from tessera.simgpu.config import GiB, NodeSpec, library_dir, make_gpus, process_env, write_config
+from tessera.simgpu.node import Node
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.process import ManagedProcess, free_port
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+RULES_FILE = REPO / "charts" / "tessera" / "files" / "kubeletplugin-rules.yaml"
+NAMESPACE = "tessera-system"
+ACCOUNT = "tessera-driver"
+
+
+def _create(call: Any, *args: Any) -> None:
+    """Create an object; one that exists already is fine (several nodes share the account)."""
+    try:
+        call(*args)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def driver_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
+    """A kubeconfig for the daemon's service account, bound to the chart's ClusterRole rules only."""
+    kube = api_client(cluster.admin_kubeconfig)
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    _create(core.create_namespace, {"metadata": {"name": NAMESPACE}})
+    _create(core.create_namespaced_service_account, NAMESPACE, {"metadata": {"name": ACCOUNT}})
+    _create(rbac.create_cluster_role, {"metadata": {"name": ACCOUNT}, "rules": rules})
+    _create(
+        rbac.create_cluster_role_binding,
+        {
+            "metadata": {"name": ACCOUNT},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+        },
+    )
+    request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 86400}})
+    status = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, request).status
+    assert status is not None
+    token = status.token
+    assert cluster.ca is not None, "cluster not started"
+    ca = base64.b64encode(cluster.ca.pair.cert.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": ACCOUNT}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def ensure_device_class(kube: client.ApiClient) -> None:
+    """The DeviceClass the chart installs: every device of Tessera's driver."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER_NAME}'"}}]},
+    }
+    _create(client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body))
+
+
+class DriverNode:
+    """The daemon for one node and that node's simulated GPUs."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        node_name: str,
+        kubelet_root: Path | None = None,
+        cdi_dir: Path | None = None,
+        gpus: int = 4,
+        memory_bytes: int = 80 * GiB,
+        health_interval: float = 1.0,
+        cleanup_interval: float = 60.0,
+    ) -> None:
+        self.cluster = cluster
+        self.node_name = node_name
+        # Short: the sockets under it must fit 108 bytes.
+        self.work_dir = Path(tempfile.mkdtemp(prefix="tdrv-"))
+        self.kubelet_root = kubelet_root or self.work_dir / "kubelet"
+        self.cdi_dir = cdi_dir or self.work_dir / "cdi"
+        self.state_dir = self.work_dir / "state"
+        self.sim_dir = self.work_dir / "simgpu"
+        self.sim_dir.mkdir()
+        spec = NodeSpec(
+            state_file=self.sim_dir / "state",
+            gpus=make_gpus(gpus, node_name, memory_bytes=memory_bytes),
+        )
+        self.simgpu = Node(spec, write_config(spec, self.sim_dir / "simgpu.conf"))
+        self.boot_id_file = self.work_dir / "boot_id"
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
+        self.kubeconfig = driver_kubeconfig(cluster, self.work_dir / "kubeconfig")
+        self.health_interval = health_interval
+        self.cleanup_interval = cleanup_interval
+        self.health_port = 0
+        self.process: ManagedProcess | None = None
+        self.starts = 0
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "tessera.driver.cli",
+            f"--node-name={self.node_name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--kubelet-root={self.kubelet_root}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--state-dir={self.state_dir}",
+            "--driver-source=own",
+            f"--driver-library-dir={library_dir()}",
+            f"--container-env=SIMGPU_CONFIG={self.simgpu.config}",
+            f"--container-mount={self.sim_dir}",
+            f"--boot-id-file={self.boot_id_file}",
+            f"--health-interval={self.health_interval}",
+            f"--cleanup-interval={self.cleanup_interval}",
+            f"--health-port={self.health_port}",
+            "--health-address=127.0.0.1",
+            "--log-level=debug",
+        ]
+
+    def start(self, crash_point: str | None = None) -> None:
+        """Start the daemon (again). With ``crash_point``, it kills itself at that step of its next
+        prepare (see driver/state.py)."""
+        assert self.process is None or not self.process.running(), "already running"
+        self.starts += 1
+        self.health_port = free_port()
+        env = process_env(self.simgpu.config)
+        env.pop("KUBECONFIG", None)
+        if crash_point:
+            env["TESSERA_DRIVER_CRASH_POINT"] = crash_point
+        self.process = ManagedProcess(f"tessera-driver-{self.starts}", self.argv(), self.work_dir, env=env)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def reboot(self) -> None:
+        """What a reboot changes for the daemon: a new boot ID (the caller restarts it)."""
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    def ready(self) -> bool:
+        """/readyz answers 200: registered with the kubelet and the slice published."""
+        with contextlib.suppress(OSError):
+            return self._get("/readyz")[0] == 200
+        return False
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        assert self.process is not None
+        self.process.wait_until(self.ready, timeout, "registered and published")
+
+    def wait_published(self, timeout: float = 60) -> dict[str, Any]:
+        """The node's slice as the API holds it, once it is there."""
+        assert self.process is not None
+        resource = client.ResourceV1Api(api_client(self.cluster.admin_kubeconfig))
+        found: dict[str, Any] = {}
+
+        def published() -> bool:
+            response = resource.list_resource_slice(
+                field_selector=f"spec.nodeName={self.node_name}", _preload_content=False
+            )
+            items = raw_json(response)["items"]
+            if items:
+                found.update(items[0])
+            return bool(items)
+
+        self.process.wait_until(published, timeout, "ResourceSlice published")
+        return found
+
+    def log_tails(self, lines: int = 80) -> dict[str, str]:
+        if self.process is None:
+            return {}
+        return {f"tessera-driver on {self.node_name}": self.process.log_tail(lines)}
+
+    def cleanup(self) -> None:
+        """Stop the daemon and remove its folder (the node's own folders are the node's)."""
+        self.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
