@@ -55,6 +55,17 @@ static int test_failures __attribute__((unused)); /* for EXPECT_* in the conform
 
 #define EXPECT_TRUE(cond) EXPECT_EQ(!!(cond), 1)
 
+/*
+ * Checks on elapsed time hold on a machine with every core busy: a bound is one the host clock
+ * proves whatever the scheduler does (work that takes D cannot end sooner than D after a moment
+ * read before it was queued; what happened between two host clock readings lies between them),
+ * never a guess of how long something should take. A check that needs the calling thread to
+ * have run without a pause (a query "while the kernel still runs") is judged by the host clock
+ * after it; when the thread was descheduled past the point that makes it conclusive, the check
+ * is retried where that is cheap, and otherwise counted here and reported on stderr, not failed.
+ */
+static int test_unchecked __attribute__((unused));
+
 static inline uint64_t test_now_ns(void)
 {
     struct timespec ts;
@@ -84,5 +95,12 @@ static const char sleep_kernel_ptx[] =
     "  @%p bra WAIT;\n"
     "  ret;\n"
     "}\n";
+
+static inline void test_report_unchecked(void)
+{
+    if (test_unchecked > 0)
+        fprintf(stderr, "%d timing-dependent checks not made: the thread was descheduled\n",
+                test_unchecked);
+}
 
 #endif
