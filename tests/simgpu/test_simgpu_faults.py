@@ -3,14 +3,20 @@ off the bus under a running process, and added call latency."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
+
+import pytest
 
 from tessera.simgpu.config import GpuFaults
 from tessera.simgpu.node import NodeFactory, read_line
 
 DEVICE_UNAVAILABLE = 46  # what CUDA calls return for a GPU that fell off the bus
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+
+
+def values(stdout: str) -> dict[str, str]:
+    """The probe's "name value" lines as a dict."""
+    return dict(line.split(maxsplit=1) for line in stdout.splitlines() if line.strip())
 
 
 def test_nth_allocation_fails(make_node: NodeFactory) -> None:
@@ -26,18 +32,23 @@ def test_nth_allocation_fails(make_node: NodeFactory) -> None:
 
 def test_gpu_falls_off_the_bus_under_a_running_process(make_node: NodeFactory) -> None:
     """Marking GPU 0 lost in the configuration makes the running process's allocation and
-    synchronisation fail with CUDA_ERROR_DEVICE_UNAVAILABLE within the 20 ms poll interval (the
-    probe calls every 20 ms; asserted loosely, under 0.5 s), NVML answer NVML_ERROR_GPU_IS_LOST
-    for GPU 0, and leaves GPU 1 working."""
+    synchronisation fail with CUDA_ERROR_DEVICE_UNAVAILABLE within the 20 ms poll interval, NVML
+    answer NVML_ERROR_GPU_IS_LOST for GPU 0, and leaves GPU 1 working.
+
+    "Within the poll interval" is counted in the probe's rounds, not measured in seconds (a busy
+    machine stretches seconds, not rounds): each round sleeps 20 ms, so by the start of its third
+    round after the probe itself saw the file change, at least 40 ms have passed since the
+    driver could first have seen it - more than its 20 ms interval plus a tick of the coarse
+    clock it is timed with (at most 10 ms) - and that round's calls must fail."""
     node = make_node(gpus=2, name="lost")
     worker = node.start("simgpu_probe", "wait-lost", "0")
     try:
         read_line(worker, "ready")
         lost = replace(node.spec.gpus[0], faults=GpuFaults(lost=True))
-        start = time.monotonic()
         node.update(replace(node.spec, gpus=(lost, node.spec.gpus[1])))
         assert read_line(worker, "lost") == f"lost {DEVICE_UNAVAILABLE} {DEVICE_UNAVAILABLE}"
-        assert time.monotonic() - start < 0.5
+        rounds = int(read_line(worker, "rounds_after_change").split()[1])
+        assert rounds <= 3, rounds
         worker.wait(timeout=10)
     finally:
         worker.kill()
@@ -71,42 +82,63 @@ print(json.dumps(out))
 
 def test_call_latency(make_node: NodeFactory) -> None:
     """latency_us adds that much time to every API call (here cuDeviceGetCount), and can be
-    switched on for running processes by rewriting the configuration."""
+    switched on for running processes by rewriting the configuration.
+
+    Judged by the shortest of 200 calls: the scheduler only ever makes a call longer, so with
+    2 ms of latency even the shortest takes 2 ms (whatever the load), and without it the
+    shortest is a plain call (tens of ns) unless every one of the 200 was interrupted for half
+    a millisecond."""
     node = make_node(name="slow")
     fast = node.program("simgpu_probe", "latency", "200")
-    assert int(fast.stdout.split()[1]) < 500_000
+    assert fast.returncode == 0, fast.stderr
+    assert int(values(fast.stdout)["min_ns"]) < 500_000
     node.update(replace(node.spec, latency_us=2000))
     slow = node.program("simgpu_probe", "latency", "200")
-    assert int(slow.stdout.split()[1]) >= 2_000_000
+    assert slow.returncode == 0, slow.stderr
+    assert int(values(slow.stdout)["min_ns"]) >= 2_000_000
+
+
+POLL_NS = 20_000_000  # how often, at most, a process looks at its configuration file
 
 
 def test_calls_do_not_look_at_the_configuration_each_time(make_node: NodeFactory) -> None:
     """The live-fault check costs a clock read per call, not a stat() of the configuration file
-    (which made every call take about 450 ns): the mean cost of cuCtxGetCurrent stays under
-    200 ns and that of launching a zero-length kernel under 400 ns (about 10 ns and 70 ns on an
-    idle machine; the bounds leave room for a loaded one)."""
-    done = make_node(name="cost").program("simgpu_probe", "call-cost", "200000")
+    (which made every call about 450 ns slower): over 20 000 calls of cuCtxGetCurrent, and
+    20 000 launches of a zero-length kernel, the process makes at most one stat() per 20 ms
+    poll interval that the calls took (plus the one the first call may make).
+
+    Counted with ptrace in the probe, so the figure does not move with the machine's load (what
+    the calls cost in nanoseconds is a benchmark figure: benchmarks/simgpu/call_cost.py)."""
+    done = make_node(name="cost").program("simgpu_probe", "call-syscalls", "20000")
+    if done.returncode == 4:
+        pytest.skip(f"this machine refuses ptrace to its own child: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
-    cost = dict(line.split() for line in done.stdout.splitlines())
-    assert int(cost["ctx_get_current_ns"]) < 200
-    assert int(cost["launch_ns"]) < 400
+    seen = values(done.stdout)
+    for phase in ("ctx_get_current", "launch"):
+        polls = int(seen[f"{phase}_ns"]) // POLL_NS + 1
+        assert int(seen[f"{phase}_stats"]) <= polls, (phase, seen)
 
 
 def test_broken_rewrite_keeps_previous_faults(make_node: NodeFactory) -> None:
     """A configuration rewritten with an error leaves a running process's faults as they were and
-    says why on stderr, rather than failing its calls."""
+    says why on stderr, rather than failing its calls: once it has said so it is still working,
+    and a valid rewrite after that still reaches it. (Waiting for its message, not for a fixed
+    time, makes sure it has read the broken file, however busy the machine.)"""
     node = make_node(name="keep")
     worker = node.start("simgpu_probe", "wait-lost", "0")
     try:
         read_line(worker, "ready")
         node.config.write_text(node.config.read_text() + "\nnonsense\n")
-        lost = replace(node.spec.gpus[0], faults=GpuFaults(lost=True))
-        time.sleep(0.3)
+        assert worker.stderr is not None
+        # Written in place, so the worker may first read it half-written: wait for its verdict
+        # on the whole file.
+        complaint = next((line for line in worker.stderr if "nonsense" in line), "(stderr closed)")
+        assert "keeping previous fault settings" in complaint
+        assert "expected 'key = value', got 'nonsense'" in complaint
         assert worker.poll() is None  # still working: the bad file changed nothing
+        lost = replace(node.spec.gpus[0], faults=GpuFaults(lost=True))
         node.update(replace(node.spec, gpus=(lost,)))
-        assert read_line(worker, "lost").startswith("lost")
+        assert read_line(worker, "lost") == f"lost {DEVICE_UNAVAILABLE} {DEVICE_UNAVAILABLE}"
     finally:
         worker.kill()
-        _, err = worker.communicate()
-    assert "keeping previous fault settings" in err
-    assert "expected 'key = value', got 'nonsense'" in err
+        worker.communicate()
