@@ -10,13 +10,14 @@ import pytest
 from tessera.simgpu.config import (
     CONFIG_ENV,
     LIB_DIR_ENV,
+    GiB,
+    GpuFaults,
     GpuSpec,
     NodeSpec,
     gpu_uuid,
     library_dir,
     make_gpus,
     process_env,
-    render,
     write_config,
 )
 
@@ -32,14 +33,73 @@ def test_make_gpus_gives_distinct_stable_identities() -> None:
 
 
 def test_write_config_is_atomic_and_renders_every_field(tmp_path: Path) -> None:
-    """write_config replaces the file in one step (no temporary files left behind) with the
-    rendered text, which names every GPU field."""
-    spec = NodeSpec(state_file=tmp_path / "state", gpus=make_gpus(1, "w"))
-    path = write_config(spec, tmp_path / "cfg" / "node.conf")
-    assert path.read_text() == render(spec)
+    """write_config writes every field of the spec in the format docs/simgpu.md gives (the
+    expected text is written out here, not produced by the code under test, and every value
+    differs from its default, so a field dropped or written from the wrong attribute shows), and
+    replaces an existing file in one step: a reader that opened the old file still reads all of
+    it, the path names a new file with the new text, and no temporary file is left behind."""
+    gpu = GpuSpec(
+        uuid="GPU-0123abcd-4567-89ab-cdef-0123456789ab",
+        pci_bus_id="00000000:3B:00.0",
+        minor=7,
+        name="NVIDIA A100-SXM4-40GB",
+        memory_bytes=40 * GiB,
+        sm_count=108,
+        compute_capability=(8, 0),
+        brand="tesla",
+        pci_device_id=0x20B010DE,
+        power_watts=91,
+        power_limit_watts=400,
+        temperature_c=41,
+        faults=GpuFaults(fail_alloc=3, lost=True),
+    )
+    spec = NodeSpec(
+        state_file=Path("/run/simgpu/w.state"),
+        gpus=(gpu,),
+        driver_version="535.104.05",
+        cuda_driver_version=12020,
+        util_window_ms=500,
+        default_kernel_ns=250_000,
+        latency_us=15,
+        kernels={"simgpu_sleep_ns": "param0", "gemm": 1_500_000},
+    )
+    expected = """# Simulated NVIDIA node (Tessera simgpu); format: docs/simgpu.md
+[node]
+state_file = /run/simgpu/w.state
+driver_version = 535.104.05
+cuda_driver_version = 12020
+util_window_ms = 500
+default_kernel_ns = 250000
+latency_us = 15
+
+[gpu]
+uuid = GPU-0123abcd-4567-89ab-cdef-0123456789ab
+name = NVIDIA A100-SXM4-40GB
+memory_bytes = 42949672960
+sm_count = 108
+compute_capability = 8.0
+pci_bus_id = 00000000:3B:00.0
+pci_device_id = 0x20b010de
+minor = 7
+brand = tesla
+power_watts = 91
+power_limit_watts = 400
+temperature_c = 41
+fail_alloc = 3
+lost = true
+
+[kernels]
+simgpu_sleep_ns = param0
+gemm = 1500000
+"""
+    path = tmp_path / "cfg" / "node.conf"
+    write_config(NodeSpec(state_file=tmp_path / "state", gpus=make_gpus(1, "w")), path)
+    before = path.read_text()
+    with path.open() as reader:
+        assert write_config(spec, path) == path
+        assert reader.read() == before  # the old file, whole, for whoever had it open
+    assert path.read_text() == expected
     assert [p.name for p in path.parent.iterdir()] == ["node.conf"]
-    for key in ("uuid", "memory_bytes", "sm_count", "compute_capability", "pci_bus_id", "minor"):
-        assert f"\n{key} = " in path.read_text()
 
 
 def test_invalid_specs_are_rejected(tmp_path: Path) -> None:
