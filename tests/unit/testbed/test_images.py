@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -25,11 +26,33 @@ def read_layout(archive: Path) -> dict[str, bytes]:
 
 
 def test_layers_are_reproducible(tmp_path: Path) -> None:
-    """The same files give byte-identical layers (sorted entries, zero mtimes, root owner)."""
-    program = tmp_path / "hello"
-    program.write_text("#!/bin/sh\necho hello\n")
-    program.chmod(0o755)
-    assert layer_bytes({"/bin/hello": program}) == layer_bytes({"/bin/hello": program})
+    """The same files give byte-identical layers (sorted entries, zero mtimes, root owner): two
+    copies of the same files, with different modification times, different owners (when the
+    test runs as root; otherwise the files' owner is not root) and given in a different order,
+    make the same bytes, and every entry of the layer has mtime 0 and owner root:root, files in
+    name order."""
+    copies = []
+    for name, stamp in (("a", 1_000_000), ("b", 2_000_000_000)):
+        folder = tmp_path / name
+        folder.mkdir()
+        program, data = folder / "hello", folder / "data"
+        program.write_text("#!/bin/sh\necho hello\n")
+        program.chmod(0o755)
+        data.write_text("payload\n")
+        for path in (program, data):
+            os.utime(path, (stamp, stamp))
+        copies.append((program, data))
+    if os.geteuid() == 0:
+        for path in copies[1]:
+            os.chown(path, 1234, 5678)
+    (program_a, data_a), (program_b, data_b) = copies
+    first = layer_bytes({"/bin/hello": program_a, "/etc/data": data_a})
+    second = layer_bytes({"/etc/data": data_b, "/bin/hello": program_b})
+    assert first == second
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members if m.isfile()] == ["bin/hello", "etc/data"]
+    assert all((m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "root", "root") for m in members)
 
 
 def test_archive_is_an_oci_layout_named_for_containerd(tmp_path: Path) -> None:

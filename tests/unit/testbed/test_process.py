@@ -3,9 +3,10 @@ it for sure — SIGTERM first, SIGKILL for one that ignores it."""
 
 from __future__ import annotations
 
+import logging
+import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,23 +18,39 @@ from tessera.testbed.process import ManagedProcess, free_port
 def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
     child = "import time; print('hello from the child', flush=True); time.sleep(60)"
     process = ManagedProcess("greeter", [sys.executable, "-c", child], tmp_path)
-    process.wait_until(lambda: "hello" in process.log_path.read_text(), 10, "output")
+    process.wait_until(lambda: "hello" in process.log_path.read_text(), 60, "output")
     process.stop()
     assert "hello from the child" in process.log_tail()
 
 
 def test_waiting_fails_fast_with_the_log_when_the_process_exits(tmp_path: Path) -> None:
+    """A wait for a process that has exited stops at its next look, with the exit status and the
+    log, instead of polling until its timeout. Shown without timing it: the wait is given an hour,
+    so only failing fast lets the test end (pytest's timeout would fail it otherwise), and once
+    the process has exited the wait must not even ask the readiness check again."""
     process = ManagedProcess(
         "crasher", [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"], tmp_path
     )
-    started = time.monotonic()
+    asked: list[bool] = []
+
+    def ready() -> bool:
+        asked.append(process.running())
+        return False
+
     with pytest.raises(Fatal, match=r"crasher exited with status 3 before health(.|\n)*bad flag"):
-        process.wait_until(lambda: False, 30, "health")
-    assert time.monotonic() - started < 10
+        process.wait_until(ready, 3600, "health")
+    assert all(asked)  # every look at readiness was made while the process still ran
+    looks = len(asked)
+    with pytest.raises(Fatal, match="crasher exited with status 3 before health again"):
+        process.wait_until(ready, 3600, "health again")
+    assert len(asked) == looks  # and a wait begun after it exited made none
     process.stop()
 
 
-def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
+def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A process that ignores SIGTERM is killed with SIGKILL once the grace period is over, not
+    waited for: it dies of SIGKILL (had stop() waited, its 60 s sleep would have ended it with
+    status 0, or pytest's timeout the test), and stop() says that it killed it."""
     stubborn = (
         "import signal, time\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -41,11 +58,12 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     process = ManagedProcess("stubborn", [sys.executable, "-c", stubborn], tmp_path)
-    process.wait_until(lambda: "ignoring" in process.log_path.read_text(), 10, "signal handler")
-    started = time.monotonic()
-    process.stop(grace=0.5)
+    process.wait_until(lambda: "ignoring" in process.log_path.read_text(), 60, "signal handler")
+    with caplog.at_level(logging.WARNING, logger="tessera.testbed.process"):
+        process.stop(grace=0.5)
     assert not process.running()
-    assert time.monotonic() - started < 5
+    assert process._popen.returncode == -signal.SIGKILL
+    assert "stubborn ignored SIGTERM for 0s; killing it" in caplog.text
 
 
 def test_stop_is_idempotent(tmp_path: Path) -> None:
