@@ -104,7 +104,7 @@ def test_probe_runs_without_shim(make_claim: ClaimFactory) -> None:
 
 
 FAILING_LAUNCHES = """
-import ctypes, time
+import ctypes
 cuda = ctypes.CDLL("libcuda.so.1")
 ctx, mod, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
 assert cuda.cuInit(0) == 0
@@ -113,24 +113,23 @@ assert cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
 assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"simgpu_sleep_ns") == 0
 ns = ctypes.c_uint64(1000000)
 params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(ns), ctypes.c_void_p))
-t = time.monotonic()
 rcs = {cuda.cuLaunchCooperativeKernel(fn, 1 << 30, 1, 1, 1, 1, 1, 0, None, params) for _ in range(40)}
-print("rcs", sorted(rcs), "seconds", round(time.monotonic() - t, 3))
+print("rcs", sorted(rcs))
 """
 
 
 def test_failed_launches_are_refunded(make_claim: ClaimFactory) -> None:
     """A capped launch the driver refuses (here a cooperative launch too large for the GPU) is
     refunded and leaves its shape's ledger: 40 of them at a 10 % cap neither wait for budget
-    (each would otherwise cost 100 ms of waiting) nor leave anything charged."""
+    (each would otherwise cost 100 ms of waiting) nor leave anything charged. Whether a launch
+    waited is the shim's own counter (the region's throttled_ns, the time launches spent
+    waiting for budget), not a stopwatch, so a busy machine cannot fake or hide it."""
     from tessera.shim.format import read_region
 
     claim = make_claim(limits=[(0, None, 10)])
     done = claim.python(FAILING_LAUNCHES)
     assert done.returncode == 0, done.stderr
-    out = done.stdout.split()
-    assert out[1] == "[720]", done.stdout  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-    assert float(out[3]) < 1.0, done.stdout
+    assert done.stdout.split() == ["rcs", "[720]"], done.stdout  # COOPERATIVE_LAUNCH_TOO_LARGE
     assert claim.region is not None
     gpu = read_region(claim.region).gpus[0]
-    assert gpu.launches == 40 and gpu.charged_ns == 0, gpu
+    assert (gpu.launches, gpu.charged_ns, gpu.throttled_ns) == (40, 0, 0), gpu
