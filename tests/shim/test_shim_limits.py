@@ -19,6 +19,7 @@ from tessera.shim.format import (
     write_limits,
 )
 from tessera.shim.testing import ClaimFactory, values
+from tessera.simgpu.node import read_line, release
 
 UUID = "GPU-5fd3a0a4-2f3c-4d1e-9a11-0c5b1e4f8d21"
 MiB = 1 << 20
@@ -119,11 +120,23 @@ def test_bad_usage_region_stops_the_process(make_claim: ClaimFactory) -> None:
 
 
 def test_region_is_created_when_missing(make_claim: ClaimFactory) -> None:
-    """A process that finds the named usage region missing creates it; its usage shows there."""
+    """A process that finds the named usage region missing creates it; its usage shows there
+    while it holds the memory (the claim's total and its own slot, by pid), and is gone once it
+    has freed it and exited."""
     claim = make_claim(region=False)
     claim.region = claim.install_dir.parent / "created-usage"
-    done = claim.run("shim_probe", "alloc", "mem", str(8 * MiB))
-    assert done.returncode == 0, done.stderr
+    assert not claim.region.exists()
+    holder = claim.start("shim_probe", "alloc", "mem", str(8 * MiB), "hold")
+    try:
+        read_line(holder, "HOLD")
+        while_held = read_region(claim.region)
+        assert [g.used_bytes for g in while_held.gpus] == [8 * MiB]
+        assert [(p.pid, list(p.used_bytes.values())) for p in while_held.processes] == [
+            (holder.pid, [8 * MiB])
+        ]
+    finally:
+        release(holder)
+    assert holder.returncode == 0
     snapshot = read_region(claim.region)
     assert [g.used_bytes for g in snapshot.gpus] == [0]
     assert snapshot.processes == []
