@@ -431,7 +431,7 @@ static int mode_fork(int argc, char **argv)
     pthread_t th;
     pthread_create(&th, NULL, alloc_forever, ctx);
     int hung = 0;
-    for (int i = 0; i < 50; i++) {
+    for (int i = 0; i < 50 && hung == 0; i++) {
         pid_t pid = fork();
         if (pid == 0) {
             CUdeviceptr q;
@@ -440,8 +440,11 @@ static int mode_fork(int argc, char **argv)
             CUresult b = p_cuMemGetInfo_v2(&f, &t);
             exit(a == CUDA_SUCCESS || b == CUDA_SUCCESS ? 10 : 0);
         }
+        /* A child that is not stuck exits within milliseconds; one still there after a minute
+         * (however busy the machine) waits on a lock that nobody will release. The first one
+         * found ends the forking. */
         int status = 0;
-        for (int w = 0; w < 500 && waitpid(pid, &status, WNOHANG) == 0; w++)
+        for (int w = 0; w < 6000 && waitpid(pid, &status, WNOHANG) == 0; w++)
             usleep(10000);
         if (waitpid(pid, &status, WNOHANG) == 0) {
             kill(pid, SIGKILL);
@@ -972,7 +975,9 @@ static int mode_signals(void)
     int status;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
         ;
-    for (int i = 0; i < 100 && delivered[SIGCHLD] == 0; i++)
+    /* Due at once (the child has been reaped); up to 10 s for a thread the machine is slow to
+     * run again. */
+    for (int i = 0; i < 10000 && delivered[SIGCHLD] == 0; i++)
         usleep(1000);
     printf("changed=%d mask_changed=%d segv_default=%d bus_default=%d\n", changed, mask_changed,
            segv.sa_handler == SIG_DFL, bus.sa_handler == SIG_DFL);
