@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -188,8 +189,11 @@ class Daemon:
         if self._health_http is not None:
             self._health_http.stop()
             self._health_http = None
+        # Loops see the stop at once, except a watch blocked on the server (at most its timeout):
+        # daemon threads, which end with the process, so shutdown does not wait for them.
+        deadline = time.monotonic() + 2.0
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._threads.clear()
         if self._service is not None:
             self._service.close()

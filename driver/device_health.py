@@ -76,7 +76,7 @@ class HealthTracker:
             devices = []
             for gpu in self._gpus:
                 problem = self._problems.get(gpu.uuid)
-                message = (problem or "NVML answers")[:_MESSAGE_MAX]
+                message = (f"NVML: {problem}" if problem else "NVML answers")[:_MESSAGE_MAX]
                 devices.append(
                     pb.DeviceHealth(
                         device=pb.DeviceIdentifier(pool_name=self._pool, device_name=device_name(gpu)),

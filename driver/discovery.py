@@ -98,15 +98,15 @@ class Nvml:
         )
 
     def problem(self, uuid: str) -> str | None:
-        """Why the GPU ``uuid`` cannot be used now (one sentence), or None if it answers.
+        """NVML's reason the GPU ``uuid`` cannot be used now ("GPU is lost"), or None if it answers.
 
-        A lost GPU fails its handle lookup or its first query; NVML's own message is kept."""
+        A lost GPU fails its handle lookup or its first query."""
         with self._lock:
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
             except pynvml.NVMLError as error:
-                return f"NVML reports {uuid}: {error}"
+                return str(error)
         return None
 
 

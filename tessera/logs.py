@@ -34,3 +34,5 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # The HTTP client logs every request at debug level: noise that hides the daemon's own story.
+    logging.getLogger("urllib3").setLevel(max(logging.INFO, root.level))

@@ -13,10 +13,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes import watch
 from kubernetes.client import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger(__name__)
+
+_WATCH_SECONDS = 30
+"""Server-side watch timeout: a watch is renewed (from the last resourceVersion) this often."""
 
 Handler = Callable[[str, Mapping[str, Any]], None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED" | "SYNCED", object as JSON). "SYNCED" follows
@@ -43,27 +46,29 @@ def watch_forever(
             version = listed["metadata"]["resourceVersion"]
             backoff = 0.5
             while not stop.is_set():
-                watcher = watch.Watch()  # type: ignore[no-untyped-call]
-                for event in watcher.stream(  # type: ignore[no-untyped-call]
-                    list_call,
+                response = list_call(
+                    watch=True,
                     resource_version=version,
-                    timeout_seconds=60,
+                    timeout_seconds=_WATCH_SECONDS,
                     allow_watch_bookmarks=True,
-                    deserialize=False,  # plain JSON: the typed models cost far more than we use
+                    _preload_content=False,
                     **selectors,
-                ):
-                    if stop.is_set():
-                        watcher.stop()  # type: ignore[no-untyped-call]
-                        break
-                    kind = event["type"]
-                    obj = event["object"]
-                    if kind == "ERROR":
-                        raise ApiException(
-                            status=obj.get("code", 500), reason=obj.get("message", "watch error")
-                        )
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
-                    if kind != "BOOKMARK":
-                        handler(kind, obj)
+                )
+                try:
+                    for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                        if stop.is_set():
+                            return
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        kind, obj = event["type"], event["object"]
+                        if kind == "ERROR":  # 410 Gone and friends: relist
+                            raise ApiException(status=obj.get("code", 500), reason=obj.get("message"))
+                        version = obj.get("metadata", {}).get("resourceVersion", version)
+                        if kind != "BOOKMARK":
+                            handler(kind, obj)
+                finally:
+                    response.close()
         except Exception as error:  # every failure: relist after a pause
             if stop.is_set():
                 return

@@ -27,6 +27,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.driver.config import DriverConfig
+from tessera.driver.health import dra_socket_answers
 from tessera.kube import api_client, raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME
 from tessera.simgpu.config import GiB, NodeSpec, library_dir, make_gpus, process_env, write_config
@@ -135,6 +137,14 @@ class DriverNode:
         self.process: ManagedProcess | None = None
         self.starts = 0
 
+    @property
+    def dra_socket(self) -> Path:
+        return DriverConfig(self.node_name, kubelet_root=self.kubelet_root).dra_socket
+
+    @property
+    def registration_socket(self) -> Path:
+        return DriverConfig(self.node_name, kubelet_root=self.kubelet_root).registration_socket
+
     def argv(self) -> list[str]:
         return [
             sys.executable,
@@ -197,6 +207,11 @@ class DriverNode:
     def wait_ready(self, timeout: float = 60) -> None:
         assert self.process is not None
         self.process.wait_until(self.ready, timeout, "registered and published")
+
+    def wait_serving(self, timeout: float = 60) -> None:
+        """Until this start's DRA socket answers a call (a slice in the API may be an older start's)."""
+        assert self.process is not None
+        self.process.wait_until(lambda: dra_socket_answers(self.dra_socket), timeout, "DRA socket answering")
 
     def wait_published(self, timeout: float = 60) -> dict[str, Any]:
         """The node's slice as the API holds it, once it is there."""

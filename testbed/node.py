@@ -96,6 +96,14 @@ class RealNode:
                         raise
         cleanup.finish()
 
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet and start it again, as an upgrade or a crash would; wait until Ready.
+        Its pods keep running in containerd meanwhile."""
+        kubelet, self.kubelet = self.kubelet, None
+        if kubelet is not None:
+            kubelet.stop()
+        self._start_kubelet()
+
     def _start_kubelet(self) -> None:
         ca = self.cluster.ca
         assert ca is not None, "cluster not started"

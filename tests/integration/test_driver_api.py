@@ -1,0 +1,329 @@
+"""The node daemon against the real control plane: what it publishes, how the scheduler uses it, and
+how prepare behaves through the kubelet's socket protocol, across crashes, damage and reboots.
+
+The nodes here are kubelet-less Node objects: the real scheduler allocates claims for pods bound to
+them, and the test makes the kubelet's calls itself (``KubeletClient``), so every step of prepare can
+be interrupted and checked. tests/e2e/test_driver_node.py runs the same daemon under a real kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tessera.driver.state import CRASH_POINTS
+from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS, DRIVER_NAME, UNHEALTHY_TAINT
+from tessera.quantity import GiB, quantity_to_int
+from tessera.shim import format as shim_format
+from tessera.simgpu.config import GpuFaults
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.driver_node import DriverNode, ensure_device_class
+from tessera.testbed.kubelet_client import ClaimRef, KubeletClient
+from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
+from tessera.testbed.polling import poll_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def driver_node(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[DriverNode]:
+    """The daemon on a fresh kubelet-less node with 4 simulated 80 GiB GPUs, published."""
+    ensure_device_class(kube)
+    node = DriverNode(cluster, fake_node(), gpus=4)
+    node.start()
+    node.wait_published()
+    yield node
+    node.cleanup()
+
+
+def slice_of(kube: client.ApiClient, node: str) -> dict[str, Any] | None:
+    items = raw_json(
+        client.ResourceV1Api(kube).list_resource_slice(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+    )["items"]
+    return items[0] if items else None
+
+
+def share_pod(kube: client.ApiClient, namespace: str, node: str, name: str, **capacity: str) -> ClaimRef:
+    """A pod on ``node`` with one claim template asking ``capacity``; returns its claim once allocated."""
+    resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
+    resource.create_namespaced_resource_claim_template(
+        namespace,
+        client.V1ResourceClaimTemplate.model_validate(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": DEVICE_CLASS,
+                                        "capacity": {"requests": capacity},
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                },
+            }
+        ),
+    )
+    core.create_namespaced_pod(
+        namespace,
+        client.V1Pod.model_validate(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                    "containers": [
+                        {"name": "main", "image": "none", "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                },
+            }
+        ),
+    )
+    wait_until_bound(core, namespace, name)
+    claim_name = poll_until(
+        lambda: generated_claim_name(core.read_namespaced_pod(name, namespace), "gpu"), 30, "claim made"
+    )
+
+    def allocated() -> dict[str, Any] | None:
+        body = raw_json(
+            resource.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False)
+        )
+        return body if (body.get("status") or {}).get("allocation") else None
+
+    claim = poll_until(allocated, 30, f"{claim_name} allocated")
+    return namespace, claim_name, claim["metadata"]["uid"]
+
+
+def test_every_gpu_is_published_as_shareable_capacity_under_the_charts_rbac(
+    driver_node: DriverNode, kube: client.ApiClient
+) -> None:
+    published = slice_of(kube, driver_node.node_name)
+    assert published is not None
+    spec = published["spec"]
+    assert spec["driver"] == DRIVER_NAME
+    assert spec["pool"]["name"] == driver_node.node_name
+    assert spec["pool"]["resourceSliceCount"] == 1
+    assert published["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    uuids = {d["attributes"]["uuid"]["string"] for d in spec["devices"]}
+    assert uuids == {g.uuid for g in driver_node.simgpu.spec.gpus}
+    for device in spec["devices"]:
+        assert device["allowMultipleAllocations"] is True
+        assert quantity_to_int(device["capacity"]["memory"]["value"]) == 80 * GiB
+        assert quantity_to_int(device["capacity"]["cores"]["value"]) == 100
+
+
+def test_a_deleted_slice_comes_back(driver_node: DriverNode, kube: client.ApiClient) -> None:
+    """The kubelet deletes its node's slices when it starts; anyone may. The daemon notices the
+    deletion through its watch and publishes again with a newer pool generation."""
+    resource = client.ResourceV1Api(kube)
+    before = slice_of(kube, driver_node.node_name)
+    assert before is not None
+    resource.delete_resource_slice(before["metadata"]["name"])
+    again = poll_until(
+        lambda: (
+            (s := slice_of(kube, driver_node.node_name))
+            and s["metadata"]["uid"] != before["metadata"]["uid"]
+            and s
+        ),
+        30,
+        "the slice to be published again",
+    )
+    assert again["spec"]["pool"]["generation"] > before["spec"]["pool"]["generation"]
+    assert again["spec"]["devices"] == before["spec"]["devices"]
+
+
+def test_shares_are_allocated_from_the_published_capacity_and_prepared_through_the_socket(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    claims = [
+        share_pod(kube, namespace, driver_node.node_name, "a", memory="20Gi", cores="30"),
+        share_pod(kube, namespace, driver_node.node_name, "b", memory="20Gi", cores="30"),
+        share_pod(kube, namespace, driver_node.node_name, "c", memory="40Gi", cores="40"),
+    ]
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare(claims)
+    finally:
+        kubelet.close()
+    assert sorted(response.claims) == sorted(uid for _, _, uid in claims)
+    for (_, _, uid), (memory, cores) in zip(claims, [(20, 30), (20, 30), (40, 40)], strict=True):
+        result = response.claims[uid]
+        assert result.error == ""
+        (device,) = result.devices
+        assert device.HasField("share_id") and device.share_id
+        assert device.pool_name == driver_node.node_name
+        assert list(device.request_names) == ["gpu"]
+        assert list(device.cdi_device_ids) == [
+            f"k8s.gpu.tessera.dev/claim={uid}-{device.device_name}-{device.share_id}"
+        ]
+        limits = shim_format.read_limits(driver_node.state_dir / "claims" / uid / "limits")
+        assert limits is not None
+        ((gpu_limit),) = limits
+        assert (gpu_limit.memory_bytes, gpu_limit.cores) == (memory * GiB, cores)
+
+
+def test_one_bad_claim_fails_alone_with_a_sentence_and_good_ones_are_prepared(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    good = share_pod(kube, namespace, driver_node.node_name, "good", memory="1Gi", cores="5")
+    replaced = (good[0], good[1], "00000000-0000-0000-0000-000000000000")
+    missing = (namespace, "no-such-claim", "11111111-1111-1111-1111-111111111111")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([good, replaced, missing])
+        assert response.claims[good[2]].error == ""
+        assert response.claims[good[2]].devices
+        assert "was replaced" in response.claims[replaced[2]].error
+        assert f"ResourceClaim {namespace}/no-such-claim does not exist" == response.claims[missing[2]].error
+        unknown = kubelet.unprepare([missing])
+        assert unknown.claims[missing[2]].error == ""
+    finally:
+        kubelet.close()
+
+
+@pytest.mark.parametrize("crash_point", CRASH_POINTS)
+def test_a_daemon_killed_at_any_step_of_prepare_converges_on_the_kubelets_retry(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str, crash_point: str
+) -> None:
+    claim = share_pod(kube, namespace, driver_node.node_name, "crash", memory="10Gi", cores="10")
+    driver_node.stop()
+    driver_node.start(crash_point=crash_point)
+    driver_node.wait_serving()
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the daemon dies mid-call: any gRPC error
+            kubelet.prepare([claim])
+    finally:
+        kubelet.close()
+    assert driver_node.process is not None
+    poll_until(lambda: not driver_node.process.running(), 10, "the daemon to die")  # type: ignore[union-attr]
+    driver_node.start()
+    driver_node.wait_serving()
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        first = kubelet.prepare([claim]).claims[claim[2]]
+        second = kubelet.prepare([claim]).claims[claim[2]]
+    finally:
+        kubelet.close()
+    assert first.error == "" and first == second
+    claims_dir = driver_node.state_dir / "claims"
+    assert [p.name for p in claims_dir.iterdir()] == [claim[2]]
+    specs = [p.name for p in driver_node.cdi_dir.iterdir() if not p.name.startswith(".")]
+    assert specs == [f"k8s.gpu.tessera.dev-claim_{claim[2]}.json"]
+    record = json.loads((driver_node.state_dir / "checkpoint.json").read_text())["data"]["claims"][claim[2]]
+    assert record["state"] == "PrepareCompleted"
+
+
+def test_a_corrupt_checkpoint_is_quarantined_and_rebuilt_from_the_api_and_the_host(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    kept = share_pod(kube, namespace, driver_node.node_name, "kept", memory="1Gi", cores="1")
+    gone = share_pod(kube, namespace, driver_node.node_name, "gone", memory="1Gi", cores="1")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        kubelet.prepare([kept, gone])
+    finally:
+        kubelet.close()
+    driver_node.stop()
+    client.CoreV1Api(kube).delete_namespaced_pod("gone", namespace, grace_period_seconds=0)
+    poll_until(lambda: _claim_gone(kube, gone), 60, "the deleted pod's claim to go")
+    (driver_node.state_dir / "checkpoint.json").write_text('{"version": 1, "checksum": "x", "da')
+    driver_node.start()
+    driver_node.wait_serving()
+    records = poll_until(lambda: _records(driver_node), 30, "a rebuilt checkpoint")
+    assert set(records) == {kept[2]}
+    assert records[kept[2]]["state"] == "PrepareCompleted"
+    assert not (driver_node.state_dir / "claims" / gone[2]).exists()
+    assert list(driver_node.state_dir.glob("checkpoint.json.quarantined-*"))
+
+
+def test_after_a_reboot_claims_still_allocated_here_are_prepared_again(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    claim = share_pod(kube, namespace, driver_node.node_name, "boot", memory="2Gi", cores="3")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        kubelet.prepare([claim])
+    finally:
+        kubelet.close()
+    driver_node.stop()
+    for spec in driver_node.cdi_dir.iterdir():  # /var/run is a tmpfs: a reboot empties it
+        spec.unlink()
+    driver_node.reboot()
+    driver_node.start()
+    driver_node.wait_serving()
+    spec_file = driver_node.cdi_dir / f"k8s.gpu.tessera.dev-claim_{claim[2]}.json"
+    poll_until(spec_file.exists, 30, "the claim's CDI spec written again")
+    checkpoint = json.loads((driver_node.state_dir / "checkpoint.json").read_text())["data"]
+    assert checkpoint["bootId"] == driver_node.boot_id_file.read_text().strip()
+    assert checkpoint["claims"][claim[2]]["state"] == "PrepareCompleted"
+
+
+def test_a_lost_gpu_is_tainted_no_new_share_lands_on_it_and_the_taint_goes_when_it_recovers(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    lost = driver_node.simgpu.spec.gpus[0]
+    gpus = list(driver_node.simgpu.spec.gpus)
+    gpus[0] = replace(lost, faults=GpuFaults(lost=True))
+    driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
+
+    def device(uuid: str) -> dict[str, Any]:
+        published = slice_of(kube, driver_node.node_name)
+        assert published is not None
+        return next(d for d in published["spec"]["devices"] if d["attributes"]["uuid"]["string"] == uuid)
+
+    poll_until(lambda: device(lost.uuid).get("taints"), 30, "the lost GPU tainted")
+    (taint,) = device(lost.uuid)["taints"]
+    assert (taint["key"], taint["effect"]) == (UNHEALTHY_TAINT, "NoSchedule")
+    assert taint["value"] == "GPU-is-lost"
+    claims = [
+        share_pod(kube, namespace, driver_node.node_name, f"p{i}", memory="60Gi", cores="10")
+        for i in range(3)
+    ]
+    allocated = {_allocated_device(kube, c) for c in claims}
+    assert device(lost.uuid)["name"] not in allocated
+    assert len(allocated) == 3
+
+    gpus[0] = lost
+    driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
+    poll_until(lambda: "taints" not in device(lost.uuid), 30, "the recovered GPU untainted")
+
+
+def _allocated_device(kube: client.ApiClient, claim: ClaimRef) -> str:
+    body = raw_json(
+        client.ResourceV1Api(kube).read_namespaced_resource_claim(claim[1], claim[0], _preload_content=False)
+    )
+    (result,) = body["status"]["allocation"]["devices"]["results"]
+    return str(result["device"])
+
+
+def _claim_gone(kube: client.ApiClient, claim: ClaimRef) -> bool:
+    items = raw_json(
+        client.ResourceV1Api(kube).list_namespaced_resource_claim(claim[0], _preload_content=False)
+    )["items"]
+    return all(i["metadata"]["uid"] != claim[2] for i in items)
+
+
+def _records(node: DriverNode) -> dict[str, Any] | None:
+    try:
+        claims: dict[str, Any] = json.loads((node.state_dir / "checkpoint.json").read_text())["data"][
+            "claims"
+        ]
+    except (OSError, ValueError, KeyError):
+        return None
+    return claims if claims else None
