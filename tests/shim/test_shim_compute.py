@@ -1,10 +1,17 @@
 """Compute caps: a claim's kernels, graphs and cooperative launches take its `cores` share of
 the GPU's time, over one or several processes, next to another capped claim. (The full table of
-caps x kernel lengths x processes is benchmarks/shim/compute_accuracy.py.)"""
+caps x kernel lengths x processes is benchmarks/shim/compute_accuracy.py.)
+
+A share is GPU time over the workload's wall time, so a busy machine can lower it (a workload
+waiting for a CPU launches nothing) but never raise it. So each share must be at most 3 points
+above its cap, whatever the load, and at most 3 points below it plus the share of its wall time
+the workload spent runnable but waiting for a CPU (its run delay, from the kernel's schedstat):
+only then can it lose GPU time. On an idle machine that delay is a fraction of a point."""
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass
 
 import pytest
 
@@ -13,14 +20,32 @@ from tessera.shim.testing import Claim, ClaimFactory, values
 TOLERANCE = 3.0  # percentage points
 
 
-def duty(claims: list[Claim], kernel_ns: int, seconds: float, how: str = "kernel") -> list[float]:
-    """Run one duty-cycle worker per claim entry at once; the GPU share each achieved."""
+@dataclass(frozen=True)
+class Share:
+    """What one duty-cycle worker achieved, in percent of its wall time."""
+
+    achieved: float
+    """Its kernels' GPU time."""
+    waited: float
+    """Time it was runnable but waited for a CPU: at most what a busy machine can have cost it."""
+
+    def near(self, target: float) -> bool:
+        return target - TOLERANCE - self.waited <= self.achieved <= target + TOLERANCE
+
+
+def share_of(out: str) -> Share:
+    v = values(out)
+    return Share(float(v["share"]), 100.0 * int(v["run_delay_ns"]) / int(v["elapsed_ns"]))
+
+
+def duty(claims: list[Claim], kernel_ns: int, seconds: float, how: str = "kernel") -> list[Share]:
+    """Run one duty-cycle worker per claim entry at once; what each achieved."""
     procs = [c.start("shim_probe", "duty", str(kernel_ns), str(seconds), "4", how) for c in claims]
     shares = []
     for p in procs:
         out, err = p.communicate(timeout=seconds + 60)
         assert p.returncode == 0, err
-        shares.append(float(values(out)["share"]))
+        shares.append(share_of(out))
     return shares
 
 
@@ -28,7 +53,7 @@ def test_single_process_cap(make_claim: ClaimFactory) -> None:
     """One process of a claim capped at 30 % gets 30 % (within 3 points) of the GPU."""
     claim = make_claim(limits=[(0, None, 30)])
     (share,) = duty([claim], 2_000_000, 2.0)
-    assert abs(share - 30) <= TOLERANCE, share
+    assert share.near(30), share
 
 
 def test_two_claims_30_and_60(make_claim: ClaimFactory) -> None:
@@ -36,14 +61,17 @@ def test_two_claims_30_and_60(make_claim: ClaimFactory) -> None:
     a = make_claim(limits=[(0, None, 30)], name="a")
     b = make_claim(limits=[(0, None, 60)], name="b")
     share_a, share_b = duty([a, b], 2_000_000, 3.0)
-    assert abs(share_a - 30) <= TOLERANCE and abs(share_b - 60) <= TOLERANCE, (share_a, share_b)
+    assert share_a.near(30) and share_b.near(60), (share_a, share_b)
 
 
 def test_processes_share_one_cap(make_claim: ClaimFactory) -> None:
-    """Four processes of one claim capped at 40 % together get 40 %."""
+    """Four processes of one claim capped at 40 % together get 40 %. (The claim loses GPU time
+    only while none of them can launch, so the most any one of them waited for a CPU bounds
+    what the machine's load took from the claim.)"""
     claim = make_claim(limits=[(0, None, 40)])
     shares = duty([claim] * 4, 1_000_000, 3.0)
-    assert abs(sum(shares) - 40) <= TOLERANCE, shares
+    together = Share(sum(s.achieved for s in shares), max(s.waited for s in shares))
+    assert together.near(40), shares
 
 
 @pytest.mark.parametrize("how", ["graph", "coop", "ex"])
@@ -51,7 +79,7 @@ def test_graphs_cooperative_and_ex_launches_are_capped(make_claim: ClaimFactory,
     """CUDA graph launches, cooperative launches and cuLaunchKernelEx are capped like kernels."""
     claim = make_claim(limits=[(0, None, 50)])
     (share,) = duty([claim], 1_000_000, 1.5, how)
-    assert abs(share - 50) <= TOLERANCE, share
+    assert share.near(50), share
 
 
 def test_launches_into_a_capturing_stream_are_not_paced(make_claim: ClaimFactory) -> None:
@@ -68,14 +96,14 @@ def test_launches_into_a_capturing_stream_are_not_paced(make_claim: ClaimFactory
     assert values(out)["begin_capture_rc"] == "0"
     assert claim.region is not None
     assert read_region(claim.region).gpus[0].launches == int(values(out)["launched"]), out
-    assert abs(float(values(out)["share"]) - 50) <= TOLERANCE, out
+    assert share_of(out).near(50), out
 
 
 def test_uncapped_claim_is_not_paced(make_claim: ClaimFactory) -> None:
     """A claim with only a memory limit (cores 0) runs its kernels back to back, like no shim."""
     claim = make_claim(limits=[(0, 1 << 28, 0)])
     (share,) = duty([claim], 2_000_000, 1.0)
-    assert share >= 95, share
+    assert share.achieved >= 95 - share.waited, share
 
 
 def test_region_records_compute(make_claim: ClaimFactory) -> None:
@@ -100,7 +128,8 @@ def test_probe_runs_without_shim(make_claim: ClaimFactory) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert float(values(done.stdout)["share"]) >= 95
+    share = share_of(done.stdout)
+    assert share.achieved >= 95 - share.waited, share
 
 
 FAILING_LAUNCHES = """

@@ -19,7 +19,9 @@
  *   shim_probe pooldestroy HOW             destroy a pool with allocations out, then free them;
  *                                          the last with HOW: async, sync (cuMemFree) or ctx
  *                                          (destroy their context)
- *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels
+ *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels;
+ *                                          reports the share of GPU time its kernels took and
+ *                                          run_delay_ns, how long it waited for a CPU meanwhile
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
  *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
  *                                          on the same stream not capturing
@@ -712,6 +714,22 @@ static int mode_pools(void)
 
 /* ------------------------------------------------------------------------- duty -------- */
 
+/* Nanoseconds this thread has spent runnable but waiting for a CPU (the second field of
+ * /proc/thread-self/schedstat); 0 where the kernel does not say. A duty workload can lose at
+ * most that much GPU time to a busy machine: only while it waits for a CPU can it fail to launch
+ * when its budget (or, uncapped, its queue) allows. */
+static uint64_t run_delay_ns(void)
+{
+    unsigned long long on_cpu = 0, waiting = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (f == NULL)
+        return 0;
+    if (fscanf(f, "%llu %llu", &on_cpu, &waiting) != 2)
+        waiting = 0;
+    fclose(f);
+    return waiting;
+}
+
 static int mode_duty(int argc, char **argv)
 {
     if (argc < 5)
@@ -779,6 +797,7 @@ static int mode_duty(int argc, char **argv)
         CHECK(p_cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
     if (depth > RING)
         depth = RING;
+    uint64_t delay_before = run_delay_ns();
     uint64_t start = test_now_ns(), end = start + (uint64_t)(seconds * 1e9);
     uint64_t launched = 0;
     while (test_now_ns() < end) {
@@ -807,10 +826,12 @@ static int mode_duty(int argc, char **argv)
     }
     CHECK(p_cuCtxSynchronize());
     uint64_t elapsed = test_now_ns() - start;
-    printf("launched=%llu elapsed_ns=%llu share=%.2f start_ns=%llu end_ns=%llu\n",
+    uint64_t delay = run_delay_ns() - delay_before;
+    printf("launched=%llu elapsed_ns=%llu share=%.2f start_ns=%llu end_ns=%llu "
+           "run_delay_ns=%llu\n",
            (unsigned long long)launched, (unsigned long long)elapsed,
            100.0 * (double)(launched * ns) / (double)elapsed, (unsigned long long)start,
-           (unsigned long long)(start + elapsed));
+           (unsigned long long)(start + elapsed), (unsigned long long)delay);
     return 0;
 }
 
