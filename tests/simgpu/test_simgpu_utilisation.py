@@ -80,7 +80,11 @@ def test_nvml_utilisation_matches_kernel_timeline(make_node: NodeFactory, duty: 
     A query answered at some moment between the clock readings before and after it may differ
     from the timeline at their middle by at most half their distance (the window moves as fast
     as the clock), and the workload's intervals are known to within its origin uncertainty:
-    both are added to the 2 points."""
+    both are added to the 2 points. What the workload achieved is the reference, so a workload
+    the machine delays (fewer kernels in some window) changes the figures compared, not the
+    comparison; that it did its work is checked on the timeline: all 60 kernels, each busy for
+    its share of the period (a late launch moves a kernel, it never shortens it), and samples
+    that found the GPU busy."""
     node = make_node(name=f"duty{duty}")
     workload = node.start("simgpu_probe", "duty", "0", str(duty), "100", "6000")
     started = time.monotonic_ns()
@@ -89,8 +93,10 @@ def test_nvml_utilisation_matches_kernel_timeline(make_node: NodeFactory, duty: 
     assert workload.returncode == 0, err
     uncertainty, intervals = workload_result(out)
     assert len(intervals) == 60
+    busy_ns = 100_000_000 * duty // 100
+    assert all(end - start >= busy_ns - 2_000 for start, end in intervals)  # 2 us: float ms
     errors = []
-    inside = []
+    expecteds = []
     for before, after, gpu, procs in samples:
         at = (before + after) // 2
         expected = busy_percent(intervals, at)
@@ -98,13 +104,12 @@ def test_nvml_utilisation_matches_kernel_timeline(make_node: NodeFactory, duty: 
         assert abs(gpu - expected) <= allowed, (at, gpu, expected, allowed)
         assert abs(procs[str(workload.pid)] - expected) <= allowed, (at, procs, expected, allowed)
         errors.append(abs(gpu - expected))
-        if intervals[0][0] <= at - WINDOW_NS and at <= intervals[-1][1]:
-            inside.append(expected)
-    # The workload did what it says wherever a sample's window lies inside its run (all 8 do,
-    # unless the workload took half a second to start its first kernel).
-    assert inside, (intervals[0], intervals[-1], samples)
-    assert all(expected == pytest.approx(duty, abs=5) for expected in inside), inside
-    print(f"duty {duty}%: max |NVML - timeline| = {max(errors):.2f} pp")
+        expecteds.append(expected)
+    # Compared with a busy GPU: about `duty` % in every window on an idle machine; at least half
+    # of it in one unless the workload was kept from the CPU for most of every window.
+    assert max(expecteds) >= duty / 2, expecteds
+    timeline = [round(e, 1) for e in expecteds]
+    print(f"duty {duty}%: max |NVML - timeline| = {max(errors):.2f} pp; timeline {timeline}")
 
 
 def test_kernels_of_two_processes_are_serialised(make_node: NodeFactory) -> None:
