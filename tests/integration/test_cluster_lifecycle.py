@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,29 +15,51 @@ import pytest
 from kubernetes import client
 
 from tessera.kube import api_client
+from tessera.testbed import cluster as cluster_module
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.polling import Fatal
+from tessera.testbed.process import ManagedProcess
+from tessera.testbed.process import free_port as real_free_port
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_failed_start_stops_what_was_started_and_removes_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """If a later component cannot start, the earlier ones (etcd, API server, controller manager)
-    are not left running."""
-    started: list[int] = []
-    start_controller_manager = LocalCluster._start_controller_manager
+    """If a later component cannot start - here kube-scheduler, because another process listens
+    on the port it is given - the start fails with that component's own complaint and its log,
+    and the earlier ones (etcd, API server, controller manager) are not left running, nor is the
+    state folder.
 
-    def then_scheduler_fails(self: LocalCluster) -> None:
-        start_controller_manager(self)
-        started.extend(p.pid for p in self.processes)
-        raise RuntimeError("scheduler failed to start")
+    The failure is real: this test holds a listening socket on a port and has free_port hand
+    that port to the scheduler (only to it, so the three components before it start as usual),
+    and kube-scheduler itself fails to bind and exits."""
+    spawned: list[int] = []
+    spawn = LocalCluster._spawn
 
-    monkeypatch.setattr(LocalCluster, "_start_controller_manager", then_scheduler_fails)
-    monkeypatch.setattr(LocalCluster, "_start_scheduler", lambda self: None)
-    cluster = LocalCluster()
-    with pytest.raises(RuntimeError, match="scheduler failed to start"):
-        cluster.start()
-    assert len(started) == 3
-    assert all(_gone(pid) for pid in started)
+    def recording_spawn(self: LocalCluster, name: str, *argv: str | Path) -> ManagedProcess:
+        process = spawn(self, name, *argv)
+        spawned.append(process.pid)
+        return process
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as occupier:
+        occupier.bind(("127.0.0.1", 0))
+        occupier.listen()
+        taken: int = occupier.getsockname()[1]
+
+        def free_port() -> int:
+            return taken if sys._getframe(1).f_code.co_name == "_start_scheduler" else real_free_port()
+
+        monkeypatch.setattr(cluster_module, "free_port", free_port)
+        monkeypatch.setattr(LocalCluster, "_spawn", recording_spawn)
+        cluster = LocalCluster()
+        with pytest.raises(
+            Fatal, match=r"kube-scheduler exited with status \d+ before healthy scheduler"
+        ) as failure:
+            cluster.start()
+    assert f"127.0.0.1:{taken}" in str(failure.value)
+    assert "address already in use" in str(failure.value)
+    assert len(spawned) == 4  # etcd, API server, controller manager, and the scheduler that failed
+    assert all(_gone(pid) for pid in spawned)
     assert not cluster.state_dir.exists()
 
 
