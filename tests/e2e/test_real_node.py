@@ -1,20 +1,24 @@
 """A real node does what production nodes do for pods: run them, serve their logs and exec through
-the kubelet, and remove their containers when they are deleted."""
+the kubelet, and remove their containers when they are deleted; and stopping a node gives back
+everything it took from the machine."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client import ApiException
 
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.images import TOOLS_IMAGE
 from tessera.testbed.kubectl import kubectl, kubectl_argv
 from tessera.testbed.names import unique_name
-from tessera.testbed.node import RealNode
+from tessera.testbed.node import NodeFactory, RealNode
 from tessera.testbed.polling import poll_until
 
 pytestmark = pytest.mark.e2e
@@ -135,3 +139,83 @@ def test_deleting_a_pod_removes_its_containers_from_the_node(
     # The garbage collection removes the sandbox, then the log folder: one after the other, not at once.
     poll_until(lambda: runtime_objects_of_pod(real_node, pod.uid) == ([], []), 180, "the sandbox to go")
     poll_until(lambda: not log_folder.exists(), 180, "the pod's log folder to go")
+
+
+# What a node takes from the machine, read here from the kernel's own files rather than through the
+# test bed's clean-up helpers, so that a mistake shared by both cannot hide.
+
+
+def mount_points_under(folder: Path) -> list[str]:
+    """Mount points at or below ``folder`` in this mount namespace (/proc/self/mountinfo)."""
+    prefix = str(folder)
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    # mountinfo escapes spaces and the like as octal; the node folders have none.
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
+def cgroup_folders(name: str) -> list[Path]:
+    """The folder ``/<name>`` in every mounted cgroup hierarchy (/proc/self/mounts)."""
+    folders = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, kind, *_ = line.split()
+        if kind in ("cgroup", "cgroup2"):
+            folders.append(Path(point) / name)
+    return folders
+
+
+def processes_naming(folder: Path) -> list[int]:
+    """Processes whose command line names ``folder`` (containerd and its shims)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if str(folder).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stopping_a_node_gives_back_everything_it_took(
+    kube: client.ApiClient, namespace: str, node_factory: NodeFactory
+) -> None:
+    """Stopping a real node that runs a pod gives back what it took from the machine: its bridge,
+    its cgroup tree in every hierarchy, every mount under its folder (the pod's root filesystem,
+    shared memory and the like), its containerd, shims and the container's process, the folder
+    itself, and its Node object. Each of these is first seen to exist while the node runs, so
+    the test cannot pass for want of anything to clean."""
+    (node,) = node_factory.start(1)  # a node of its own: the session's shared one stays up
+    pod = start_pod(kube, namespace, node, "exec sleep 3600")
+    folder = node.paths.root
+    assert node.runtime.bridge is not None
+    bridge = Path("/sys/class/net") / node.runtime.bridge.name
+    cgroups = cgroup_folders(node.runtime.cgroup_root)
+    (container,) = runtime_objects_of_pod(node, pod.uid)[1]
+    container_pid = int(json.loads(node.crictl("inspect", container))["info"]["pid"])
+
+    assert bridge.exists()
+    assert cgroups and all(group.is_dir() for group in cgroups)
+    assert mount_points_under(folder)
+    assert processes_naming(folder)
+    assert alive(container_pid)
+    assert folder.is_dir()
+
+    node.stop()
+
+    assert not bridge.exists()
+    assert [group for group in cgroups if group.exists()] == []
+    assert mount_points_under(folder) == []
+    assert processes_naming(folder) == []
+    assert not alive(container_pid)
+    assert not folder.exists()
+    with pytest.raises(ApiException) as gone:
+        client.CoreV1Api(kube).read_node(node.name)
+    assert gone.value.status == 404
