@@ -2,7 +2,7 @@
 kernels of 20 us to 20 ms and 1 to 8 processes of one claim, plus two claims capped at 30 and
 60 side by side. Writes benchmarks/shim/results/compute_accuracy.{md,json}.
 
-    .venv/bin/python benchmarks/shim/compute_accuracy.py [--quick]
+    .venv/bin/python benchmarks/shim/compute_accuracy.py [--quick] [--processes 1,4]
 
 Each point runs the claim's processes for SECONDS[kernel] (2 s for 20 and 200 us kernels, 3 s for
 2 ms, 6 s for 20 ms), each keeping 4 kernels in flight (shim_probe duty); a process's share is its
@@ -12,21 +12,27 @@ last one's end (CLOCK_MONOTONIC). Not the sum of per-process shares: a process's
 wait for budget past its end time, so per-process windows differ and their shares do not add up
 to the claim's. The number of kernels the claim ran is recorded per point. "no shim" is
 what the same workload reaches with no shim at all on this machine, run before and after each
-row (the simulator and the CPUs limit short kernels), so a cap above it cannot be shown.
+row (the simulator and the CPUs limit short kernels), so a cap above it cannot be shown. `cpu
+wait` is, per point, the largest share of a process's wall time it spent runnable but waiting
+for a CPU (its run delay): the most a busy machine can have taken from the achieved share.
+
+The whole table (1, 2, 4 and 8 processes) takes about 10 minutes of wall time; --processes
+runs a subset of the process counts, and the results say which.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
+import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
+
+from benchmarks.run_info import RunInfo
 from tessera.shim.testing import (
     PROGRAM_BUILD,
     REPO,
@@ -43,12 +49,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KERNELS = [20_000, 200_000, 2_000_000, 20_000_000]
 CAPS = [10, 20, 30, 40, 50, 60, 70, 80, 90]
 PROCS = [1, 2, 4, 8]
+# The code whose accuracy is measured: the shim, the simulated driver it runs on, the probe.
+MEASURED = ["shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
 
 
 def run(
     claims: list[Claim], kernel_ns: int, seconds: float, plain: dict[str, str] | None = None
-) -> list[tuple[int, int, int]]:
-    """One duty process per entry, all at once: (kernels launched, start_ns, end_ns) of each."""
+) -> list[tuple[int, int, int, int]]:
+    """One duty process per entry, all at once: (kernels launched, start_ns, end_ns, run delay
+    in ns) of each."""
     procs = []
     for c in claims:
         args = [str(c.programs / "shim_probe"), "duty", str(kernel_ns), str(seconds), "4"]
@@ -62,15 +71,20 @@ def run(
         if p.returncode != 0:
             raise RuntimeError(err)
         v = values(out)
-        found.append((int(v["launched"]), int(v["start_ns"]), int(v["end_ns"])))
+        found.append((int(v["launched"]), int(v["start_ns"]), int(v["end_ns"]), int(v["run_delay_ns"])))
     return found
 
 
-def share(procs: list[tuple[int, int, int]], kernel_ns: int) -> float:
+def share(procs: list[tuple[int, int, int, int]], kernel_ns: int) -> float:
     """A claim's share: its processes' GPU time over the claim's wall time."""
-    kernels = sum(k for k, _, _ in procs)
-    span = max(e for _, _, e in procs) - min(s for _, s, _ in procs)
+    kernels = sum(k for k, _, _, _ in procs)
+    span = max(e for _, _, e, _ in procs) - min(s for _, s, _, _ in procs)
     return 100.0 * kernels * kernel_ns / span
+
+
+def cpu_wait(procs: list[tuple[int, int, int, int]]) -> float:
+    """The largest share (percent) of a process's wall time spent waiting for a CPU."""
+    return max(100.0 * d / (e - s) for _, s, e, d in procs)
 
 
 SECONDS = {20_000: 2.0, 200_000: 2.0, 2_000_000: 3.0, 20_000_000: 6.0}
@@ -83,8 +97,15 @@ def seconds_for(kernel_ns: int, quick: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="caps 10/50/90 only, shorter runs")
+    parser.add_argument(
+        "--processes",
+        default=",".join(map(str, PROCS)),
+        help="comma-separated process counts to run (default: all of " + ",".join(map(str, PROCS)) + ")",
+    )
     args = parser.parse_args()
     caps = [10, 50, 90] if args.quick else CAPS
+    procs_run = [int(n) for n in args.processes.split(",")]
+    info = RunInfo.start(MEASURED)
     build_shim()
     subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
     build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
@@ -92,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
         root = Path(tmp)
         for kernel in KERNELS:
-            for nprocs in PROCS:
+            for nprocs in procs_run:
                 node = root / f"k{kernel}p{nprocs}"
                 uuids, env = simulated_node(node)
                 secs = seconds_for(kernel, args.quick)
@@ -117,7 +138,7 @@ def main() -> None:
                     )
                     procs = run([claim] * nprocs, kernel, secs)
                     achieved = share(procs, kernel)
-                    kernels = sum(k for k, _, _ in procs)
+                    kernels = sum(k for k, _, _, _ in procs)
                     row_rows.append(
                         {
                             "kernel_us": kernel // 1000,
@@ -127,6 +148,7 @@ def main() -> None:
                             "error": round(achieved - cap, 2),
                             "kernels": kernels,
                             "seconds": secs,
+                            "cpu_wait": round(cpu_wait(procs), 2),
                         }
                     )
                     print(json.dumps(row_rows[-1]), flush=True)
@@ -155,27 +177,32 @@ def main() -> None:
         )
         pair = [share([p], 2_000_000) for p in run([a, b], 2_000_000, 4.0)]
         print("pair", pair, flush=True)
-    write(rows, pair, args.quick)
+    write(rows, pair, args.quick, procs_run, info.finish())
 
 
-def write(rows: list[dict[str, float]], pair: list[float], quick: bool) -> None:
+def write(
+    rows: list[dict[str, float]], pair: list[float], quick: bool, procs_run: list[int], info: RunInfo
+) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.node()} {platform.machine()} ({_cpus()} CPUs)"
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    meta = {"date": stamp, "machine": machine, "load_at_end": load, "quick": quick, "driver": "simgpu"}
+    meta = {"quick": quick, "processes": procs_run, "driver": "simgpu"}
     (RESULTS / "compute_accuracy.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "pair_30_60": pair}, indent=1)
+        json.dumps({"run": info.as_json(), "meta": meta, "rows": rows, "pair_30_60": pair}, indent=1) + "\n"
     )
     within = [r for r in rows if r["cap"] <= r["ceiling"] - 3]
     worst = max((abs(r["error"]) for r in within), default=0.0)
     caps = sorted({int(r["cap"]) for r in rows})
+    subset = [n for n in PROCS if n not in procs_run]
     lines = [
         "# Compute-cap accuracy (simulated GPU)",
         "",
-        f"Date: {stamp}. Machine: {machine}, a VM of the CI kind shared with other work "
-        f"(load average at the end: {load}). Driver: simulated (build/simgpu). "
-        f"Command: `.venv/bin/python benchmarks/shim/compute_accuracy.py{' --quick' if quick else ''}`.",
+        *info.markdown(),
+        "- Driver: simulated (build/simgpu).",
+        *(
+            [f"- A subset: {', '.join(map(str, procs_run))} processes per claim; not run: {subset}."]
+            if subset
+            else []
+        ),
+        *(["- Quick: caps 10, 50 and 90 only, each point half as long."] if quick else []),
         "",
         "Achieved share of GPU time (percent) by cap; each cell is achieved (error). Each point runs",
         "for " + ", ".join(f"{_label(k)}: {seconds_for(k, quick):g} s" for k in KERNELS) + " of wall",
@@ -189,22 +216,22 @@ def write(rows: list[dict[str, float]], pair: list[float], quick: bool) -> None:
         "",
         "Worst |error| per kernel length and process count (same rule):",
         "",
-        "| kernel | " + " | ".join(f"{n} procs" for n in PROCS) + " |",
-        "|---|" + "---|" * len(PROCS),
+        "| kernel | " + " | ".join(f"{n} procs" for n in procs_run) + " |",
+        "|---|" + "---|" * len(procs_run),
     ]
     for kernel in KERNELS:
         cells = []
-        for nprocs in PROCS:
+        for nprocs in procs_run:
             shown = [r for r in within if r["kernel_us"] == kernel // 1000 and r["processes"] == nprocs]
             cells.append(f"{max(abs(r['error']) for r in shown):.1f}" if shown else "-")
         lines.append(f"| {_label(kernel)} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| kernel | procs | no shim | kernels | " + " | ".join(f"cap {c}" for c in caps) + " |",
-        "|---|---|---|---|" + "---|" * len(caps),
+        "| kernel | procs | no shim | kernels | cpu wait | " + " | ".join(f"cap {c}" for c in caps) + " |",
+        "|---|---|---|---|---|" + "---|" * len(caps),
     ]
     for kernel in KERNELS:
-        for nprocs in PROCS:
+        for nprocs in procs_run:
             by_cap = {
                 int(r["cap"]): r
                 for r in rows
@@ -215,21 +242,17 @@ def write(rows: list[dict[str, float]], pair: list[float], quick: bool) -> None:
             first = next(iter(by_cap.values()))
             base = f"{first['no_shim_before']:.0f}/{first['no_shim_after']:.0f}"
             counts = [int(r["kernels"]) for r in by_cap.values()]
+            waits = [float(r["cpu_wait"]) for r in by_cap.values()]
             cells = [f"{by_cap[c]['achieved']:.1f} ({by_cap[c]['error']:+.1f})" for c in caps]
             lines.append(
                 f"| {_label(kernel)} | {nprocs} | {base} | {min(counts)}-{max(counts)} | "
-                + " | ".join(cells)
-                + " |"
+                f"{min(waits):.1f}-{max(waits):.1f} % | " + " | ".join(cells) + " |"
             )
     (RESULTS / "compute_accuracy.md").write_text("\n".join(lines) + "\n")
 
 
 def _label(kernel: int) -> str:
     return f"{kernel // 1_000_000} ms" if kernel >= 1_000_000 else f"{kernel // 1000} us"
-
-
-def _cpus() -> int:
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":

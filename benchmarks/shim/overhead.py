@@ -6,19 +6,23 @@ benchmarks/shim/results/ (or --out DIR).
 
 By default it runs on the simulated driver; --driver-dir names a directory holding NVIDIA's
 libcuda.so.1 and libnvidia-ml.so.1 to measure against a real GPU. Each configuration runs
-several times and keeps the best (least disturbed) figure per call.
+several times and keeps the best (least disturbed) figure per call. The results name the machine,
+the command and the commit measured, as the run found them (benchmarks/run_info.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import subprocess
+import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
+
+from benchmarks.run_info import RunInfo
 from tessera.shim.testing import (
     PROGRAM_BUILD,
     REPO,
@@ -32,6 +36,8 @@ from tessera.shim.testing import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = 5
+# The code whose cost is measured: the shim, the simulated driver it runs on, the probe.
+MEASURED = ["shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
 
 
 def bench(env: dict[str, str], n: int) -> dict[str, int]:
@@ -57,6 +63,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=200_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    info = RunInfo.start(MEASURED)
     build_shim()
     if args.driver_dir is None:
         subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
@@ -67,8 +74,6 @@ def main() -> None:
         if args.driver_dir is None:
             uuids, env = simulated_node(root / "node", memory_bytes=16 << 30)
         else:
-            import os
-
             env = dict(os.environ)
             uuids = [_first_uuid(env)]
         cuda, nvml = driver / "libcuda.so.1", driver / "libnvidia-ml.so.1"
@@ -81,7 +86,8 @@ def main() -> None:
             "shim, memory limit, uncapped": bench(limited.env(), args.launches),
             "shim, memory limit, capped at 50 %": bench(capped.env(), args.launches),
         }
-    write(results, "simulated (build/simgpu)" if args.driver_dir is None else str(args.driver_dir), args.out)
+    driver = "simulated (build/simgpu)" if args.driver_dir is None else str(args.driver_dir)
+    write(results, driver, args.out, info.finish())
 
 
 def _first_uuid(env: dict[str, str]) -> str:
@@ -91,28 +97,20 @@ def _first_uuid(env: dict[str, str]) -> str:
     return next(line.split("uuid=")[1].split()[0] for line in done.stdout.splitlines() if "uuid=" in line)
 
 
-def write(results: dict[str, dict[str, int]], driver: str, out: Path) -> None:
+def write(results: dict[str, dict[str, int]], driver: str, out: Path, info: RunInfo) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    import os
-
-    machine = f"{platform.node()} {platform.machine()} ({os.cpu_count()} CPUs)"
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     (out / "overhead.json").write_text(
-        json.dumps(
-            {"date": stamp, "machine": machine, "load": load, "driver": driver, "results": results},
-            indent=1,
-        )
+        json.dumps({"run": info.as_json(), "driver": driver, "runs": RUNS, "results": results}, indent=1)
+        + "\n"
     )
     base = results["no shim"]
     lines = [
         "# Shim overhead per call",
         "",
-        f"Date: {stamp}. Machine: {machine}, a VM of the CI kind shared with other work (load average "
-        f"at the end: {load}). Driver: {driver}. "
-        "Command: `.venv/bin/python benchmarks/shim/overhead.py`.",
+        *info.markdown(),
+        f"- Driver: {driver}.",
         "",
-        "Best of 5 runs, ns per call. Launch: an empty kernel. Alloc/free: 4 KiB, with 10 000 other",
+        f"Best of {RUNS} runs, ns per call. Launch: an empty kernel. Alloc/free: 4 KiB, with 10 000 other",
         "allocations live. Added = with shim minus without. Targets: launch <= 30 ns (uncapped),",
         "alloc/free <= 1000 ns. The capped row is the controller's own cost per launch: its empty",
         "kernels are measured at 0 ns, so the budget never runs out and no launch waits.",
