@@ -191,7 +191,8 @@ class DriverNode:
         """What a reboot changes for the daemon: a new boot ID (the caller restarts it)."""
         self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
 
-    def _get(self, path: str) -> tuple[int, str]:
+    def get(self, path: str) -> tuple[int, str]:
+        """GET one of the daemon's health endpoints: (status, body)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as r:
                 return r.status, r.read().decode()
@@ -201,7 +202,7 @@ class DriverNode:
     def ready(self) -> bool:
         """/readyz answers 200: registered with the kubelet and the slice published."""
         with contextlib.suppress(OSError):
-            return self._get("/readyz")[0] == 200
+            return self.get("/readyz")[0] == 200
         return False
 
     def wait_ready(self, timeout: float = 60) -> None:

@@ -13,18 +13,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import grpc
 import pytest
 from kubernetes import client
 
 from tessera.driver.state import CRASH_POINTS
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME, UNHEALTHY_TAINT
+from tessera.proto.health.v1 import api_pb2 as health
+from tessera.proto.health.v1 import api_pb2_grpc as health_grpc
 from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
 from tessera.simgpu.config import GpuFaults
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.kubelet_client import ClaimRef, KubeletClient
+from tessera.testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
 from tessera.testbed.polling import poll_until
 
@@ -327,3 +330,82 @@ def _records(node: DriverNode) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError):
         return None
     return claims if claims else None
+
+
+def test_the_plugin_offers_dra_v1_first_then_v1beta1_and_both_health_versions(
+    driver_node: DriverNode,
+) -> None:
+    info = plugin_info(driver_node.registration_socket)
+    assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER_NAME, str(driver_node.dra_socket))
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
+
+
+def test_the_health_service_lists_every_gpu_and_reports_a_lost_one_with_nvmls_reason(
+    driver_node: DriverNode,
+) -> None:
+    channel = grpc.insecure_channel(f"unix:{driver_node.dra_socket}")
+    stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+        health.NodeWatchResourcesRequest(), timeout=60
+    )
+    try:
+        first = next(stream)
+        assert len(first.devices) == 4
+        assert {d.health for d in first.devices} == {health.HEALTHY}
+        assert {d.device.pool_name for d in first.devices} == {driver_node.node_name}
+        gpus = list(driver_node.simgpu.spec.gpus)
+        gpus[2] = replace(gpus[2], faults=GpuFaults(lost=True))
+        driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
+        for update in stream:
+            unhealthy = [d for d in update.devices if d.health == health.UNHEALTHY]
+            if unhealthy:
+                break
+        assert len(update.devices) == 4, "every report is the complete list"
+        (lost,) = unhealthy
+        assert lost.device.device_name == "gpu-" + gpus[2].uuid.lower().removeprefix("gpu-")
+        assert lost.message == "NVML: GPU is lost"
+    finally:
+        stream.cancel()
+        channel.close()
+
+
+def test_a_claim_deleted_while_prepared_is_cleaned_up_by_the_periodic_sweep(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str], namespace: str
+) -> None:
+    """The kubelet normally unprepares; a claim it never tells us about (the daemon was down, the
+    pod went) is found by the sweep and its folder and CDI spec are removed."""
+    ensure_device_class(kube)
+    node = DriverNode(cluster, fake_node(), gpus=1, cleanup_interval=1.0)
+    try:
+        node.start()
+        node.wait_published()
+        claim = share_pod(kube, namespace, node.node_name, "swept", memory="1Gi", cores="1")
+        kubelet = KubeletClient(node.dra_socket)
+        try:
+            assert kubelet.prepare([claim]).claims[claim[2]].error == ""
+        finally:
+            kubelet.close()
+        folder = node.state_dir / "claims" / claim[2]
+        assert folder.exists()
+        client.CoreV1Api(kube).delete_namespaced_pod("swept", namespace, grace_period_seconds=0)
+        poll_until(lambda: _claim_gone(kube, claim), 60, "the claim deleted with its pod")
+        poll_until(lambda: not folder.exists(), 30, "the sweep to unprepare the claim")
+        assert not any(node.cdi_dir.glob(f"*{claim[2]}*"))
+        assert _records(node) is None
+    finally:
+        node.cleanup()
+
+
+def test_sigterm_removes_both_sockets_and_the_probes_say_why_it_is_not_ready(driver_node: DriverNode) -> None:
+    assert driver_node.get("/healthz") == (200, "ok\n")
+    status, body = driver_node.get("/readyz")
+    assert (status, body) == (503, "not registered with the kubelet yet\n"), "no kubelet on this node"
+    assert driver_node.process is not None
+    driver_node.stop()
+    assert driver_node.process.returncode == 0
+    assert not driver_node.dra_socket.exists()
+    assert not driver_node.registration_socket.exists()
