@@ -9,6 +9,7 @@ node's pool are kept.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,8 @@ from kubernetes.client import ApiException
 from tessera.driver.allocation import AllocationError
 from tessera.kube import raw_json
 from tessera.watching import watch_forever
+
+log = logging.getLogger(__name__)
 
 
 class ClaimNotFound(AllocationError):
@@ -60,6 +63,7 @@ class ClaimCache:
             cached = self._claims.get(uid)
         if cached is not None:
             return cached
+        log.debug("ResourceClaim %s/%s (%s) is not in the watch cache yet; reading it", namespace, name, uid)
         claim = self.read(namespace, name)
         if claim is None:
             raise ClaimNotFound(f"ResourceClaim {namespace}/{name} does not exist")

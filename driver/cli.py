@@ -101,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
+        "--watch-claims",
+        action=argparse.BooleanOptionalAction,
+        default=_env("TESSERA_WATCH_CLAIMS", "true").lower() not in ("0", "false", "no"),
+        help="cache allocated ResourceClaims from a cluster-wide watch; off: one GET per prepared claim "
+        "[env TESSERA_WATCH_CLAIMS]",
+    )
+    p.add_argument(
         "--boot-id-file",
         default=_env("TESSERA_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"),
         help="the node's boot ID; claims are prepared again after it changes [env TESSERA_BOOT_ID_FILE]",
@@ -170,6 +177,7 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
         ),
         container_env=tuple(env),
         container_mounts=tuple(Path(m) for m in args.container_mount),
+        watch_claims=args.watch_claims,
         boot_id_file=Path(args.boot_id_file),
         health_interval=args.health_interval,
         cleanup_interval=args.cleanup_interval,

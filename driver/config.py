@@ -58,6 +58,10 @@ class DriverConfig:
     """Extra environment for every prepared container (the simulated driver's SIMGPU_CONFIG)."""
     container_mounts: tuple[Path, ...] = ()
     """Extra host paths bind-mounted read-write at the same path (the simulated driver's state)."""
+    watch_claims: bool = True
+    """Keep a watch-fed cache of ResourceClaims allocated here (prepare then rarely waits for the
+    API); off, every prepare reads its claim with one GET and the daemon holds no cluster-wide watch,
+    which very large clusters may prefer."""
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     health_interval: float = 2.0
     cleanup_interval: float = 60.0

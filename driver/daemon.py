@@ -63,7 +63,8 @@ class Daemon:
             log.warning("rebuilding prepared claims from the API and the host: %s", self.state.rebuild_reason)
             cleanup.sweep(config, self.state, self.claims, reprepare=True)
             self.state.save()
-        self._background("claim-watch", self.claims.run, self._stop)
+        if config.watch_claims:
+            self._background("claim-watch", self.claims.run, self._stop)
 
         self._service = plugin.DraService(self.state, self.claims)
         self.tracker = device_health.HealthTracker(

@@ -20,6 +20,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +168,9 @@ class DriverNode:
             "--log-level=debug",
         ]
 
-    def start(self, crash_point: str | None = None) -> None:
-        """Start the daemon (again). With ``crash_point``, it kills itself at that step of its next
-        prepare (see driver/state.py)."""
+    def start(self, crash_point: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        """Start the daemon (again), with ``extra_args`` added to its command line. With
+        ``crash_point``, it kills itself at that step of its next prepare (see driver/state.py)."""
         assert self.process is None or not self.process.running(), "already running"
         self.starts += 1
         self.health_port = free_port()
@@ -177,7 +178,9 @@ class DriverNode:
         env.pop("KUBECONFIG", None)
         if crash_point:
             env["TESSERA_DRIVER_CRASH_POINT"] = crash_point
-        self.process = ManagedProcess(f"tessera-driver-{self.starts}", self.argv(), self.work_dir, env=env)
+        self.process = ManagedProcess(
+            f"tessera-driver-{self.starts}", [*self.argv(), *extra_args], self.work_dir, env=env
+        )
 
     def stop(self) -> None:
         if self.process is not None:
@@ -231,6 +234,11 @@ class DriverNode:
 
         self.process.wait_until(published, timeout, "ResourceSlice published")
         return found
+
+    def log_of_all_starts(self) -> str:
+        """Every start's log, oldest first."""
+        logs = sorted(self.work_dir.glob("tessera-driver-*.log"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        return "".join(p.read_text(errors="replace") for p in logs)
 
     def log_tails(self, lines: int = 80) -> dict[str, str]:
         if self.process is None:
