@@ -14,6 +14,7 @@ import sys
 from kubernetes import client
 
 from tessera.kube import api_client
+from tessera.names import DEVICE_CLASS
 from tessera.testbed import dra_objects, pod_state
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.fake_nodes import create_ready_node
@@ -49,13 +50,13 @@ def run_story(cluster: LocalCluster) -> None:
     show(cluster, "version")
 
     create_ready_node(kube, NODE)
-    resource.create_device_class(dra_objects.device_class(dra_objects.DRIVER))
+    resource.create_device_class(dra_objects.device_class(DEVICE_CLASS))
     resource.create_resource_slice(dra_objects.shareable_gpu_slice(f"{NODE}-gpus", NODE))
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     poll_until(lambda: core.read_namespaced_service_account("default", NAMESPACE), 30, "service account")
     share = {"memory": "30Gi", "cores": "40"}
     resource.create_namespaced_resource_claim_template(
-        NAMESPACE, dra_objects.share_claim_template("gpu-share", dra_objects.DRIVER, share)
+        NAMESPACE, dra_objects.share_claim_template("gpu-share", DEVICE_CLASS, share)
     )
     # One at a time, so the story reads the same on every run: two fit, the third does not.
     share_ids = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-DRIVER = "gpu.tessera.dev"
+from tessera.names import DRIVER_NAME
 
 
 def device_class(name: str) -> client.V1DeviceClass:
@@ -19,7 +19,7 @@ def device_class(name: str) -> client.V1DeviceClass:
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
             "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER_NAME}'"}}]},
         }
     )
 
@@ -35,7 +35,7 @@ def shareable_gpu_slice(
             "kind": "ResourceSlice",
             "metadata": {"name": name},
             "spec": {
-                "driver": DRIVER,
+                "driver": DRIVER_NAME,
                 "nodeName": node,
                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                 "devices": [

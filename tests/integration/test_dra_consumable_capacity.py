@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client
 
+from tessera.names import DRIVER_NAME
 from tessera.testbed import dra_objects, pod_state
 from tessera.testbed.names import unique_name
 
@@ -55,7 +56,7 @@ def test_two_shares_of_one_gpu_and_a_third_that_does_not_fit(
     for pod in ("first", "second"):
         claim = pod_state.wait_until_claim_allocated(resource, core, namespace, pod, "gpu")
         result = pod_state.single_allocation_result(claim)
-        assert (result.driver, result.pool, result.device) == (dra_objects.DRIVER, gpu_node, "gpu-0")
+        assert (result.driver, result.pool, result.device) == (DRIVER_NAME, gpu_node, "gpu-0")
         assert result.consumed_capacity == {"memory": "30Gi", "cores": "40"}
         assert result.share_id, "a share of a multi-allocatable device must carry a shareID"
         assert pod_state.wait_until_bound(core, namespace, pod) == gpu_node

@@ -26,6 +26,7 @@ from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
 from tessera.simgpu.config import GpuFaults
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.dra_objects import share_claim_template
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
@@ -60,27 +61,7 @@ def share_pod(kube: client.ApiClient, namespace: str, node: str, name: str, **ca
     """A pod on ``node`` with one claim template asking ``capacity``; returns its claim once allocated."""
     resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
     resource.create_namespaced_resource_claim_template(
-        namespace,
-        client.V1ResourceClaimTemplate.model_validate(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {
-                                    "name": "gpu",
-                                    "exactly": {
-                                        "deviceClassName": DEVICE_CLASS,
-                                        "capacity": {"requests": capacity},
-                                    },
-                                }
-                            ]
-                        }
-                    }
-                },
-            }
-        ),
+        namespace, share_claim_template(name, DEVICE_CLASS, capacity)
     )
     core.create_namespaced_pod(
         namespace,
