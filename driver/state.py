@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.driver import allocation, cdi, checkpoint, claim_files
@@ -40,6 +41,12 @@ def _crash_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclass
+class _ClaimLock:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class DeviceState:
     def __init__(
         self, config: DriverConfig, gpus: Sequence[Gpu], container_driver: ContainerDriver, boot_id: str
@@ -47,7 +54,7 @@ class DeviceState:
         self._config = config
         self._gpus = {device_name(g): g for g in gpus}
         self._driver = container_driver
-        self._claim_locks: dict[str, threading.Lock] = {}
+        self._claim_locks: dict[str, _ClaimLock] = {}
         self._locks_guard = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         loaded = checkpoint.load(config.checkpoint_file, boot_id)
@@ -174,10 +181,24 @@ class DeviceState:
 
     @contextmanager
     def _claim_lock(self, uid: str) -> Iterator[None]:
+        """Serialise calls for one claim. A claim's lock lives only while some call holds or awaits
+        it, so a node that sees thousands of claims over months keeps no lock per claim."""
         with self._locks_guard:
-            lock = self._claim_locks.setdefault(uid, threading.Lock())
-        with lock:
-            yield
+            entry = self._claim_locks.setdefault(uid, _ClaimLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._claim_locks[uid]
+
+    def locks_held(self) -> int:
+        """Claims with a lock right now (for tests: none when no call is in flight)."""
+        with self._locks_guard:
+            return len(self._claim_locks)
 
 
 def claim_identity(config: DriverConfig, uid: str) -> tuple[str, str, str] | None:

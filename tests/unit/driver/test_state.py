@@ -139,6 +139,7 @@ def test_concurrent_prepares_of_many_claims_and_of_one_claim_all_land_once(confi
     assert sorted(records) == sorted([*(f"u{i}" for i in range(16)), "same"])
     assert all(r.state == PREPARE_COMPLETED for r in records.values())
     assert sorted(p.name for p in config.claims_dir.iterdir()) == sorted(records)
+    assert devices.locks_held() == 0, "no per-claim lock outlives its calls"
 
 
 def test_after_a_reboot_the_old_records_are_not_trusted(config: DriverConfig) -> None:
