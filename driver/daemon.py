@@ -22,6 +22,7 @@ from kubernetes import client
 
 from tessera.driver import cleanup, device_health, devices, plugin, registration
 from tessera.driver.checkpoint import read_boot_id
+from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import resolve
@@ -48,6 +49,7 @@ class Daemon:
         self._health_http: HealthServer | None = None
         self._nvml: Nvml | None = None
         self._service: plugin.DraService | None = None
+        self._status_writer: ClaimStatusWriter | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -66,7 +68,8 @@ class Daemon:
         if config.watch_claims:
             self._background("claim-watch", self.claims.run, self._stop)
 
-        self._service = plugin.DraService(self.state, self.claims)
+        self._status_writer = ClaimStatusWriter(resource, config.driver_name, config.node_name)
+        self._service = plugin.DraService(self.state, self.claims, self._status_writer)
         self.tracker = device_health.HealthTracker(
             gpus, config.pool_name, check_timeout=max(30.0, 5 * config.health_interval)
         )
@@ -199,6 +202,9 @@ class Daemon:
         if self._service is not None:
             self._service.close()
             self._service = None
+        if self._status_writer is not None:
+            self._status_writer.close()
+            self._status_writer = None
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -19,6 +20,7 @@ import grpc
 
 from tessera.driver.allocation import AllocationError
 from tessera.driver.checkpoint import PreparedDevice
+from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.container_driver import DriverSourceError
 from tessera.driver.state import DeviceState
@@ -36,9 +38,16 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 class DraService:
     """NodePrepareResources and NodeUnprepareResources, whatever the API version."""
 
-    def __init__(self, state: DeviceState, claims: ClaimCache, workers: int = 16) -> None:
+    def __init__(
+        self,
+        state: DeviceState,
+        claims: ClaimCache,
+        status: ClaimStatusWriter | None = None,
+        workers: int = 16,
+    ) -> None:
         self._state = state
         self._claims = claims
+        self._status = status
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prepare")
 
     def close(self) -> None:
@@ -60,20 +69,28 @@ class DraService:
         return response
 
     def _prepare_one(self, claim: Any, pb: ModuleType, call: str) -> Any:
+        obj = None
         try:
             obj = self._claims.get(claim.namespace, claim.name, claim.uid)
             devices = self._state.prepare(obj)
         except (AllocationError, DriverSourceError) as error:
-            return self._failed(pb, claim, call, str(error))
+            return self._failed(pb, claim, obj, call, str(error))
         except OSError as error:
-            return self._failed(pb, claim, call, f"cannot write the claim's files on the node: {error}")
+            return self._failed(pb, claim, obj, call, f"cannot write the claim's files on the node: {error}")
         except Exception as error:  # a bug or the API: still one answer for this claim only
             log.exception("call %s: preparing %s/%s failed unexpectedly", call, claim.namespace, claim.name)
-            return self._failed(pb, claim, call, f"unexpected error preparing the claim: {error}")
+            return self._failed(pb, claim, obj, call, f"unexpected error preparing the claim: {error}")
+        if self._status is not None:
+            self._status.report(obj, None)
         return pb.NodePrepareResourceResponse(devices=[_device(pb, d) for d in devices])
 
-    @staticmethod
-    def _failed(pb: ModuleType, claim: Any, call: str, message: str) -> Any:
+    def _failed(
+        self, pb: ModuleType, claim: Any, obj: Mapping[str, Any] | None, call: str, message: str
+    ) -> Any:
+        """The claim's error for the kubelet (which shows it in the pod's events), also recorded in
+        the claim's status when the claim could be read."""
+        if obj is not None and self._status is not None:
+            self._status.report(obj, message)
         log.warning(
             "call %s: cannot prepare ResourceClaim %s/%s (%s): %s",
             call,

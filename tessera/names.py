@@ -21,3 +21,35 @@ UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 """Device taint key the driver sets on a GPU while NVML reports it lost or failing."""
 
 METRICS_PORT = 31995
+
+# HAMi's spellings, which users' manifests already carry: the webhook converts them into claims.
+HAMI_GPU = "nvidia.com/gpu"
+"""Number of GPUs a container asks for."""
+
+HAMI_GPUMEM = "nvidia.com/gpumem"
+"""Device memory per GPU, in MiB."""
+
+HAMI_GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
+"""Device memory per GPU, as a percentage (1-100) of that GPU's memory."""
+
+HAMI_GPUCORES = "nvidia.com/gpucores"
+"""Percent of each GPU's time (1-100)."""
+
+HAMI_RESOURCES = (HAMI_GPU, HAMI_GPUMEM, HAMI_GPUMEM_PERCENTAGE, HAMI_GPUCORES)
+
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+"""Pod annotation: comma-separated GPU UUIDs the pod may use."""
+
+HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+"""Pod annotation: comma-separated GPU UUIDs the pod must not use."""
+
+HAMI_USE_TYPE = "nvidia.com/use-gputype"
+"""Pod annotation: comma-separated parts of product names (case-insensitive) the pod may use."""
+
+HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+"""Pod annotation: comma-separated parts of product names (case-insensitive) the pod must not use."""
+
+HAMI_ANNOTATIONS = (HAMI_USE_UUID, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_NOUSE_TYPE)
+
+WEBHOOK_MANAGED_BY = "tessera-webhook"
+"""Value of app.kubernetes.io/managed-by on the ResourceClaimTemplates the webhook creates."""

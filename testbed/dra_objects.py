@@ -7,9 +7,12 @@ and returned as the client's typed models.
 
 from __future__ import annotations
 
+import uuid
+
 from kubernetes import client
 
-from tessera.names import DRIVER_NAME
+from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS, DRIVER_NAME
 
 
 def device_class(name: str) -> client.V1DeviceClass:
@@ -107,3 +110,57 @@ def pod_with_claim(name: str, template: str, image: str = "tessera.local/none") 
             },
         }
     )
+
+
+def allocated_claim(
+    resource: client.ResourceV1Api, namespace: str, node: str, device: str, name: str
+) -> tuple[str, str, str]:
+    """A ResourceClaim ``name`` given a 1Gi/1-core share of ``device`` on ``node``, its allocation
+    written as the scheduler would (no pod needed). Returns (namespace, name, uid), as the kubelet
+    names a claim."""
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DEVICE_CLASS,
+                            "capacity": {"requests": {"memory": "1Gi", "cores": "1"}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    created = raw_json(
+        resource.create_namespaced_resource_claim(
+            namespace, client.ResourceV1ResourceClaim.model_validate(body), _preload_content=False
+        )
+    )
+    created["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRIVER_NAME,
+                        "pool": node,
+                        "device": device,
+                        "shareID": str(uuid.uuid4()),
+                        "consumedCapacity": {"memory": "1Gi", "cores": "1"},
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    resource.replace_namespaced_resource_claim_status(
+        name, namespace, client.ResourceV1ResourceClaim.model_validate(created)
+    )
+    return namespace, name, str(created["metadata"]["uid"])

@@ -54,8 +54,11 @@ def _create(call: Any, *args: Any) -> None:
             raise
 
 
-def driver_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
-    """A kubeconfig for the daemon's service account, bound to the chart's ClusterRole rules only."""
+def driver_kubeconfig(cluster: LocalCluster, node_name: str, path: Path) -> Path:
+    """A kubeconfig for the daemon's service account, bound to the chart's ClusterRole rules only.
+
+    The token is bound to the Node, so it carries the node's name as a DaemonSet pod's token does:
+    the API server then lets it write claim status only for claims allocated on that node."""
     kube = api_client(cluster.admin_kubeconfig)
     core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
     rules = yaml.safe_load(RULES_FILE.read_text())
@@ -70,7 +73,14 @@ def driver_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
             "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
         },
     )
-    request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 86400}})
+    request = client.AuthenticationV1TokenRequest.model_validate(
+        {
+            "spec": {
+                "expirationSeconds": 86400,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+            }
+        }
+    )
     status = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, request).status
     assert status is not None
     token = status.token
@@ -114,6 +124,8 @@ class DriverNode:
         memory_bytes: int = 80 * GiB,
         health_interval: float = 1.0,
         cleanup_interval: float = 60.0,
+        metrics_address: str = "127.0.0.1",
+        metrics_port: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.node_name = node_name
@@ -131,10 +143,15 @@ class DriverNode:
         self.simgpu = Node(spec, write_config(spec, self.sim_dir / "simgpu.conf"))
         self.boot_id_file = self.work_dir / "boot_id"
         self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
-        self.kubeconfig = driver_kubeconfig(cluster, self.work_dir / "kubeconfig")
+        self.kubeconfig = driver_kubeconfig(cluster, node_name, self.work_dir / "kubeconfig")
         self.health_interval = health_interval
         self.cleanup_interval = cleanup_interval
         self.health_port = 0
+        self.metrics_address = metrics_address
+        self.fixed_metrics_port = metrics_port
+        """None: a free loopback port at each start (many test nodes share one host); a real node
+        passes its own address and METRICS_PORT, as a DaemonSet on its host network would."""
+        self.metrics_port = 0
         self.process: ManagedProcess | None = None
         self.starts = 0
 
@@ -165,6 +182,8 @@ class DriverNode:
             f"--cleanup-interval={self.cleanup_interval}",
             f"--health-port={self.health_port}",
             "--health-address=127.0.0.1",
+            f"--metrics-port={self.metrics_port}",
+            f"--metrics-address={self.metrics_address}",
             "--log-level=debug",
         ]
 
@@ -174,6 +193,7 @@ class DriverNode:
         assert self.process is None or not self.process.running(), "already running"
         self.starts += 1
         self.health_port = free_port()
+        self.metrics_port = self.fixed_metrics_port or free_port()
         env = process_env(self.simgpu.config)
         env.pop("KUBECONFIG", None)
         if crash_point:
@@ -201,6 +221,15 @@ class DriverNode:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics_address}:{self.metrics_port}/metrics"
+
+    def scrape(self) -> str:
+        """One scrape of the daemon's /metrics, as Prometheus's text format."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            return str(r.read().decode())
 
     def ready(self) -> bool:
         """/readyz answers 200: registered with the kubelet and the slice published."""

@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -31,66 +30,15 @@ from kubernetes import client
 
 from benchmarks.run_info import RunInfo
 from tessera.kube import api_client, raw_json
-from tessera.names import DEVICE_CLASS, DRIVER_NAME
 from tessera.simgpu.config import GpuFaults
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.dra_objects import allocated_claim
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.kubelet_client import ClaimRef, KubeletClient
+from tessera.testbed.kubelet_client import KubeletClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "bench"
-
-
-def allocated_claim(resource: client.ResourceV1Api, node: str, device: str, index: int) -> ClaimRef:
-    """A ResourceClaim allocated a 1Gi/1-core share of ``device``, written as the scheduler would."""
-    name = f"c{index}-{uuid.uuid4().hex[:6]}"
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS,
-                            "capacity": {"requests": {"memory": "1Gi", "cores": "1"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    created = raw_json(
-        resource.create_namespaced_resource_claim(
-            NAMESPACE, client.ResourceV1ResourceClaim.model_validate(body), _preload_content=False
-        )
-    )
-    created["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {
-                        "request": "gpu",
-                        "driver": DRIVER_NAME,
-                        "pool": node,
-                        "device": device,
-                        "shareID": str(uuid.uuid4()),
-                        "consumedCapacity": {"memory": "1Gi", "cores": "1"},
-                    }
-                ]
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-                ]
-            },
-        }
-    }
-    resource.replace_namespaced_resource_claim_status(
-        name, NAMESPACE, client.ResourceV1ResourceClaim.model_validate(created)
-    )
-    return NAMESPACE, name, created["metadata"]["uid"]
 
 
 def time_single_claims(
@@ -99,7 +47,7 @@ def time_single_claims(
     """(claim name, seconds) of ``rounds`` prepares, each of a claim allocated just before."""
     out = []
     for i in range(first, first + rounds):
-        claim = allocated_claim(resource, "bench-node", device, i)
+        claim = allocated_claim(resource, NAMESPACE, "bench-node", device, f"c{i}")
         began = time.monotonic()
         response = kubelet.prepare([claim])
         out.append((claim[1], time.monotonic() - began))
@@ -181,7 +129,7 @@ def run(rounds: int) -> dict[str, Any]:
             driver.start()
             driver.wait_serving()
             kubelet = KubeletClient(driver.dra_socket)
-            batch = [allocated_claim(resource, "bench-node", device, 10_000 + i) for i in range(64)]
+            batch = [allocated_claim(resource, NAMESPACE, "bench-node", device, f"b{i}") for i in range(64)]
             began = time.monotonic()
             with ThreadPoolExecutor(max_workers=64) as pool:
                 answers = list(pool.map(lambda c: kubelet.prepare([c]).claims[c[2]].error, batch))

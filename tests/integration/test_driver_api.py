@@ -26,7 +26,7 @@ from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
 from tessera.simgpu.config import GpuFaults
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import share_claim_template
+from tessera.testbed.dra_objects import allocated_claim, share_claim_template
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
@@ -390,3 +390,34 @@ def test_sigterm_removes_both_sockets_and_the_probes_say_why_it_is_not_ready(dri
     assert driver_node.process.returncode == 0
     assert not driver_node.dra_socket.exists()
     assert not driver_node.registration_socket.exists()
+
+
+def test_the_claim_itself_says_whether_each_share_was_prepared_and_why_not(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    """Ready=True on a prepared share; Ready=False with the one-sentence reason on a share that
+    cannot be prepared (here an allocation naming a GPU the node does not have), written by the
+    daemon under its node-bound account, next to the kubelet's pod event."""
+    resource = client.ResourceV1Api(kube)
+    published = slice_of(kube, driver_node.node_name)
+    assert published is not None
+    device = published["spec"]["devices"][0]["name"]
+    good = allocated_claim(resource, namespace, driver_node.node_name, device, "good")
+    bad = allocated_claim(resource, namespace, driver_node.node_name, "gpu-not-here", "bad")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([good, bad])
+    finally:
+        kubelet.close()
+    assert "gpu-not-here, which this node does not have" in response.claims[bad[2]].error
+
+    def ready(claim: ClaimRef) -> dict[str, Any] | None:
+        body = raw_json(resource.read_namespaced_resource_claim(claim[1], claim[0], _preload_content=False))
+        devices = (body.get("status") or {}).get("devices") or []
+        return devices[0]["conditions"][0] if devices else None
+
+    good_ready = poll_until(lambda: ready(good), 30, "the prepared claim's status")
+    assert (good_ready["type"], good_ready["status"], good_ready["reason"]) == ("Ready", "True", "Prepared")
+    bad_ready = poll_until(lambda: ready(bad), 30, "the failed claim's status")
+    assert (bad_ready["status"], bad_ready["reason"]) == ("False", "PrepareFailed")
+    assert bad_ready["message"] == response.claims[bad[2]].error

@@ -1,0 +1,180 @@
+"""``tessera-webhook``: flags (each with an environment variable), start-up in order, shutdown on
+SIGTERM with the reviews in flight answered."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from kubernetes import client
+
+from tessera import logs
+from tessera.kube import api_client
+from tessera.webhook.server import WebhookApp, WebhookServer
+from tessera.webhook.slices import SliceCache
+from tessera.webhook.templates import TemplateStore
+from tessera.webhook.tls import Certificates, FileCertificates, SelfManagedCertificates, keep_ca_bundle
+
+log = logging.getLogger("tessera.webhook")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TESSERA_WEBHOOK_{name}", default)
+
+
+def _list(value: str) -> list[str]:
+    return [item for item in (part.strip() for part in value.split(",")) if item]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-webhook",
+        description="Mutating admission webhook: converts HAMi-style nvidia.com/gpu, gpumem, "
+        "gpumem-percentage and gpucores requests (and the use/nouse GPU annotations) into "
+        "ResourceClaimTemplates of the gpu.tessera.dev DRA driver, and denies requests that can never "
+        "be met. Every flag can also be set with the environment variable shown.",
+    )
+    p.add_argument(
+        "--bind-address", default=_env("BIND_ADDRESS", "0.0.0.0"), help="[env TESSERA_WEBHOOK_BIND_ADDRESS]"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("PORT", "8443")),
+        help="HTTPS port of /mutate [env TESSERA_WEBHOOK_PORT]",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "8080")),
+        help="plain HTTP port of /metrics, /healthz and /readyz; -1 turns it off "
+        "[env TESSERA_WEBHOOK_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=Path(_env("TLS_DIR", "")) if _env("TLS_DIR", "") else None,
+        help="folder with tls.crt and tls.key (a mounted cert-manager secret), reloaded when they change; "
+        "without it the webhook makes and rotates its own CA [env TESSERA_WEBHOOK_TLS_DIR]",
+    )
+    p.add_argument(
+        "--dns-names",
+        type=_list,
+        default=_list(_env("DNS_NAMES", "")),
+        help="comma-separated DNS names for the self-made serving certificate, e.g. "
+        "tessera-webhook.tessera.svc [env TESSERA_WEBHOOK_DNS_NAMES]",
+    )
+    p.add_argument(
+        "--ip-addresses",
+        type=_list,
+        default=_list(_env("IP_ADDRESSES", "")),
+        help="comma-separated IP addresses for the self-made serving certificate "
+        "[env TESSERA_WEBHOOK_IP_ADDRESSES]",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        default=_env("CONFIGURATION", ""),
+        help="MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA "
+        "[env TESSERA_WEBHOOK_CONFIGURATION]",
+    )
+    p.add_argument(
+        "--certificate-check-interval",
+        type=float,
+        default=float(_env("CERTIFICATE_CHECK_INTERVAL", "60")),
+        help="seconds between checks for new certificate files, rotation and the caBundle "
+        "[env TESSERA_WEBHOOK_CERTIFICATE_CHECK_INTERVAL]",
+    )
+    p.add_argument(
+        "--template-ttl",
+        type=float,
+        default=float(_env("TEMPLATE_TTL", "300")),
+        help="seconds a template is known to exist before the next pod checks again "
+        "[env TESSERA_WEBHOOK_TEMPLATE_TTL]",
+    )
+    p.add_argument(
+        "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="[env TESSERA_WEBHOOK_LOG_LEVEL]")
+    p.add_argument(
+        "--log-format",
+        default=_env("LOG_FORMAT", "text"),
+        choices=("text", "json"),
+        help="[env TESSERA_WEBHOOK_LOG_FORMAT]",
+    )
+    return p
+
+
+def certificates_from(args: argparse.Namespace) -> Certificates:
+    if args.tls_dir is not None:
+        return FileCertificates(args.tls_dir)
+    if not args.dns_names and not args.ip_addresses:
+        raise SystemExit(
+            "tessera-webhook: give --tls-dir, or --dns-names/--ip-addresses for a self-made certificate"
+        )
+    return SelfManagedCertificates(args.dns_names, args.ip_addresses)
+
+
+def _maintain_certificates(
+    certificates: Certificates,
+    api: client.ApiClient,
+    configuration: str,
+    interval: float,
+    stop: threading.Event,
+) -> None:
+    """Reload or rotate the certificate, and keep the caBundle current, until ``stop``."""
+    while True:
+        try:
+            certificates.refresh()
+            if configuration and isinstance(certificates, SelfManagedCertificates):
+                keep_ca_bundle(api, configuration, certificates.ca_bundle())
+        except Exception:  # the API may be briefly away: log and try again next round
+            log.exception("certificate maintenance failed; retrying in %.0fs", interval)
+        if stop.wait(interval):
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    certificates = certificates_from(args)
+    api = api_client(args.kubeconfig)
+    cache = SliceCache(api)
+    cache.start()
+    app = WebhookApp(
+        lambda: cache.fleet, TemplateStore(api, ttl=args.template_ttl), ready=cache.synced.is_set
+    )
+    server = WebhookServer(
+        app,
+        certificates,
+        args.bind_address,
+        args.port,
+        None if args.metrics_port < 0 else args.metrics_port,
+    )
+    stop = threading.Event()
+    maintenance = threading.Thread(
+        target=_maintain_certificates,
+        args=(certificates, api, args.webhook_configuration, args.certificate_check_interval, stop),
+        name="certificates",
+        daemon=True,
+    )
+    maintenance.start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    log.info("serving /mutate on %s:%d", args.bind_address, server.port)
+    stop.wait()
+    server.stop()
+    cache.stop()
+    log.info("stopped")
+    return 0

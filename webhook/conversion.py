@@ -1,0 +1,189 @@
+"""One container's HAMi resources to a GPU request, and a GPU request to a ResourceClaim spec; pure.
+
+Reading rule: for each of the four resource names the container's ``limits`` value is used, else its
+``requests`` value (Kubernetes requires the two to be equal for extended resources, and a container
+may give either); if both are given and differ the pod is refused. Defaults, for what HAMi users
+expect on a driver whose request policy reserves nothing that a claim does not name:
+
+- ``nvidia.com/gpu`` is 1 when only gpumem, gpumem-percentage or gpucores is given;
+- no gpumem and no gpumem-percentage means 100 % of each GPU's memory (HAMi's default), never the
+  device's default of 0, which would leave the container unable to allocate anything;
+- no gpucores means no compute cap (the device's default 0: time-sliced with everyone else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from tessera.names import (
+    CORES_CAPACITY,
+    DEVICE_CLASS,
+    HAMI_GPU,
+    HAMI_GPUCORES,
+    HAMI_GPUMEM,
+    HAMI_GPUMEM_PERCENTAGE,
+    HAMI_RESOURCES,
+    MEMORY_CAPACITY,
+    WEBHOOK_MANAGED_BY,
+)
+from tessera.quantity import MiB, round_down
+from tessera.webhook.fleet import Fleet
+
+REQUEST_NAME = "gpu"
+"""The one request of every claim the webhook writes."""
+
+MAX_SUBREQUESTS = 8
+"""DRA allows at most 8 ``firstAvailable`` entries per request."""
+
+DEFAULT_MEMORY_PERCENT = 100
+
+
+class Refusal(ValueError):
+    """A request the webhook denies; the message is one sentence naming container, resource and rule."""
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one container asks for, after defaults: ``memory_mib`` or ``memory_percent`` (exactly one
+    is set), ``cores`` None for uncapped."""
+
+    count: int
+    memory_mib: int | None
+    memory_percent: int | None
+    cores: int | None
+
+
+def _whole_number(where: str, name: str, raw: Any) -> int:
+    try:
+        value = parse_quantity(raw)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, InvalidOperation):
+        raise Refusal(f"{where}: {name} is {raw!r}, which is not a number.") from None
+    if not isinstance(value, Decimal) or value != value.to_integral_value():
+        raise Refusal(f"{where}: {name} is {raw!r}, which is not a whole number.")
+    if value <= 0:
+        raise Refusal(f"{where}: {name} is {raw!r}; it must be at least 1.")
+    return int(value)
+
+
+def _read(where: str, resources: Mapping[str, Any], name: str) -> int | None:
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    if name in limits and name in requests and str(limits[name]) != str(requests[name]):
+        raise Refusal(
+            f"{where}: {name} has request {requests[name]!r} and limit {limits[name]!r}; they must be equal."
+        )
+    if name in limits:
+        return _whole_number(where, name, limits[name])
+    if name in requests:
+        return _whole_number(where, name, requests[name])
+    return None
+
+
+def mentions_gpu(container: Mapping[str, Any]) -> bool:
+    """Whether the container names any of the four HAMi resources in its requests or limits."""
+    resources = container.get("resources") or {}
+    return any(
+        name in (resources.get("limits") or {}) or name in (resources.get("requests") or {})
+        for name in HAMI_RESOURCES
+    )
+
+
+def read_request(where: str, container: Mapping[str, Any]) -> GpuRequest | None:
+    """The container's GPU request with defaults applied, None if it names none of the resources;
+    raises Refusal for values no GPU could ever satisfy on their own (fleet-independent rules)."""
+    if not mentions_gpu(container):
+        return None
+    resources = container.get("resources") or {}
+    count = _read(where, resources, HAMI_GPU)
+    memory = _read(where, resources, HAMI_GPUMEM)
+    percent = _read(where, resources, HAMI_GPUMEM_PERCENTAGE)
+    cores = _read(where, resources, HAMI_GPUCORES)
+    if memory is not None and percent is not None:
+        raise Refusal(
+            f"{where}: {HAMI_GPUMEM} and {HAMI_GPUMEM_PERCENTAGE} are both given; ask for one of them."
+        )
+    if percent is not None and percent > 100:
+        raise Refusal(f"{where}: {HAMI_GPUMEM_PERCENTAGE} is {percent}; it must be between 1 and 100.")
+    if cores is not None and cores > 100:
+        raise Refusal(f"{where}: {HAMI_GPUCORES} is {cores}; it must be between 1 and 100.")
+    if memory is None and percent is None:
+        percent = DEFAULT_MEMORY_PERCENT
+    return GpuRequest(count=count or 1, memory_mib=memory, memory_percent=percent, cores=cores)
+
+
+def _device_request(count: int, selectors: list[str], memory_bytes: int, cores: int | None) -> dict[str, Any]:
+    capacity = {MEMORY_CAPACITY: f"{memory_bytes // MiB}Mi"}
+    if cores is not None:
+        capacity[CORES_CAPACITY] = str(cores)
+    request: dict[str, Any] = {
+        "deviceClassName": DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": count,
+    }
+    if selectors:
+        request["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
+    request["capacity"] = {"requests": capacity}
+    return request
+
+
+def size_selector(memory_bytes: int) -> str:
+    """CEL matching GPUs whose published memory is exactly ``memory_bytes``."""
+    return f'device.capacity["{DEVICE_CLASS}"].{MEMORY_CAPACITY}.compareTo(quantity("{memory_bytes}")) == 0'
+
+
+def claim_spec(where: str, request: GpuRequest, selectors: list[str], fleet: Fleet) -> dict[str, Any]:
+    """The ResourceClaimSpec for ``request``.
+
+    An absolute gpumem becomes one request with ``capacity.requests.memory``. A percentage becomes a
+    ``firstAvailable`` list with one subrequest per distinct GPU memory size the fleet publishes
+    (largest first), each selecting only GPUs of that size and asking that size's share, so the
+    scheduler takes whichever fits the node it picks."""
+    if request.memory_mib is not None:
+        body = _device_request(request.count, selectors, request.memory_mib * MiB, request.cores)
+        return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": body}]}}
+    percent = request.memory_percent or DEFAULT_MEMORY_PERCENT
+    if not fleet.memory_sizes:
+        raise Refusal(
+            f"{where}: {HAMI_GPUMEM_PERCENTAGE} {percent} cannot be converted because no "
+            f"{DEVICE_CLASS} GPU is published yet."
+        )
+    if len(fleet.memory_sizes) > MAX_SUBREQUESTS:
+        raise Refusal(
+            f"{where}: {HAMI_GPUMEM_PERCENTAGE} needs one choice per GPU memory size and the cluster "
+            f"has {len(fleet.memory_sizes)} sizes, more than DRA's {MAX_SUBREQUESTS}; ask {HAMI_GPUMEM}."
+        )
+    subrequests = []
+    for size in fleet.memory_sizes:
+        share = round_down(size * percent // 100, MiB)
+        if share == 0:
+            continue
+        body = _device_request(request.count, [size_selector(size), *selectors], share, request.cores)
+        subrequests.append({"name": f"m{size // MiB}mi", **body})
+    return {"devices": {"requests": [{"name": REQUEST_NAME, "firstAvailable": subrequests}]}}
+
+
+def template_name(spec: Mapping[str, Any]) -> str:
+    """``tessera-`` and a hash of the canonical JSON of the claim spec: identical shapes, one name."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return "tessera-" + hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+def claim_template(namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The ResourceClaimTemplate object (JSON) carrying ``spec`` under its hashed name."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": template_name(spec),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": WEBHOOK_MANAGED_BY},
+        },
+        "spec": {"spec": dict(spec)},
+    }

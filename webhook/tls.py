@@ -1,0 +1,237 @@
+"""The serving certificate: from a mounted secret (cert-manager's ``tls.crt``/``tls.key``/``ca.crt``
+layout), reloaded when the files change, or, when none is mounted, from a CA this process makes and
+rotates itself, whose certificate it keeps in the webhook configuration's ``caBundle``.
+
+Either way the server asks :meth:`Certificates.context` for every new connection, so a rotation takes
+effect without a restart and connections in flight keep the context they started with.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import ipaddress
+import logging
+import os
+import ssl
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes import client
+
+from tessera.kube import raw_json
+
+log = logging.getLogger(__name__)
+
+
+class Certificates(Protocol):
+    def context(self) -> ssl.SSLContext: ...
+
+    def refresh(self) -> bool:
+        """Pick up new material if there is any; True when the serving certificate changed."""
+        ...
+
+
+def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # load_cert_chain reads files only: write both to a private folder and remove it at once.
+    with tempfile.TemporaryDirectory(prefix="tessera-webhook-tls-") as folder:
+        cert_file, key_file = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+        cert_file.write_bytes(cert_pem)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(key_pem)
+        context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+class FileCertificates:
+    """``tls.crt`` and ``tls.key`` from a folder (a mounted secret), reloaded when their bytes change."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._digest = b""
+        self._context: ssl.SSLContext | None = None
+        if not self.refresh():
+            raise RuntimeError(f"no certificate in {folder}")
+
+    def _read(self) -> tuple[bytes, bytes]:
+        return (self.folder / "tls.crt").read_bytes(), (self.folder / "tls.key").read_bytes()
+
+    def refresh(self) -> bool:
+        try:
+            cert, key = self._read()
+        except OSError as error:
+            log.warning("cannot read the certificate in %s: %s", self.folder, error)
+            return False
+        digest = hashlib.sha256(cert + b"\0" + key).digest()
+        if digest == self._digest:
+            return False
+        try:
+            context = _context_from_pem(cert, key)
+        except (ssl.SSLError, OSError) as error:  # half-written by the kubelet's atomic swap: next time
+            log.warning("certificate in %s not usable yet: %s", self.folder, error)
+            return False
+        self._context, self._digest = context, digest
+        log.info("serving the certificate from %s", self.folder)
+        return True
+
+    def context(self) -> ssl.SSLContext:
+        assert self._context is not None
+        return self._context
+
+
+@dataclass(frozen=True)
+class _Issued:
+    cert_pem: bytes
+    key_pem: bytes
+    not_before: datetime.datetime
+    not_after: datetime.datetime
+
+    def due(self, now: datetime.datetime) -> bool:
+        """Past two thirds of its life: time to replace it, long before anyone refuses it."""
+        return now >= self.not_before + (self.not_after - self.not_before) * 2 / 3
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+class SelfManagedCertificates:
+    """A CA and a serving certificate made here, rotated at two thirds of their lives.
+
+    A new CA is added to the bundle before it signs anything and the old one stays in the bundle
+    until it expires, so clients holding either bundle keep trusting the server during a rotation.
+    Made for one replica: each process has its own CA (use a mounted secret for several replicas)."""
+
+    def __init__(
+        self,
+        dns_names: list[str],
+        ip_addresses: list[str],
+        ca_lifetime: datetime.timedelta = datetime.timedelta(days=365),
+        serving_lifetime: datetime.timedelta = datetime.timedelta(days=30),
+    ) -> None:
+        self.dns_names = dns_names
+        self.ip_addresses = [ipaddress.ip_address(address) for address in ip_addresses]
+        self.ca_lifetime = ca_lifetime
+        self.serving_lifetime = serving_lifetime
+        self._lock = threading.Lock()
+        self._cas: list[tuple[_Issued, ec.EllipticCurvePrivateKey]] = []
+        self._serving: _Issued | None = None
+        self._context: ssl.SSLContext | None = None
+        self.refresh()
+
+    def _new_ca(self, now: datetime.datetime) -> tuple[_Issued, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"tessera-webhook-ca-{now:%Y%m%d%H%M%S}")])
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + self.ca_lifetime)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
+            .sign(key, hashes.SHA256())
+        )
+        pem = cert.public_bytes(serialization.Encoding.PEM)
+        issued = _Issued(pem, _key_pem(key), now - datetime.timedelta(minutes=5), now + self.ca_lifetime)
+        return issued, key
+
+    def _new_serving(self, now: datetime.datetime) -> _Issued:
+        ca, ca_key = self._cas[-1]
+        ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = [x509.DNSName(name) for name in self.dns_names]
+        names += [x509.IPAddress(address) for address in self.ip_addresses]
+        not_after = min(now + self.serving_lifetime, ca.not_after)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-webhook")]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+        return _Issued(cert_pem, _key_pem(key), now - datetime.timedelta(minutes=5), not_after)
+
+    def refresh(self, now: datetime.datetime | None = None) -> bool:
+        now = now or _now()
+        with self._lock:
+            changed = False
+            self._cas = [(ca, key) for ca, key in self._cas if ca.not_after > now]
+            if not self._cas or self._cas[-1][0].due(now):
+                self._cas.append(self._new_ca(now))
+                changed = True
+            if changed or self._serving is None or self._serving.due(now):
+                self._serving = self._new_serving(now)
+                self._context = _context_from_pem(self._serving.cert_pem, self._serving.key_pem)
+                changed = True
+            return changed
+
+    def ca_bundle(self) -> bytes:
+        """Every CA still valid, newest last: what the webhook configuration must trust."""
+        with self._lock:
+            return b"".join(ca.cert_pem for ca, _ in self._cas)
+
+    def serving_certificate(self) -> bytes:
+        assert self._serving is not None
+        return self._serving.cert_pem
+
+    def context(self) -> ssl.SSLContext:
+        assert self._context is not None
+        return self._context
+
+
+def keep_ca_bundle(api: client.ApiClient, configuration: str, bundle: bytes) -> bool:
+    """Set ``caBundle`` of every webhook in the MutatingWebhookConfiguration ``configuration`` to
+    ``bundle``; True if anything changed (only a changed bundle is written)."""
+    registration = client.AdmissionregistrationV1Api(api)
+    body = raw_json(registration.read_mutating_webhook_configuration(configuration, _preload_content=False))
+    wanted = base64.b64encode(bundle).decode()
+    changed = False
+    for webhook in body.get("webhooks") or []:
+        config = webhook.setdefault("clientConfig", {})
+        if config.get("caBundle") != wanted:
+            config["caBundle"] = wanted
+            changed = True
+    if changed:
+        registration.replace_mutating_webhook_configuration(
+            configuration, client.V1MutatingWebhookConfiguration.model_validate(body)
+        )
+        log.info("caBundle of %s updated", configuration)
+    return changed
+
+
+def write_pem_pair(folder: Path, cert_pem: bytes, key_pem: bytes) -> None:
+    """Write ``tls.crt``/``tls.key`` the way a mounted secret looks (used by tests and examples)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tls.crt").write_bytes(cert_pem)
+    key = folder / "tls.key"
+    key.touch(mode=0o600)
+    os.chmod(key, 0o600)
+    key.write_bytes(key_pem)
