@@ -354,3 +354,37 @@ def container_status(core: client.CoreV1Api, namespace: str, pod: str) -> client
     status = core.read_namespaced_pod(pod, namespace).status
     assert status is not None and status.container_statuses
     return status.container_statuses[0]
+
+
+def test_a_share_that_cannot_be_prepared_says_why_in_the_pods_events_and_the_claim(
+    gpu_nodes: list[GpuNode], kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """A node whose NVIDIA control device exists but whose GPU device node is missing: the daemon
+    refuses to write a spec without it (nv#1380), and says so in one sentence that the kubelet
+    puts in the pod's events and the daemon puts in the claim's Ready condition."""
+    node = gpu_nodes[1]
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    (devices / "nvidiactl").touch()
+    node.driver.stop()
+    node.driver.start(extra_args=[f"--device-dir={devices}"])
+    node.driver.wait_ready()
+    try:
+        run_share_pod(kube, namespace, node, "broken", [{"memory": "1Gi", "cores": "1"}], "true", wait=False)
+        sentence = "is missing although the NVIDIA driver is loaded"
+        poll_until(lambda: sentence in events(kube, namespace), 120, "the failure in the pod's events")
+        pod_events = [e for e in events(kube, namespace).splitlines() if sentence in e]
+        assert pod_events[0].startswith("broken: FailedPrepareDynamicResources:"), pod_events
+        statuses = poll_until(
+            lambda: claim_of(kube, namespace, "broken")["status"].get("devices"),
+            30,
+            "the claim's device status",
+        )
+        (status,) = statuses
+        (ready,) = status["conditions"]
+        assert (ready["status"], ready["reason"]) == ("False", "PrepareFailed")
+        assert sentence in ready["message"]
+    finally:
+        node.driver.stop()
+        node.driver.start()
+        node.driver.wait_ready()
