@@ -86,7 +86,7 @@ def test_a_long_container_name_gets_a_hashed_claim_name_within_63_characters() -
 
 
 def test_annotations_become_selectors_of_every_converted_container() -> None:
-    result, templates = patched(pod(container("main", {MEM: 100}), annotations={HAMI_USE_TYPE: "A100"}))
+    _, templates = patched(pod(container("main", {MEM: 100}), annotations={HAMI_USE_TYPE: "A100"}))
     [selector] = templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
     assert '["a100"]' in selector["cel"]["expression"]
 

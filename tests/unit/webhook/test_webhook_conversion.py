@@ -146,7 +146,7 @@ def test_percentage_shares_round_down_to_whole_mebibytes() -> None:
 
 
 def test_percentage_is_refused_when_no_gpu_is_published_or_there_are_too_many_sizes() -> None:
-    with pytest.raises(Refusal, match="no gpu.tessera.dev GPU is published"):
+    with pytest.raises(Refusal, match=r"no gpu\.tessera\.dev GPU is published"):
         claim_spec("c", GpuRequest(1, None, 50, None), [], Fleet())
     many = Fleet(memory_sizes=tuple(GiB * n for n in range(20, 11, -1)), max_gpus_per_node=1)
     with pytest.raises(Refusal, match="9 sizes, more than DRA's 8"):

@@ -38,7 +38,7 @@ def test_requests_the_largest_gpu_and_node_can_hold_pass(request_: GpuRequest) -
 
 
 def test_nothing_passes_while_no_gpu_is_published() -> None:
-    with pytest.raises(Refusal, match="no gpu.tessera.dev GPU is published"):
+    with pytest.raises(Refusal, match=r"no gpu\.tessera\.dev GPU is published"):
         check_against_fleet("c", GpuRequest(1, 1, None, None), Fleet())
 
 
