@@ -16,6 +16,7 @@ from tessera import logs
 from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
 from tessera.kube import api_client
+from tessera.names import METRICS_PORT
 
 log = logging.getLogger("tessera.driver")
 
@@ -142,6 +143,18 @@ def parser() -> argparse.ArgumentParser:
         help="address for the health endpoints [env TESSERA_HEALTH_ADDRESS]",
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("TESSERA_METRICS_PORT", str(METRICS_PORT))),
+        help="port for Prometheus /metrics (per-container and per-GPU series); 0 turns the exporter off "
+        "[env TESSERA_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=_env("TESSERA_METRICS_ADDRESS", "0.0.0.0"),
+        help="address for /metrics [env TESSERA_METRICS_ADDRESS]",
+    )
+    p.add_argument(
         "--log-level",
         default=_env("TESSERA_LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
@@ -184,6 +197,8 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
         resync_interval=args.resync_interval,
         health_port=args.health_port,
         health_address=args.health_address,
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
     )
 
 

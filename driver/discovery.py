@@ -1,4 +1,5 @@
-"""What GPUs this node has and whether each still answers: the only module that calls NVML.
+"""What GPUs this node has, whether each still answers, and what it is doing: the only module that
+calls NVML.
 
 Everything else works on the plain records returned here, so the device model, the slices and the
 tests never touch pynvml, and the real and the simulated driver are read by the same calls.
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pynvml
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _ARCHITECTURES = {
     2: "Kepler",
@@ -59,6 +64,22 @@ class Gpu:
     pci_bus_id: str
     minor_number: int
     mig_enabled: bool
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """What one GPU reports now, for the exporter. A field is None where NVML does not give it
+    (the query is not supported on this GPU or failed), so one missing sensor loses one series."""
+
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    utilization_percent: int | None
+    temperature_celsius: int | None
+    power_milliwatts: int | None
+    process_sm_percent: dict[int, int] | None
+    """SM utilisation over NVML's last sample window, by process ID as this process sees it
+    (the host's, when the daemon runs in the host's PID namespace); None when the driver gives no
+    per-process samples, empty when no process ran a kernel in the window."""
 
 
 class Nvml:
@@ -108,6 +129,47 @@ class Nvml:
             except pynvml.NVMLError as error:
                 return str(error)
         return None
+
+    def sample(self, uuid: str) -> GpuSample:
+        """Memory, utilisation, temperature, power and per-process SM utilisation of GPU ``uuid``
+        (pynvml.NVMLError if the GPU cannot be found at all)."""
+        with self._lock:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            memory = _optional(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+            utilization = _optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
+            return GpuSample(
+                memory_total_bytes=None if memory is None else int(memory.total),
+                memory_used_bytes=None if memory is None else int(memory.used),
+                utilization_percent=None if utilization is None else int(utilization.gpu),
+                temperature_celsius=_optional(
+                    lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+                ),
+                power_milliwatts=_optional(lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
+                process_sm_percent=_process_samples(handle),
+            )
+
+
+def _optional(query: Callable[[], T]) -> T | None:
+    try:
+        return query()
+    except pynvml.NVMLError:
+        return None
+
+
+def _process_samples(handle: object) -> dict[int, int] | None:
+    """Per-process SM utilisation over the driver's sample window (timestamp 0: the whole window).
+    NVML answers NOT_FOUND when no process ran a kernel in it: that is an empty sample, not a
+    failure. Two samples of one process (several contexts) are added."""
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    except pynvml.NVMLError_NotFound:
+        return {}
+    except pynvml.NVMLError:
+        return None
+    out: dict[int, int] = {}
+    for sample in samples:
+        out[int(sample.pid)] = out.get(int(sample.pid), 0) + int(sample.smUtil)
+    return out
 
 
 def _mig_enabled(handle: object) -> bool:

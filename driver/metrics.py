@@ -1,0 +1,68 @@
+"""The node daemon's own metrics: build info and the exporter's scrape count, duration and errors.
+
+Kept apart from the collector (driver/exporter.py) so the names an operator alerts on when the
+exporter itself misbehaves are defined, and started at zero, in one place. They live in a private
+registry (never prometheus_client's global one) that the collector emits after its own families,
+so a scrape's count and errors include that scrape, and tests and benchmarks can run several
+daemons in one process without their series mixing.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+ERROR_SOURCES = ("claim", "limits", "region", "nvml", "proc")
+"""Where a scrape can fail, part by part: a claim folder's identity file, its limits file, its
+usage region, an NVML query, a process's /proc entry. Every source is exported from the start (at
+0), so ``rate()`` and alerts see a series before the first error."""
+
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Seconds: the 50 ms target sits on a bucket boundary, so "p99 under 50 ms" reads off directly."""
+
+
+def version() -> str:
+    """The installed tessera package's version ("unknown" when run from an uninstalled tree)."""
+    try:
+        return metadata.version("tessera")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class DaemonMetrics:
+    """The daemon's own series, in ``self.registry``."""
+
+    def __init__(self, node: str) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.build_info = Gauge(
+            "tessera_build_info",
+            "Always 1: the tessera-driver version and Python version serving this node's metrics.",
+            ["node", "version", "python_version"],
+            registry=registry,
+        )
+        self.build_info.labels(node, version(), platform.python_version()).set(1)
+        self.scrapes = Counter(
+            "tessera_exporter_scrapes",
+            "Scrapes of /metrics this exporter has answered (counted as each starts); tests use it to "
+            "tell one scrape from the next.",
+            ["node"],
+            registry=registry,
+        ).labels(node)
+        self.duration = Histogram(
+            "tessera_exporter_scrape_duration_seconds",
+            "Time to collect the GPU and container series of one scrape, in seconds (observed when "
+            "the collection ends, so it shows at the next scrape).",
+            ["node"],
+            buckets=SCRAPE_BUCKETS,
+            registry=registry,
+        ).labels(node)
+        errors = Counter(
+            "tessera_exporter_scrape_errors",
+            "Parts of a scrape that failed and were left out, by source: claim (claim.json), limits "
+            "(limits file), region (usage region), nvml (a GPU query), proc (a process's /proc entry).",
+            ["node", "source"],
+            registry=registry,
+        )
+        self.errors = {source: errors.labels(node, source) for source in ERROR_SOURCES}

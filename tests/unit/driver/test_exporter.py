@@ -1,0 +1,335 @@
+"""The collector: what each scrape reports from claim folders, NVML figures and the pod index.
+
+Claim folders are written with the shim's own format functions; NVML, health, prepared records and
+the pod index are plain functions, so every case is built exactly and read back through
+prometheus_client's own text output and parser."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.driver.checkpoint import ClaimRecord, PreparedDevice
+from tessera.driver.containers import ContainerRef
+from tessera.driver.devices import device_name
+from tessera.driver.discovery import Gpu, GpuSample
+from tessera.driver.exporter import (
+    CONTAINER_LABELS,
+    FAMILIES,
+    GPU_LABELS,
+    GpuCollector,
+    Sources,
+    process_identity,
+)
+from tessera.driver.metrics import DaemonMetrics
+from tessera.quantity import GiB
+from tessera.shim import format as shim_format
+from tests.unit.driver.driver_samples import gpu
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def sample(used: int = 5 * GiB, processes: dict[int, int] | None = None) -> GpuSample:
+    return GpuSample(80 * GiB, used, 40, 61, 250_000, {} if processes is None else processes)
+
+
+def write_claim(claims_dir: Path, uid: str, name: str, limits: Sequence[shim_format.GpuLimit]) -> Path:
+    folder = claims_dir / uid
+    folder.mkdir(parents=True)
+    (folder / "claim.json").write_text(json.dumps({"namespace": "ns", "name": name, "uid": uid}))
+    shim_format.write_limits(folder / "limits", limits)
+    shim_format.create_region(folder / "usage")
+    return folder
+
+
+class Bed:
+    """A collector over claim folders in ``tmp_path`` and figures the test sets."""
+
+    def __init__(self, tmp_path: Path, gpus: Sequence[Gpu]) -> None:
+        self.claims_dir = tmp_path / "claims"
+        self.claims_dir.mkdir()
+        self.proc = tmp_path / "proc"
+        self.proc.mkdir()
+        self.gpus = list(gpus)
+        self.samples: dict[str, GpuSample | Exception] = {g.uuid: sample() for g in gpus}
+        self.problems: dict[str, object] = {}
+        self.records: dict[str, ClaimRecord] = {}
+        self.pods: dict[tuple[str, str], list[ContainerRef]] = {}
+        self.registry = CollectorRegistry()
+        self.metrics = DaemonMetrics("node-a")
+        self.registry.register(
+            GpuCollector(
+                Sources(
+                    node="node-a",
+                    claims_dir=self.claims_dir,
+                    gpus=self.gpus,
+                    sample=self._sample,
+                    problems=lambda: self.problems,
+                    records=lambda: self.records,
+                    containers=lambda ns, name: self.pods.get((ns, name), []),
+                    proc=self.proc,
+                ),
+                self.metrics,
+            )
+        )
+
+    def _sample(self, uuid: str) -> GpuSample:
+        found = self.samples[uuid]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def scrape(self) -> Series:
+        text = generate_latest(self.registry).decode()
+        out: Series = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+    def fake_process(self, host_pid: int, inner_pid: int, start_time: int) -> None:
+        folder = self.proc / str(host_pid)
+        folder.mkdir()
+        (folder / "status").write_text(f"Name:\tprobe\nNSpid:\t{host_pid}\t{inner_pid}\n")
+        fields = ["S", *["0"] * 18, str(start_time), "0"]
+        (folder / "stat").write_text(f"{host_pid} (a (weird) name) {' '.join(fields)}\n")
+
+
+def values(series: Series, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    return {labels: v for (n, labels), v in series.items() if n == name}
+
+
+def container(ns: str, pod: str, c: str, claim: str, g: Gpu) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        {
+            "namespace": ns,
+            "pod": pod,
+            "container": c,
+            "claim": claim,
+            "node": "node-a",
+            "device_uuid": g.uuid,
+            "device_index": str(g.index),
+        }.items()
+    )
+
+
+def gpu_labels(g: Gpu) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        {
+            "node": "node-a",
+            "device_uuid": g.uuid,
+            "device_index": str(g.index),
+            "model": g.product_name,
+        }.items()
+    )
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Bed:
+    return Bed(tmp_path, [gpu(0), gpu(1)])
+
+
+def test_each_gpu_reports_nvml_figures_in_base_units_and_ratios(bed: Bed) -> None:
+    series = bed.scrape()
+    g = bed.gpus[0]
+    assert values(series, "tessera_gpu_memory_total_bytes")[gpu_labels(g)] == 80 * GiB
+    assert values(series, "tessera_gpu_memory_used_bytes")[gpu_labels(g)] == 5 * GiB
+    assert values(series, "tessera_gpu_utilization_ratio")[gpu_labels(g)] == pytest.approx(0.40)
+    assert values(series, "tessera_gpu_temperature_celsius")[gpu_labels(g)] == 61
+    assert values(series, "tessera_gpu_power_watts")[gpu_labels(g)] == pytest.approx(250.0)
+    assert values(series, "tessera_gpu_healthy")[gpu_labels(g)] == 1
+    assert values(series, "tessera_gpu_shares")[gpu_labels(g)] == 0
+
+
+def test_every_family_keeps_one_label_set(bed: Bed, tmp_path: Path) -> None:
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    series = bed.scrape()
+    for name in FAMILIES:
+        expected = set(CONTAINER_LABELS if name.startswith("tessera_container") else GPU_LABELS)
+        found = values(series, name)
+        assert found, name
+        for labels in found:
+            assert {k for k, _ in labels} == expected, name
+
+
+def test_a_claims_limits_and_usage_are_labelled_with_its_container_and_gpu(bed: Bed) -> None:
+    g = bed.gpus[1]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    series = bed.scrape()
+    labels = container("ns", "p1", "main", "c1", g)
+    assert values(series, "tessera_container_gpu_memory_limit_bytes") == {labels: 8 * GiB}
+    assert values(series, "tessera_container_gpu_memory_used_bytes") == {labels: 0}
+    assert values(series, "tessera_container_gpu_compute_limit_ratio") == {labels: pytest.approx(0.30)}
+    assert values(series, "tessera_container_gpu_processes") == {labels: 0}
+
+
+def test_two_containers_sharing_a_claim_each_report_the_claims_figures(bed: Bed) -> None:
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 0)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "a"), ContainerRef("ns", "p1", "b")]
+    limits = values(bed.scrape(), "tessera_container_gpu_memory_limit_bytes")
+    assert limits == {
+        container("ns", "p1", "a", "c1", g): 8 * GiB,
+        container("ns", "p1", "b", "c1", g): 8 * GiB,
+    }
+
+
+def test_one_container_with_two_gpus_has_one_series_per_gpu(bed: Bed) -> None:
+    g0, g1 = bed.gpus
+    write_claim(
+        bed.claims_dir,
+        "u1",
+        "c1",
+        [shim_format.GpuLimit(g0.uuid, 8 * GiB, 20), shim_format.GpuLimit(g1.uuid, 4 * GiB, 50)],
+    )
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_memory_limit_bytes") == {
+        container("ns", "p1", "main", "c1", g0): 8 * GiB,
+        container("ns", "p1", "main", "c1", g1): 4 * GiB,
+    }
+    assert values(series, "tessera_container_gpu_compute_limit_ratio") == {
+        container("ns", "p1", "main", "c1", g0): pytest.approx(0.2),
+        container("ns", "p1", "main", "c1", g1): pytest.approx(0.5),
+    }
+
+
+def test_uncapped_and_unlimited_claims_report_the_whole_gpu_as_their_limits(bed: Bed) -> None:
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, None, 0)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    series = bed.scrape()
+    labels = container("ns", "p1", "main", "c1", g)
+    assert values(series, "tessera_container_gpu_memory_limit_bytes") == {labels: g.memory_bytes}
+    assert values(series, "tessera_container_gpu_compute_limit_ratio") == {labels: 1.0}
+
+
+def test_a_claim_without_running_containers_has_no_container_series_but_still_counts_as_allocated(
+    bed: Bed,
+) -> None:
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_memory_used_bytes") == {}
+    assert values(series, "tessera_gpu_memory_allocated_bytes")[gpu_labels(g)] == 8 * GiB
+
+
+def test_allocations_sum_every_claims_memory_cores_and_shares_per_gpu(bed: Bed) -> None:
+    g0, g1 = bed.gpus
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g0.uuid, 8 * GiB, 30)])
+    write_claim(
+        bed.claims_dir,
+        "u2",
+        "c2",
+        [shim_format.GpuLimit(g0.uuid, 16 * GiB, 40), shim_format.GpuLimit(g1.uuid, 2 * GiB, 10)],
+    )
+
+    def share(uid: str, g: Gpu, n: int) -> PreparedDevice:
+        return PreparedDevice(("gpu",), "node-a", device_name(g), (f"{uid}-{n}",), f"s-{n}")
+
+    bed.records = {
+        "u1": ClaimRecord("u1", "ns", "c1", "PrepareCompleted", (share("u1", g0, 1),)),
+        # Two shares of GPU 0 in one claim (two requests landed on it), one of GPU 1.
+        "u2": ClaimRecord(
+            "u2", "ns", "c2", "PrepareCompleted", (share("u2", g0, 2), share("u2", g0, 3), share("u2", g1, 4))
+        ),
+    }
+    series = bed.scrape()
+    assert values(series, "tessera_gpu_memory_allocated_bytes") == {
+        gpu_labels(g0): 24 * GiB,
+        gpu_labels(g1): 2 * GiB,
+    }
+    assert values(series, "tessera_gpu_compute_allocated_ratio") == {
+        gpu_labels(g0): pytest.approx(0.7),
+        gpu_labels(g1): pytest.approx(0.1),
+    }
+    assert values(series, "tessera_gpu_shares") == {gpu_labels(g0): 3, gpu_labels(g1): 1}
+
+
+def test_an_unhealthy_gpu_reads_0_and_its_unreadable_figures_are_left_out_and_counted(bed: Bed) -> None:
+    g0, g1 = bed.gpus
+    bed.problems = {g1.uuid: "GPU is lost"}
+    bed.samples[g1.uuid] = RuntimeError("GPU is lost")
+    series = bed.scrape()
+    assert values(series, "tessera_gpu_healthy") == {gpu_labels(g0): 1, gpu_labels(g1): 0}
+    assert set(values(series, "tessera_gpu_memory_used_bytes")) == {gpu_labels(g0)}
+    errors = values(series, "tessera_exporter_scrape_errors_total")
+    assert errors[frozenset({"node": "node-a", "source": "nvml"}.items())] == 1
+    assert errors[frozenset({"node": "node-a", "source": "region"}.items())] == 0
+
+
+def test_a_sensor_nvml_does_not_support_drops_only_that_series(bed: Bed) -> None:
+    g0, _ = bed.gpus
+    bed.samples[g0.uuid] = GpuSample(80 * GiB, 0, 0, None, None, None)
+    series = bed.scrape()
+    assert gpu_labels(g0) not in values(series, "tessera_gpu_temperature_celsius")
+    assert gpu_labels(g0) not in values(series, "tessera_gpu_power_watts")
+    assert gpu_labels(g0) in values(series, "tessera_gpu_utilization_ratio")
+
+
+def test_utilisation_adds_nvml_samples_of_the_claims_processes_only(bed: Bed) -> None:
+    """Processes are matched by the pid inside their namespace and their start time: a process of
+    another claim, or a new process that reuses a pid, is not counted. The region here has no
+    live process, so no sample can match; the next test registers one."""
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    bed.fake_process(4242, 7, 1000)
+    bed.samples[g.uuid] = sample(processes={4242: 30})
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_utilization_ratio") == {
+        container("ns", "p1", "main", "c1", g): 0
+    }
+
+
+def test_a_process_identity_is_its_innermost_pid_and_start_time_whatever_its_name(bed: Bed) -> None:
+    bed.fake_process(4242, 7, 123456)
+    assert process_identity(bed.proc, 4242) == (7, 123456)
+    assert process_identity(bed.proc, 99) is None
+
+
+def test_damaged_claim_folders_are_skipped_and_counted_without_failing_the_scrape(bed: Bed) -> None:
+    g = bed.gpus[0]
+    good = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bad = write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 4 * GiB, 30)])
+    (bad / "limits").chmod(0o644)
+    (bad / "limits").write_text("not a limits file\n")
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    bed.pods[("ns", "c2")] = [ContainerRef("ns", "p2", "main")]
+    series = bed.scrape()
+    assert set(values(series, "tessera_container_gpu_memory_limit_bytes")) == {
+        container("ns", "p1", "main", "c1", g)
+    }
+    errors = values(series, "tessera_exporter_scrape_errors_total")
+    assert errors[frozenset({"node": "node-a", "source": "limits"}.items())] == 1
+    assert good.exists()
+
+
+def test_a_folder_being_written_is_skipped_without_an_error(bed: Bed) -> None:
+    (bed.claims_dir / "u-new").mkdir()
+    series = bed.scrape()
+    assert all(v == 0 for v in values(series, "tessera_exporter_scrape_errors_total").values())
+
+
+def test_each_scrape_is_counted_as_it_starts_and_timed(bed: Bed) -> None:
+    node = frozenset({"node": "node-a"}.items())
+    first = bed.scrape()
+    second = bed.scrape()
+    assert values(first, "tessera_exporter_scrapes_total")[node] == 1
+    assert values(second, "tessera_exporter_scrapes_total")[node] == 2
+    # The duration of a scrape is observed when it ends, so the second scrape shows the first.
+    assert values(second, "tessera_exporter_scrape_duration_seconds_count")[node] == 1
+
+
+def test_build_info_names_the_node_and_version(bed: Bed) -> None:
+    (labels,) = values(bed.scrape(), "tessera_build_info")
+    assert dict(labels)["node"] == "node-a"
+    assert dict(labels)["version"]
