@@ -8,12 +8,19 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tessera.names import HAMI_RESOURCES, HAMI_USE_TYPE
 from tessera.webhook.admission import admit
 from tessera.webhook.review import ReviewRequest
-from tests.unit.webhook.webhook_samples import FLEET, apply_patch, container, decoded_patch, pod, request
+from tests.unit.webhook.webhook_samples import (
+    FLEET,
+    apply_patch,
+    container,
+    decoded_patch,
+    pod,
+    random_pods,
+    request,
+)
 
 G, MEM, PCT, CORES = HAMI_RESOURCES
 
@@ -142,60 +149,6 @@ def test_a_pod_already_using_our_claim_name_is_denied() -> None:
 
 
 # Property: random pod specs never raise, always give a valid review, and patches always apply.
-
-_values = st.one_of(
-    st.integers(min_value=-3, max_value=200),
-    st.sampled_from(["1", "0", "1.5", "8000", "80Gi", "x", "100", "-1", "1k", "500m", ""]),
-)
-_resources = st.dictionaries(st.sampled_from([*HAMI_RESOURCES, "cpu", "memory"]), _values, max_size=4)
-
-
-@st.composite
-def _containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
-    count = draw(st.integers(min_value=0, max_value=3))
-    made = []
-    for index in range(count):
-        body: dict[str, Any] = {"name": f"{prefix}{index}", "image": "busybox"}
-        sections = draw(st.sampled_from(["none", "limits", "requests", "both", "same"]))
-        resources: dict[str, Any] = {}
-        if sections in ("limits", "both", "same"):
-            resources["limits"] = draw(_resources)
-        if sections in ("requests", "both"):
-            resources["requests"] = draw(_resources)
-        if sections == "same":
-            resources["requests"] = dict(resources["limits"])
-        if draw(st.booleans()):
-            resources["claims"] = [{"name": "existing"}]
-        if sections != "none" or resources:
-            body["resources"] = resources
-        if prefix == "init" and draw(st.booleans()):
-            body["restartPolicy"] = "Always"
-        made.append(body)
-    return made
-
-
-@st.composite
-def random_pods(draw: st.DrawFn) -> dict[str, Any]:
-    obj = pod(*draw(_containers("c")) or [container("main")], init=draw(_containers("init")) or None)
-    annotations = draw(
-        st.dictionaries(
-            st.sampled_from(
-                [
-                    "nvidia.com/use-gpuuuid",
-                    "nvidia.com/nouse-gpuuuid",
-                    HAMI_USE_TYPE,
-                    "nvidia.com/nouse-gputype",
-                ]
-            ),
-            st.text(max_size=20),
-            max_size=2,
-        )
-    )
-    if annotations:
-        obj["metadata"]["annotations"] = annotations
-    if draw(st.booleans()):
-        obj["spec"]["resourceClaims"] = [{"name": "existing", "resourceClaimName": "shared"}]
-    return obj
 
 
 @settings(max_examples=300, deadline=None)

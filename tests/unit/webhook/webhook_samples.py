@@ -8,6 +8,9 @@ import copy
 import json
 from typing import Any
 
+from hypothesis import strategies as st
+
+from tessera.names import HAMI_RESOURCES, HAMI_USE_TYPE
 from tessera.quantity import GiB
 from tessera.webhook.fleet import Fleet
 
@@ -71,8 +74,75 @@ def apply_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> d
     return result
 
 
-def decoded_patch(review: dict[str, Any]) -> list[dict[str, Any]]:
+def decoded_patch(review: Any) -> list[dict[str, Any]]:
     response = review["response"]
     assert response["patchType"] == "JSONPatch"
     operations: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
     return operations
+
+
+_values = st.one_of(
+    st.integers(min_value=-3, max_value=200),
+    st.sampled_from(["1", "0", "1.5", "8000", "80Gi", "x", "100", "-1", "1k", "500m", ""]),
+)
+_resources = st.dictionaries(st.sampled_from([*HAMI_RESOURCES, "cpu", "memory"]), _values, max_size=4)
+_hami_resources = st.dictionaries(st.sampled_from(HAMI_RESOURCES), _values, max_size=4)
+
+
+@st.composite
+def _containers(draw: st.DrawFn, prefix: str, hami_only: bool) -> list[dict[str, Any]]:
+    resource_maps = _hami_resources if hami_only else _resources
+    count = draw(st.integers(min_value=0, max_value=3))
+    made = []
+    for index in range(count):
+        body: dict[str, Any] = {"name": f"{prefix}{index}", "image": "busybox"}
+        sections = draw(st.sampled_from(["none", "limits", "requests", "both", "same"]))
+        resources: dict[str, Any] = {}
+        if sections in ("limits", "both", "same"):
+            resources["limits"] = draw(resource_maps)
+        if sections in ("requests", "both"):
+            resources["requests"] = draw(resource_maps)
+        if sections == "same":
+            resources["requests"] = dict(resources["limits"])
+        if draw(st.booleans()):
+            resources["claims"] = [{"name": "existing"}]
+        if sections != "none" or resources:
+            body["resources"] = resources
+        if prefix == "init" and draw(st.booleans()):
+            body["restartPolicy"] = "Always"
+        made.append(body)
+    return made
+
+
+@st.composite
+def random_pods(draw: st.DrawFn, hami_only: bool = False) -> dict[str, Any]:
+    """Pods with 0-3 containers and init containers asking random (often invalid) HAMi values in
+    limits, requests or both, random annotation text and sometimes claims of their own; with
+    ``hami_only`` every other field is valid, so the apiserver judges only what the webhook did."""
+    obj = pod(
+        *draw(_containers("c", hami_only)) or [container("main")],
+        init=draw(_containers("init", hami_only)) or None,
+    )
+    annotations = draw(
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "nvidia.com/use-gpuuuid",
+                    "nvidia.com/nouse-gpuuuid",
+                    HAMI_USE_TYPE,
+                    "nvidia.com/nouse-gputype",
+                ]
+            ),
+            st.text(max_size=20),
+            max_size=2,
+        )
+    )
+    if annotations:
+        obj["metadata"]["annotations"] = annotations
+    referenced = any(
+        "claims" in (c.get("resources") or {})
+        for c in obj["spec"]["containers"] + obj["spec"].get("initContainers", [])
+    )
+    if referenced if hami_only else draw(st.booleans()):
+        obj["spec"]["resourceClaims"] = [{"name": "existing", "resourceClaimName": "shared"}]
+    return obj
