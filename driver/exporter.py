@@ -1,8 +1,9 @@
 """The collector run at each scrape: claims' usage regions and NVML, turned into per-container and
 per-GPU series.
 
-Everything is read at scrape time, nothing is cached between scrapes except the watch-fed pod
-index: a number on the dashboard is what the limit saw at that instant. Usage comes from the same
+Usage is read at scrape time, never cached: a number on the dashboard is what the limit saw at that
+instant. Only what cannot change is kept between scrapes: a claim's identity and limits (written
+once at prepare from an allocation that never changes) and the watch-fed pod index. Usage comes from the same
 region the shim enforces with, read through ``tessera.shim.format`` (the shim's own C code) with
 dead processes swept first, so a process killed with SIGKILL stops counting at the next scrape, not
 at its historical peak. Compute utilisation comes from NVML's per-process samples, matched to the
@@ -120,6 +121,8 @@ class GpuCollector(Collector):
         self._s = sources
         self._metrics = metrics
         self._by_uuid = {g.uuid: g for g in sources.gpus}
+        self._fixed: dict[str, tuple[tuple[str, str, str], list[shim_format.GpuLimit]]] = {}
+        """Claim UID -> (identity, limits), read at the first scrape that finds the folder."""
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
 
@@ -156,22 +159,14 @@ class GpuCollector(Collector):
 
     def _claims(self) -> list[_Claim]:
         out = []
-        for uid in claim_files.claim_uids(self._s.claims_dir):
+        present = set(claim_files.claim_uids(self._s.claims_dir))
+        for uid in set(self._fixed) - present:  # unprepared: forget it
+            del self._fixed[uid]
+        for uid in sorted(present):
             files = claim_files.claim_files(self._s.claims_dir, uid)
-            identity = claim_files.read_identity(files)
-            if identity is None:
-                # A folder being written or removed right now: skip without calling it an error
-                # unless its files are there and unreadable.
-                if files.identity.exists():
-                    self._error("claim", "claim %s: unreadable %s", uid, files.identity)
+            fixed = self._fixed.get(uid) or self._read_fixed(uid, files)
+            if fixed is None:
                 continue
-            try:
-                limits = shim_format.read_limits(files.limits)
-            except (shim_format.LimitsError, OSError) as error:
-                self._error("limits", "claim %s: %s", uid, error)
-                continue
-            if limits is None:
-                continue  # prepare has not written it yet
             try:
                 region = shim_format.read_region(files.region)
             except OSError as error:
@@ -179,8 +174,31 @@ class GpuCollector(Collector):
                     continue  # unprepared between the listing and now
                 self._error("region", "claim %s: %s", uid, error)
                 continue
-            out.append(_Claim(identity[0], identity[1], identity[2], limits, region))
+            (namespace, name, _), limits = fixed
+            out.append(_Claim(namespace, name, uid, limits, region))
         return out
+
+    def _read_fixed(
+        self, uid: str, files: claim_files.ClaimFiles
+    ) -> tuple[tuple[str, str, str], list[shim_format.GpuLimit]] | None:
+        """A claim's identity and limits, read once: both are written at prepare from the claim's
+        allocation, which never changes, and a new claim is a new UID (a new folder)."""
+        identity = claim_files.read_identity(files)
+        if identity is None:
+            # A folder being written or removed right now: skip without calling it an error
+            # unless its files are there and unreadable.
+            if files.identity.exists():
+                self._error("claim", "claim %s: unreadable %s", uid, files.identity)
+            return None
+        try:
+            limits = shim_format.read_limits(files.limits)
+        except (shim_format.LimitsError, OSError) as error:
+            self._error("limits", "claim %s: %s", uid, error)
+            return None
+        if limits is None:
+            return None  # prepare has not written it yet
+        self._fixed[uid] = (identity, limits)
+        return identity, limits
 
     def _samples(self) -> dict[str, GpuSample]:
         out = {}
