@@ -52,6 +52,7 @@ COMPONENTS: dict[str, Component] = {
         Component("runc", "RUNC_VERSION", ("runc",)),
         Component("cri-tools", "CRI_TOOLS_VERSION", ("crictl",)),
         Component("cni-plugins", "CNI_PLUGINS_VERSION", ("bridge", "host-local")),
+        Component("prometheus", "PROMETHEUS_VERSION", ("prometheus", "promtool")),
     )
 }
 

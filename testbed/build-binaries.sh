@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Builds the third-party programs the test bed runs (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, etcd, helm; containerd, ctr, runc, crictl and CNI plugins for real
-# nodes) from the Go module proxy, at the versions pinned in versions.env, into a cache outside the
-# repository keyed by version:
+# nodes; prometheus and promtool for the metrics tests) from the Go module proxy, at the versions
+# pinned in versions.env, into a cache outside the repository keyed by version:
 #     ${TESSERA_CACHE:-~/.cache/tessera}/bin/<component>-<version>/<binary>
 # A component whose binaries are all present is not rebuilt. Each component is built in a scratch
 # folder and moved into place only when every binary exists, so an interrupted build never leaves a
 # half-filled cache entry behind.
 #
 # Usage: build-binaries.sh [kubernetes] [etcd] [helm] [containerd] [runc] [cri-tools] [cni-plugins]
-#        (default: all)
+#                          [prometheus]   (default: all)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -179,6 +179,18 @@ build_cri_tools() {
     "sigs.k8s.io/cri-tools/cmd/crictl@$v"
 }
 
+build_prometheus() {
+  local v=$PROMETHEUS_VERSION
+  # Prometheus v3.x is published as module v0.3xx.y; stamp the release number the binaries report.
+  local release=${v#v0.}; release="3.${release:1:2}.${release##*.}"
+  release=$(echo "$release" | sed -E 's/\.0([0-9])/.\1/')
+  local cmd=github.com/prometheus/prometheus/cmd
+  # No `builtinassets` tag: the web UI is left out; the HTTP API the tests query is all there.
+  go_install_component prometheus "$v" "prometheus promtool" \
+    "-X github.com/prometheus/common/version.Version=$release" \
+    "$cmd/prometheus@$v" "$cmd/promtool@$v"
+}
+
 build_cni_plugins() {
   local v=$CNI_PLUGINS_VERSION
   local p=github.com/containernetworking/plugins/plugins
@@ -186,7 +198,7 @@ build_cni_plugins() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd helm kubernetes containerd runc cri-tools cni-plugins)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd helm kubernetes containerd runc cri-tools cni-plugins prometheus)
 for c in "${components[@]}"; do
   case $c in
     kubernetes) build_kubernetes ;;
@@ -196,9 +208,10 @@ for c in "${components[@]}"; do
     runc) build_runc ;;
     cri-tools) build_cri_tools ;;
     cni-plugins) build_cni_plugins ;;
+    prometheus) build_prometheus ;;
     *)
       echo "build-binaries.sh: unknown component '$c'" \
-        "(known: kubernetes etcd helm containerd runc cri-tools cni-plugins)" >&2
+        "(known: kubernetes etcd helm containerd runc cri-tools cni-plugins prometheus)" >&2
       exit 2 ;;
   esac
 done
