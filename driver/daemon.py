@@ -64,7 +64,7 @@ class Daemon:
     def start(self) -> None:
         config = self.config
         self._nvml = Nvml()
-        gpus = self._shareable(self._nvml.gpus())
+        gpus = devices.shareable(self._nvml.gpus())
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
@@ -155,20 +155,6 @@ class Daemon:
         registry.register(GpuCollector(sources, metrics))
         self._metrics_http = MetricsServer(config.metrics_address, config.metrics_port, registry)
         self._metrics_http.start()
-
-    def _shareable(self, gpus: list[Gpu]) -> list[Gpu]:
-        """GPUs in MIG mode are not published: their memory and compute belong to MIG instances,
-        which the shim cannot divide further; use MIG's own devices for them."""
-        out = []
-        for gpu in gpus:
-            if gpu.mig_enabled:
-                log.warning("GPU %s (%s) is in MIG mode; not publishing it for sharing", gpu.index, gpu.uuid)
-            else:
-                out.append(gpu)
-        log.info(
-            "found %d GPUs to share: %s", len(out), ", ".join(f"{g.index}:{g.uuid}" for g in out) or "none"
-        )
-        return out
 
     def _serve(self, socket: Path) -> grpc.Server:
         socket.parent.mkdir(parents=True, exist_ok=True)

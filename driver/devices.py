@@ -16,16 +16,33 @@ exclusive by accident (HAMi's DRA driver defaults both to the whole GPU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.driver.discovery import Gpu
 from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT
 from tessera.quantity import MiB, round_down
 
+log = logging.getLogger(__name__)
+
 MEMORY_STEP = MiB
 CORES_TOTAL = 100
 STANDARD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+def shareable(gpus: Sequence[Gpu]) -> list[Gpu]:
+    """The GPUs to publish. GPUs in MIG mode are left out (and logged): their memory and compute
+    belong to MIG instances, which the shim cannot divide further and which isolate tenants better
+    than it does; publish those with a MIG-aware driver."""
+    out = []
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            log.warning("GPU %s (%s) is in MIG mode; not publishing it for sharing", gpu.index, gpu.uuid)
+        else:
+            out.append(gpu)
+    log.info("found %d GPUs to share: %s", len(out), ", ".join(f"{g.index}:{g.uuid}" for g in out) or "none")
+    return out
 
 
 def device_name(gpu: Gpu) -> str:

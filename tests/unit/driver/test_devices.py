@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tessera.driver import devices
 from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT
 from tessera.quantity import MiB
@@ -67,3 +69,8 @@ def test_an_unhealthy_gpu_is_tainted_no_schedule_with_a_label_safe_reason() -> N
     assert "taints" not in devices.device(gpu())
     long_reason = devices.device(gpu(), problem="x" * 200)["taints"][0]["value"]
     assert len(long_reason) <= 63
+
+
+def test_gpus_in_mig_mode_are_not_published_for_sharing() -> None:
+    mig = replace(gpu(index=1), mig_enabled=True)
+    assert devices.shareable([gpu(index=0), mig, gpu(index=2)]) == [gpu(index=0), gpu(index=2)]
