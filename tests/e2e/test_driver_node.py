@@ -388,3 +388,25 @@ def test_a_share_that_cannot_be_prepared_says_why_in_the_pods_events_and_the_cla
         node.driver.stop()
         node.driver.start()
         node.driver.wait_ready()
+
+
+def test_a_corrupt_checkpoint_is_quarantined_and_running_claims_stay_prepared(
+    gpu_nodes: list[GpuNode], kube: client.ApiClient, namespace: str
+) -> None:
+    """The daemon never crash-loops on its checkpoint: a damaged one is moved aside, the running
+    pod's claim is rebuilt from the API and the claim folders, and new pods are prepared as before."""
+    node = gpu_nodes[1]
+    run_share_pod(kube, namespace, node, "kept", [{"memory": "1Gi", "cores": "1"}], limit_script(GiB))
+    uid = claim_of(kube, namespace, "kept")["metadata"]["uid"]
+    node.driver.stop()
+    checkpoint = node.driver.state_dir / "checkpoint.json"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:40])
+    node.driver.start()
+    node.driver.wait_ready()
+    assert list(node.driver.state_dir.glob("checkpoint.json.quarantined-*"))
+    rebuilt = json.loads(checkpoint.read_text())["data"]["claims"]
+    assert rebuilt[uid]["state"] == "PrepareCompleted"
+    seen = sections(
+        run_share_pod(kube, namespace, node, "next", [{"memory": "2Gi", "cores": "1"}], limit_script(2 * GiB))
+    )
+    assert int(seen["info"]["total"]) == 2 * GiB
