@@ -64,11 +64,11 @@ def _whole_number(where: str, name: str, raw: Any) -> int:
     try:
         value = parse_quantity(raw)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, InvalidOperation):
-        raise Refusal(f"{where}: {name} is {raw!r}, which is not a number.") from None
+        raise Refusal(f'{where}: {name} is "{raw}", which is not a number.') from None
     if not isinstance(value, Decimal) or value != value.to_integral_value():
-        raise Refusal(f"{where}: {name} is {raw!r}, which is not a whole number.")
+        raise Refusal(f'{where}: {name} is "{raw}", which is not a whole number.')
     if value <= 0:
-        raise Refusal(f"{where}: {name} is {raw!r}; it must be at least 1.")
+        raise Refusal(f'{where}: {name} is "{raw}"; it must be at least 1.')
     return int(value)
 
 
@@ -77,7 +77,7 @@ def _read(where: str, resources: Mapping[str, Any], name: str) -> int | None:
     requests = resources.get("requests") or {}
     if name in limits and name in requests and str(limits[name]) != str(requests[name]):
         raise Refusal(
-            f"{where}: {name} has request {requests[name]!r} and limit {limits[name]!r}; they must be equal."
+            f'{where}: {name} has request "{requests[name]}" and limit "{limits[name]}"; they must be equal.'
         )
     if name in limits:
         return _whole_number(where, name, limits[name])
