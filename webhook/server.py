@@ -9,6 +9,7 @@ only for reviews in flight.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -29,8 +30,11 @@ from tessera.webhook.tls import Certificates
 
 log = logging.getLogger(__name__)
 
-IDLE_TIMEOUT = 10.0
-"""Seconds a kept-alive connection may sit idle (or a TLS handshake take) before it is closed."""
+IDLE_TIMEOUT = 180.0
+"""Seconds a kept-alive connection may sit idle before the server closes it. Longer than the
+apiserver's own idle timeout (Go's 90 s), so the apiserver always closes first: a server closing an
+idle connection races the client's next POST on it, which the client reports as a broken pipe and
+does not retry. On shutdown idle connections are closed at once instead."""
 
 
 class Templates(Protocol):
@@ -48,6 +52,9 @@ class WebhookApp:
         self.ready = ready
         self.metrics = WebhookMetrics()
         self.closing = threading.Event()
+        self.idle: set[socket.socket] = set()
+        """Connections waiting for their next request: what shutdown may close at once."""
+        self.idle_lock = threading.Lock()
 
     def review(self, body: bytes) -> tuple[int, bytes]:
         """HTTP status and body for one posted review."""
@@ -82,6 +89,23 @@ def _handler(app: WebhookApp, mutate: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = IDLE_TIMEOUT
+
+        def handle_one_request(self) -> None:
+            with app.idle_lock:
+                if app.closing.is_set():
+                    self.close_connection = True
+                    return
+                app.idle.add(self.connection)
+            try:
+                super().handle_one_request()
+            finally:
+                with app.idle_lock:
+                    app.idle.discard(self.connection)
+
+        def parse_request(self) -> bool:
+            with app.idle_lock:  # a request line arrived: no longer idle
+                app.idle.discard(self.connection)
+            return super().parse_request()
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), format % args)
@@ -176,7 +200,11 @@ class WebhookServer:
 
     def stop(self) -> None:
         """Stop accepting, finish the reviews in flight, close kept-alive connections, return."""
-        self.app.closing.set()
+        with self.app.idle_lock:
+            self.app.closing.set()
+            for connection in self.app.idle:  # waiting for a request that will not be served
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
         for server in (self.https, self.plain):
             if server is not None:
                 server.shutdown()

@@ -188,3 +188,19 @@ def test_an_empty_fleet_denies_gpu_pods_and_leaves_others_alone(running: Running
     running.fleet = Fleet()
     assert "no gpu.tessera.dev GPU is published" in running.review(GPU_POD)["response"]["status"]["message"]
     assert "patch" not in running.review(pod(container("main")))["response"]
+
+
+def test_stop_closes_idle_kept_alive_connections_instead_of_waiting_out_their_timeout() -> None:
+    """The idle timeout (180 s) outlasts the 60 s join below: stop returns only because it closes the
+    idle connection itself, and the client sees it closed."""
+    running = Running()
+    connection = running.https()
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().read() == b"ok"  # kept alive, now idle
+    stopper = threading.Thread(target=running.server.stop)
+    stopper.start()
+    stopper.join(60)
+    assert not stopper.is_alive()
+    with pytest.raises((ConnectionError, http.client.HTTPException, ssl.SSLError, OSError)):
+        connection.request("GET", "/healthz")
+        connection.getresponse()
