@@ -80,6 +80,9 @@ class GpuSample:
     """SM utilisation over NVML's last sample window, by process ID as this process sees it
     (the host's, when the daemon runs in the host's PID namespace); None when the driver gives no
     per-process samples, empty when no process ran a kernel in the window."""
+    compute_pids: tuple[int, ...] | None = None
+    """Processes with a compute context on the GPU now (same PID view); None when NVML cannot
+    list them."""
 
 
 class Nvml:
@@ -146,12 +149,20 @@ class Nvml:
                 ),
                 power_milliwatts=_optional(lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
                 process_sm_percent=_process_samples(handle),
+                compute_pids=_compute_pids(handle),
             )
 
 
 def _optional(query: Callable[[], T]) -> T | None:
     try:
         return query()
+    except pynvml.NVMLError:
+        return None
+
+
+def _compute_pids(handle: object) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
     except pynvml.NVMLError:
         return None
 

@@ -6,9 +6,11 @@ instant. Only what cannot change is kept between scrapes: a claim's identity and
 once at prepare from an allocation that never changes) and the watch-fed pod index. Usage comes from the same
 region the shim enforces with, read through ``tessera.shim.format`` (the shim's own C code) with
 dead processes swept first, so a process killed with SIGKILL stops counting at the next scrape, not
-at its historical peak. Compute utilisation comes from NVML's per-process samples, matched to the
-claim through the pid and start time each process records in the region; where the driver gives no
-per-process samples, from the GPU time the shim charged the claim between two scrapes.
+at its historical peak. Compute utilisation comes from NVML's per-process samples, each process
+matched to its claim by the usage region it maps (``$TESSERA_USAGE_REGION`` inside the process's
+own root is the claim's region file on the host: same inode), which holds for processes that never
+allocate memory and in any PID namespace; where the driver gives no per-process samples, from the
+GPU time the shim charged the claim between two scrapes.
 
 A failure in one claim or one GPU drops that part's series and counts an error by source; it never
 fails the scrape.
@@ -17,6 +19,7 @@ fails the scrape.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,10 +67,12 @@ _HELP = {
     CONTAINER_COMPUTE_LIMIT: "The claim's compute cap on this GPU as a ratio 0-1 of the GPU's time, from its "
     "limits file; 1 when uncapped.",
     CONTAINER_UTILIZATION: "Share of this GPU's time, 0-1, that the claim's processes kept its SMs busy "
-    "over NVML's last sample window (NVML per-process samples, matched to the claim by pid and start "
-    "time); from the GPU time the shim charged between two scrapes where NVML gives no samples.",
-    CONTAINER_PROCESSES: "Live processes of the container's claim registered in its usage region (every "
-    "process that has used CUDA or NVML through the shim), after dead ones are swept.",
+    "over NVML's last sample window (NVML per-process samples, matched to the claim by the usage "
+    "region each process maps); from the GPU time the shim charged between two scrapes where NVML "
+    "gives no samples.",
+    CONTAINER_PROCESSES: "Live processes of the container's claim with a compute context on this GPU "
+    "(NVML's list, matched to the claim by the usage region each process maps); where NVML gives no "
+    "list, those holding memory on it in the claim's usage region.",
     GPU_MEMORY_TOTAL: "Total device memory of the GPU, in bytes, from NVML.",
     GPU_MEMORY_USED: "Device memory in use on the GPU by every process, in bytes, from NVML.",
     GPU_UTILIZATION: "Share of time, 0-1, that one or more kernels ran on the GPU over NVML's sample window.",
@@ -112,6 +117,8 @@ class _Claim:
     uid: str
     limits: list[shim_format.GpuLimit]
     region: shim_format.RegionSnapshot
+    region_file: tuple[int, int]
+    """(device, inode) of the region file: what a process of the claim maps."""
 
 
 class GpuCollector(Collector):
@@ -124,6 +131,10 @@ class GpuCollector(Collector):
         self._fixed: dict[str, tuple[tuple[str, str, str], list[shim_format.GpuLimit]]] = {}
         """Claim UID -> (identity, limits), read at the first scrape that finds the folder."""
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
+        self._mapped: dict[tuple[int, int], _Process | None] = {}
+        """(pid, start time) -> the process's identity and region file; None for a process that
+        maps no region (not under the shim). A process keeps its region for life, so it is looked
+        up once; entries go when the process is no longer sampled."""
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
 
     def describe(self) -> Iterable[Metric]:
@@ -169,13 +180,14 @@ class GpuCollector(Collector):
                 continue
             try:
                 region = shim_format.read_region(files.region)
+                stat = os.stat(files.region)
             except OSError as error:
                 if not files.region.exists():
                     continue  # unprepared between the listing and now
                 self._error("region", "claim %s: %s", uid, error)
                 continue
             (namespace, name, _), limits = fixed
-            out.append(_Claim(namespace, name, uid, limits, region))
+            out.append(_Claim(namespace, name, uid, limits, region, (stat.st_dev, stat.st_ino)))
         return out
 
     def _read_fixed(
@@ -256,22 +268,27 @@ class GpuCollector(Collector):
     def _container_series(
         self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
     ) -> None:
-        identities = self._process_identities(samples)
+        processes = self._processes(samples)
         now = self._s.clock()
         seen: set[tuple[str, str]] = set()
         for claim in claims:
             containers = self._s.containers(claim.namespace, claim.name)
             used = {g.uuid: g for g in claim.region.gpus}
-            processes = {(p.pid, p.start_time) for p in claim.region.processes}
+            ours = {pid: p for pid, p in processes.items() if p.region_file == claim.region_file}
             for limit in claim.limits:
                 gpu = self._by_uuid.get(limit.uuid)
                 if gpu is None:
                     continue
                 seen.add((claim.uid, limit.uuid))
                 usage = used.get(limit.uuid)
-                utilization = self._utilization(
-                    claim.uid, limit.uuid, usage, processes, samples.get(limit.uuid), identities, now
-                )
+                sample = samples.get(limit.uuid)
+                utilization = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
+                # Every process holding memory on a GPU has a context there: NVML's list is the
+                # whole set where it is given; the region's slots holding memory where it is not.
+                if sample is not None and sample.compute_pids is not None:
+                    count = sum(1 for pid in sample.compute_pids if pid in ours)
+                else:
+                    count = sum(1 for p in claim.region.processes if p.used_bytes.get(limit.uuid, 0) > 0)
                 memory_limit = limit.memory_bytes if limit.memory_bytes is not None else gpu.memory_bytes
                 compute_limit = 1.0 if limit.cores in (0, 100) else limit.cores / 100
                 for ref in containers:
@@ -289,7 +306,7 @@ class GpuCollector(Collector):
                     )
                     families[CONTAINER_MEMORY_LIMIT].add_metric(labels, float(memory_limit))
                     families[CONTAINER_COMPUTE_LIMIT].add_metric(labels, compute_limit)
-                    families[CONTAINER_PROCESSES].add_metric(labels, float(len(processes)))
+                    families[CONTAINER_PROCESSES].add_metric(labels, float(count))
                     if utilization is not None:
                         families[CONTAINER_UTILIZATION].add_metric(labels, utilization)
         for key in set(self._charged) - seen:  # claims gone: forget their last reading
@@ -300,9 +317,8 @@ class GpuCollector(Collector):
         uid: str,
         uuid: str,
         usage: shim_format.GpuUsage | None,
-        processes: set[tuple[int, int]],
+        ours: Mapping[int, _Process],
         sample: GpuSample | None,
-        identities: Mapping[int, tuple[int, int]],
         now: float,
     ) -> float | None:
         """NVML's per-process samples of the claim's processes, summed; else the charged-time rate
@@ -311,38 +327,76 @@ class GpuCollector(Collector):
         previous = self._charged.get((uid, uuid))
         self._charged[(uid, uuid)] = (charged, now)
         if sample is not None and sample.process_sm_percent is not None:
-            percent = sum(
-                util for pid, util in sample.process_sm_percent.items() if identities.get(pid) in processes
-            )
+            percent = sum(util for pid, util in sample.process_sm_percent.items() if pid in ours)
             return min(percent, 100) / 100
         if previous is None or now <= previous[1]:
             return None
         return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9)))
 
-    def _process_identities(self, samples: Mapping[str, GpuSample]) -> dict[int, tuple[int, int]]:
-        """Each sampled pid -> (pid inside its own PID namespace, start time): what the shim wrote
-        in the region's slot. The start time (ticks after boot) is the same in every namespace,
-        so a recycled pid never matches an old slot."""
-        pids = {pid for s in samples.values() if s.process_sm_percent for pid in s.process_sm_percent}
-        out = {}
+    def _processes(self, samples: Mapping[str, GpuSample]) -> dict[int, _Process]:
+        """Every process NVML sampled or lists on a GPU -> its identity and region file (processes
+        that map no usage region left out)."""
+        pids = {
+            pid for s in samples.values() for pid in (*(s.process_sm_percent or {}), *(s.compute_pids or ()))
+        }
+        out: dict[int, _Process] = {}
+        keep: set[tuple[int, int]] = set()
         for pid in pids:
-            identity = process_identity(self._s.proc, pid)
-            if identity is not None:
-                out[pid] = identity
+            start = start_time(self._s.proc, pid)
+            if start is None:
+                continue  # exited since NVML saw it: nothing of it left to count
+            key = (pid, start)
+            keep.add(key)
+            if key not in self._mapped:
+                self._mapped[key] = process_of(self._s.proc, pid, start)
+            found = self._mapped[key]
+            if found is not None:
+                out[pid] = found
+        for key in set(self._mapped) - keep:
+            del self._mapped[key]
         return out
 
 
-def process_identity(proc: Path, pid: int) -> tuple[int, int] | None:
-    """(innermost namespace pid, start time) of host pid ``pid``, or None if it has exited."""
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    start_time: int
+    identity: tuple[int, int]
+    """(pid inside its own PID namespace, start time): what the shim writes in its region slot."""
+    region_file: tuple[int, int]
+
+
+def start_time(proc: Path, pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (ticks after boot, the same in every PID namespace), or None if
+    the process is gone."""
     try:
-        status = (proc / str(pid) / "status").read_text()
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
-        return None  # exited between NVML's sample and now: nothing of it is left to count
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def process_of(proc: Path, pid: int, start: int) -> _Process | None:
+    """The identity of host pid ``pid`` and the usage region file it maps, seen through its own
+    root (a container's region is the claim's file bind-mounted: the same inode); None if it has
+    no $TESSERA_USAGE_REGION or has exited."""
+    try:
+        environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+        status = (proc / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    region = next(
+        (e[len(b"TESSERA_USAGE_REGION=") :] for e in environ if e.startswith(b"TESSERA_USAGE_REGION=")), None
+    )
+    if not region:
+        return None
+    try:
+        stat = os.stat(proc / str(pid) / "root" / os.fsdecode(region).lstrip("/"))
+    except OSError:
+        return None
     inner = pid
     for line in status.splitlines():
         if line.startswith("NSpid:"):
             inner = int(line.split()[-1])
-    # The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return inner, int(fields[19])
+    return _Process(pid, start, (inner, start), (stat.st_dev, stat.st_ino))

@@ -24,7 +24,8 @@ from tessera.driver.exporter import (
     GPU_LABELS,
     GpuCollector,
     Sources,
-    process_identity,
+    process_of,
+    start_time,
 )
 from tessera.driver.metrics import DaemonMetrics
 from tessera.quantity import GiB
@@ -34,8 +35,10 @@ from tests.unit.driver.driver_samples import gpu
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def sample(used: int = 5 * GiB, processes: dict[int, int] | None = None) -> GpuSample:
-    return GpuSample(80 * GiB, used, 40, 61, 250_000, {} if processes is None else processes)
+def sample(
+    used: int = 5 * GiB, processes: dict[int, int] | None = None, compute_pids: tuple[int, ...] = ()
+) -> GpuSample:
+    return GpuSample(80 * GiB, used, 40, 61, 250_000, {} if processes is None else processes, compute_pids)
 
 
 def write_claim(claims_dir: Path, uid: str, name: str, limits: Sequence[shim_format.GpuLimit]) -> Path:
@@ -92,12 +95,17 @@ class Bed:
                 out[(s.name, frozenset(s.labels.items()))] = s.value
         return out
 
-    def fake_process(self, host_pid: int, inner_pid: int, start_time: int) -> None:
+    def fake_process(self, host_pid: int, inner_pid: int, start_time: int, region: Path | None) -> None:
+        """/proc/<host_pid> of a process in its own PID namespace whose root is the host's and
+        whose environment names ``region`` as its usage region (None: not under the shim)."""
         folder = self.proc / str(host_pid)
         folder.mkdir()
         (folder / "status").write_text(f"Name:\tprobe\nNSpid:\t{host_pid}\t{inner_pid}\n")
         fields = ["S", *["0"] * 18, str(start_time), "0"]
         (folder / "stat").write_text(f"{host_pid} (a (weird) name) {' '.join(fields)}\n")
+        env = [b"PATH=/bin", *([f"TESSERA_USAGE_REGION={region}".encode()] if region else [])]
+        (folder / "environ").write_bytes(b"\0".join(env) + b"\0")
+        (folder / "root").symlink_to("/")
 
 
 def values(series: Series, name: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -275,25 +283,43 @@ def test_a_sensor_nvml_does_not_support_drops_only_that_series(bed: Bed) -> None
     assert gpu_labels(g0) in values(series, "tessera_gpu_utilization_ratio")
 
 
-def test_utilisation_adds_nvml_samples_of_the_claims_processes_only(bed: Bed) -> None:
-    """Processes are matched by the pid inside their namespace and their start time: a process of
-    another claim, or a new process that reuses a pid, is not counted. The region here has no
-    live process, so no sample can match; the next test registers one."""
+def test_utilisation_and_processes_count_only_processes_that_map_the_claims_region(bed: Bed) -> None:
+    """A process belongs to the claim whose usage region it maps (through its own root), whatever
+    its pid namespace, and whether or not it ever allocated memory."""
     g = bed.gpus[0]
-    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    mine = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    other = write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
     bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
-    bed.fake_process(4242, 7, 1000)
-    bed.samples[g.uuid] = sample(processes={4242: 30})
+    bed.pods[("ns", "c2")] = [ContainerRef("ns", "p2", "main")]
+    bed.fake_process(4242, 7, 1000, mine / "usage")
+    bed.fake_process(4243, 8, 1001, mine / "usage")
+    bed.fake_process(5000, 7, 1002, other / "usage")
+    bed.fake_process(6000, 1, 1003, None)  # not under the shim
+    bed.samples[g.uuid] = sample(
+        processes={4242: 20, 4243: 5, 5000: 30, 6000: 40}, compute_pids=(4242, 4243, 5000)
+    )
     series = bed.scrape()
     assert values(series, "tessera_container_gpu_utilization_ratio") == {
-        container("ns", "p1", "main", "c1", g): 0
+        container("ns", "p1", "main", "c1", g): pytest.approx(0.25),
+        container("ns", "p2", "main", "c2", g): pytest.approx(0.30),
+    }
+    assert values(series, "tessera_container_gpu_processes") == {
+        container("ns", "p1", "main", "c1", g): 2,
+        container("ns", "p2", "main", "c2", g): 1,
     }
 
 
-def test_a_process_identity_is_its_innermost_pid_and_start_time_whatever_its_name(bed: Bed) -> None:
-    bed.fake_process(4242, 7, 123456)
-    assert process_identity(bed.proc, 4242) == (7, 123456)
-    assert process_identity(bed.proc, 99) is None
+def test_a_process_is_known_by_its_innermost_pid_and_start_time_whatever_its_name(
+    bed: Bed, tmp_path: Path
+) -> None:
+    region = shim_format.create_region(tmp_path / "usage")
+    bed.fake_process(4242, 7, 123456, region)
+    assert start_time(bed.proc, 4242) == 123456
+    found = process_of(bed.proc, 4242, 123456)
+    assert found is not None and found.identity == (7, 123456)
+    assert found.region_file == (region.stat().st_dev, region.stat().st_ino)
+    assert start_time(bed.proc, 99) is None
+    assert process_of(bed.proc, 99, 1) is None
 
 
 def test_damaged_claim_folders_are_skipped_and_counted_without_failing_the_scrape(bed: Bed) -> None:
