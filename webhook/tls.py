@@ -89,16 +89,21 @@ class FileCertificates:
         return self._context
 
 
+_BACKDATE = datetime.timedelta(minutes=5)
+"""Certificates are valid from a little before they are made, for clients whose clocks lag."""
+
+
 @dataclass(frozen=True)
 class _Issued:
     cert_pem: bytes
     key_pem: bytes
-    not_before: datetime.datetime
+    issued: datetime.datetime
     not_after: datetime.datetime
 
     def due(self, now: datetime.datetime) -> bool:
-        """Past two thirds of its life: time to replace it, long before anyone refuses it."""
-        return now >= self.not_before + (self.not_after - self.not_before) * 2 / 3
+        """Past two thirds of its life (counted from when it was made, not from its backdated start):
+        time to replace it, long before anyone refuses it."""
+        return now >= self.issued + (self.not_after - self.issued) * 2 / 3
 
 
 def _now() -> datetime.datetime:
@@ -144,7 +149,7 @@ class SelfManagedCertificates:
             .issuer_name(name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + self.ca_lifetime)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
@@ -153,7 +158,7 @@ class SelfManagedCertificates:
             .sign(key, hashes.SHA256())
         )
         pem = cert.public_bytes(serialization.Encoding.PEM)
-        issued = _Issued(pem, _key_pem(key), now - datetime.timedelta(minutes=5), now + self.ca_lifetime)
+        issued = _Issued(pem, _key_pem(key), now, now + self.ca_lifetime)
         return issued, key
 
     def _new_serving(self, now: datetime.datetime) -> _Issued:
@@ -169,7 +174,7 @@ class SelfManagedCertificates:
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - _BACKDATE)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -177,7 +182,7 @@ class SelfManagedCertificates:
             .sign(ca_key, hashes.SHA256())
         )
         cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-        return _Issued(cert_pem, _key_pem(key), now - datetime.timedelta(minutes=5), not_after)
+        return _Issued(cert_pem, _key_pem(key), now, not_after)
 
     def refresh(self, now: datetime.datetime | None = None) -> bool:
         now = now or _now()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,17 @@ def configuration(name: str, url: str, release_namespace: str) -> dict[str, Any]
 class RunningWebhook:
     """Server, slice cache and template store, plus the registered configuration; ``stop`` undoes all."""
 
-    def __init__(self, kube: client.ApiClient, release_namespace: str = "tessera") -> None:
+    def __init__(
+        self,
+        kube: client.ApiClient,
+        release_namespace: str = "tessera",
+        ca_lifetime: datetime.timedelta = datetime.timedelta(days=365),
+        serving_lifetime: datetime.timedelta = datetime.timedelta(days=30),
+    ) -> None:
         self.kube = kube
         self.cache = SliceCache(kube)
         self.cache.start()
-        self.certificates = SelfManagedCertificates([], ["127.0.0.1"])
+        self.certificates = SelfManagedCertificates([], ["127.0.0.1"], ca_lifetime, serving_lifetime)
         self.app = WebhookApp(lambda: self.cache.fleet, TemplateStore(kube), ready=self.cache.synced.is_set)
         self.server = WebhookServer(self.app, self.certificates, "127.0.0.1", 0, metrics_port=0)
         self.server.start()
