@@ -1,0 +1,311 @@
+"""GPU metrics read the way a user reads them: a real Prometheus scraping the node daemon's /metrics
+and evaluating the shipped alert rules, the daemon running under the chart's RBAC over simulated
+GPUs, and real processes under the shim using a prepared claim's limits file and usage region.
+
+The node is kubelet-less (the test makes the kubelet's prepare call), so the claim's processes run
+on the host with the shim preloaded, pointed at the claim's own files, exactly as the container's
+processes are (tests/e2e/test_driver_node.py covers the container side). "Within one scrape" is
+checked by scrape number: the exporter counts each scrape as it starts
+(``tessera_exporter_scrapes_total``); the test reads that count after the event, and the next
+scrape Prometheus makes must already show the change.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.driver.exporter import FAMILIES
+from tessera.names import DEVICE_CLASS
+from tessera.quantity import GiB
+from tessera.shim.format import GpuLimit, read_limits
+from tessera.shim.install import install
+from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
+from tessera.simgpu.config import library_dir, process_env
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.dra_objects import share_claim_template
+from tessera.testbed.driver_node import DriverNode, ensure_device_class
+from tessera.testbed.kubelet_client import KubeletClient
+from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
+from tessera.testbed.polling import poll_until
+from tessera.testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
+
+pytestmark = pytest.mark.integration
+
+USED = "tessera_container_gpu_memory_used_bytes"
+LIMIT = "tessera_container_gpu_memory_limit_bytes"
+
+
+@dataclass
+class Bed:
+    node: DriverNode
+    prometheus: Prometheus
+    programs: Path
+
+    def scrape_number(self) -> int:
+        """The exporter's scrape count now (this read is itself a scrape)."""
+        for family in text_string_to_metric_families(self.node.scrape()):
+            for s in family.samples:
+                if s.name == "tessera_exporter_scrapes_total":
+                    return int(s.value)
+        raise AssertionError("no tessera_exporter_scrapes_total in the scrape")
+
+    def at_scrape(self, expr: str, scrape: int) -> list[Sample]:
+        """``expr`` as Prometheus stored it from the exporter's scrape number ``scrape`` (possibly
+        no series)."""
+
+        def made() -> tuple[list[Sample]] | None:
+            found = self.prometheus.series_at_scrape(expr, self.node.node_name, scrape)
+            return None if found is None else (found,)
+
+        return poll_until(made, 60, f"Prometheus's scrape number {scrape} of {self.node.node_name}")[0]
+
+
+@pytest.fixture
+def bed(cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]) -> Iterator[Bed]:
+    build_shim()
+    subprocess.run(["make", "-C", "simgpu", "-j2"], check=True, capture_output=True)
+    programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
+    ensure_device_class(kube)
+    node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB)
+    node.start()
+    node.wait_published()
+    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"])
+    yield Bed(node, prometheus, programs)
+    prometheus.stop()
+    node.cleanup()
+
+
+def share_pod(
+    kube: client.ApiClient,
+    namespace: str,
+    node: str,
+    name: str,
+    containers: tuple[str, ...] = ("main",),
+    **capacity: str,
+) -> tuple[str, str]:
+    """A pod on ``node`` whose containers share one claim from a template asking ``capacity``;
+    returns (claim name, claim UID) once it is allocated."""
+    resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
+    resource.create_namespaced_resource_claim_template(
+        namespace, share_claim_template(name, DEVICE_CLASS, capacity)
+    )
+    core.create_namespaced_pod(
+        namespace,
+        client.V1Pod.model_validate(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                    "containers": [
+                        {"name": c, "image": "none", "resources": {"claims": [{"name": "gpu"}]}}
+                        for c in containers
+                    ],
+                },
+            }
+        ),
+    )
+    wait_until_bound(core, namespace, name)
+    claim = poll_until(
+        lambda: generated_claim_name(core.read_namespaced_pod(name, namespace), "gpu"), 30, "claim made"
+    )
+
+    def allocated() -> dict[str, Any] | None:
+        body = resource.read_namespaced_resource_claim(claim, namespace)
+        return body.to_dict() if body.status and body.status.allocation else None
+
+    uid = poll_until(allocated, 30, f"{claim} allocated")["metadata"]["uid"]
+    return claim, str(uid)
+
+
+def prepared_claim(bed: Bed, namespace: str, claim: str, uid: str, tmp_path: Path) -> Claim:
+    """Prepare the claim through the DRA socket; processes started from the result run as the
+    claim's processes on the host: the shim preloaded over the simulated driver, reading the
+    claim's own limits file and usage region."""
+    kubelet = KubeletClient(bed.node.dra_socket)
+    try:
+        response = kubelet.prepare([(namespace, claim, uid)])
+    finally:
+        kubelet.close()
+    assert response.claims[uid].error == ""
+    folder = bed.node.state_dir / "claims" / uid
+    libs = library_dir()
+    installation = install(tmp_path / f"shim-{uid}", libs / "libcuda.so.1", libs / "libnvidia-ml.so.1")
+    limits = read_limits(folder / "limits")
+    assert limits is not None
+    # What the CDI spec gives the container: only the claim's GPUs are visible.
+    visible = {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in limits)}
+    return Claim(
+        installation.directory,
+        folder / "limits",
+        folder / "usage",
+        process_env(bed.node.simgpu.config),
+        bed.programs,
+        extra_env=visible,
+    )
+
+
+def hold(claim: Claim, nbytes: int) -> subprocess.Popen[str]:
+    """A process of the claim that allocates ``nbytes`` and holds them until its stdin closes."""
+    process = claim.start("shim_probe", "alloc", "mem", str(nbytes), "hold")
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("HOLD"):
+            break
+    assert values("".join(lines)).get("rc") == "0", "".join(lines) + (
+        process.stderr.read() if process.stderr else ""
+    )
+    return process
+
+
+def one(samples: list[Sample]) -> Sample:
+    assert len(samples) == 1, samples
+    return samples[0]
+
+
+def test_promtool_accepts_the_shipped_rules_and_a_real_scrape_with_every_family(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
+    prepared_claim(bed, namespace, claim, uid, tmp_path)
+    rules = promtool("check", "rules", str(RULES_FILE))
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    scrape = bed.node.scrape()
+    checked = promtool("check", "metrics", stdin=scrape)
+    assert checked.returncode == 0, checked.stdout + checked.stderr + scrape
+    names = {f.name for f in text_string_to_metric_families(scrape)}
+    # Utilisation needs one process sample or two scrapes; every other family is there at once.
+    assert set(FAMILIES) - {"tessera_container_gpu_utilization_ratio"} <= names
+    # Prometheus loaded the shipped rules and scrapes the node.
+    assert {g["file"] for g in bed.prometheus.rule_groups()} == {str(RULES_FILE)}
+    poll_until(bed.prometheus.targets_up, 30, "target up")
+
+
+def test_a_containers_usage_shows_within_one_scrape_and_goes_when_its_process_exits_or_is_killed(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    limits = read_limits(bed.node.state_dir / "claims" / uid / "limits")
+    assert limits is not None
+    ((gpu_limit),) = limits
+    assert isinstance(gpu_limit, GpuLimit)
+    selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
+
+    process = hold(proc, 3 * GiB)
+    n = bed.scrape_number()
+    used = one(bed.at_scrape(USED + selector, n + 1))
+    limit = one(bed.at_scrape(LIMIT + selector, n + 1))
+    assert used.value == 3 * GiB
+    assert limit.value == 8 * GiB
+    index = [g.uuid for g in bed.node.simgpu.spec.gpus].index(gpu_limit.uuid)
+    expected = {
+        "namespace": namespace,
+        "pod": "p",
+        "container": "main",
+        "claim": claim,
+        "node": bed.node.node_name,
+        "device_uuid": gpu_limit.uuid,
+        "device_index": str(index),
+    }
+    assert {k: used.labels[k] for k in expected} == expected
+    assert {k: limit.labels[k] for k in expected} == expected
+
+    # The process frees and exits: 0 at the next scrape.
+    assert process.stdin is not None
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+    n = bed.scrape_number()
+    assert one(bed.at_scrape(USED + selector, n + 1)).value == 0
+
+    # SIGKILL while holding: the exporter sweeps the dead slot, 0 within two scrapes.
+    process = hold(proc, 3 * GiB)
+    n = bed.scrape_number()
+    assert one(bed.at_scrape(USED + selector, n + 1)).value == 3 * GiB
+    process.kill()
+    process.wait(timeout=60)
+    n = bed.scrape_number()
+    assert one(bed.at_scrape(USED + selector, n + 2)).value == 0
+
+    # The pod goes: its series go with it (the claim stays prepared until the kubelet unprepares).
+    client.CoreV1Api(kube).delete_namespaced_pod("p", namespace, grace_period_seconds=0)
+    poll_until(
+        lambda: (
+            not any('pod="p"' in line for line in bed.node.scrape().splitlines() if line.startswith(USED))
+        ),
+        30,
+        "the deleted pod's series gone from the exporter",
+    )
+    n = bed.scrape_number()
+    assert bed.at_scrape(USED + selector, n + 1) == []
+
+
+def test_a_capped_containers_utilisation_matches_the_simulated_gpus_own_figure(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi", cores="30")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    limits = read_limits(bed.node.state_dir / "claims" / uid / "limits")
+    assert limits is not None
+    uuid = limits[0].uuid
+    # 2 ms kernels for 20 s, four in flight: the cap, not the launch rate, sets the share.
+    duty = proc.start("shim_probe", "duty", str(2_000_000), "20", "4")
+    try:
+        selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
+        gpu = f'{{device_uuid="{uuid}"}}'
+
+        def busy_scrape() -> tuple[float, float] | None:
+            n = bed.scrape_number()
+            ours = bed.at_scrape("tessera_container_gpu_utilization_ratio" + selector, n + 1)
+            simulated = bed.at_scrape("tessera_gpu_utilization_ratio" + gpu, n + 1)
+            if not ours or not simulated or simulated[0].value < 0.2:
+                return None  # the workload has not filled NVML's sample window yet
+            return ours[0].value, simulated[0].value
+
+        ours, simulated = poll_until(busy_scrape, 60, "a scrape while the capped workload runs")
+    finally:
+        duty.kill()
+        duty.wait(timeout=60)
+    # The device's own figure, with this claim its only user, is the simulated driver's count of
+    # busy time; the container's comes from the per-process samples of the claim's processes.
+    assert abs(ours - simulated) <= 0.03, (ours, simulated)
+    assert ours <= 0.30 + 0.03, ours
+
+
+def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    process = hold(proc, 950 * 1024 * 1024)
+    try:
+
+        def firing() -> dict[str, Any] | None:
+            for alert in bed.prometheus.alerts():
+                labels = alert["labels"]
+                if (
+                    labels["alertname"] == "TesseraContainerGpuMemoryNearLimit"
+                    and labels.get("claim") == claim
+                ):
+                    return alert if alert["state"] == "firing" else None
+            return None
+
+        # The rule's `for: 1m` holds it pending for a minute of evaluations first.
+        alert = poll_until(firing, 150, "TesseraContainerGpuMemoryNearLimit firing", interval=1.0)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=60)
+    assert alert["labels"]["namespace"] == namespace
+    assert alert["labels"]["container"] == "main"
+    assert float(alert["value"]) == pytest.approx(950 / 1024, abs=0.001)
