@@ -27,7 +27,9 @@ from tessera.testbed.fake_nodes import create_ready_node
 from tessera.testbed.kubectl import kubectl
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
+from tessera.webhook.conversion import GpuRequest, claim_spec, claim_template
 from tessera.webhook.fleet import Fleet
+from tessera.webhook.templates import TemplateStore
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.integration
@@ -302,3 +304,16 @@ def test_a_jobs_template_keeps_its_extended_resources_and_its_pods_are_converted
         k.startswith("nvidia.com/") for k in made["spec"]["containers"][0]["resources"]["limits"]
     )
     allocated_claim_of(kube, ns, made["metadata"]["name"])
+
+
+def test_a_template_that_already_exists_counts_as_made(bed: Bed, kube: client.ApiClient, ns: str) -> None:
+    """Two webhook replicas (two stores) admitting the same shape: the second create meets
+    AlreadyExists, which is success, and the template is the first one, untouched."""
+    spec = claim_spec("c", GpuRequest(1, 1000, None, 10), [], bed.webhook.cache.fleet)
+    template = claim_template(ns, spec)
+    assert TemplateStore(kube).ensure(template) is True
+    [made] = templates_in(kube, ns)
+    assert TemplateStore(kube).ensure(template) is True
+    [still] = templates_in(kube, ns)
+    assert still["metadata"]["uid"] == made["metadata"]["uid"]
+    assert still["metadata"]["resourceVersion"] == made["metadata"]["resourceVersion"]
