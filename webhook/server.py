@@ -152,6 +152,10 @@ class _Server(ThreadingHTTPServer):
     block_on_close = True
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets or fails its handshake is its own problem: note it, no traceback."""
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
 
 class WebhookServer:
     """The HTTPS server (and optionally the plain one for probes and metrics), started in threads."""
@@ -173,9 +177,6 @@ class WebhookServer:
                 # Handshake in the handler thread (first read), with the context current right now.
                 wrapped = certs.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 return wrapped, address
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                log.debug("connection from %s failed", client_address, exc_info=True)
 
         self.https = TlsServer((host, port), _handler(app, mutate=True))
         self.plain = (
