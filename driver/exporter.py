@@ -121,6 +121,10 @@ class _Claim:
     """(device, inode) of the region file: what a process of the claim maps."""
 
 
+_Fixed = tuple[tuple[str, str, str], list[shim_format.GpuLimit], Path]
+"""What never changes about a prepared claim: (namespace, name, UID), limits, region path."""
+
+
 class GpuCollector(Collector):
     """A prometheus_client collector: ``collect()`` reads everything afresh at each scrape."""
 
@@ -128,8 +132,10 @@ class GpuCollector(Collector):
         self._s = sources
         self._metrics = metrics
         self._by_uuid = {g.uuid: g for g in sources.gpus}
-        self._fixed: dict[str, tuple[tuple[str, str, str], list[shim_format.GpuLimit]]] = {}
-        """Claim UID -> (identity, limits), read at the first scrape that finds the folder."""
+        self._fixed: dict[str, _Fixed] = {}
+        """Claim UID -> (identity, limits, region path), read at the first scrape that finds it."""
+        self._region_files: dict[str, tuple[int, int]] = {}
+        """Claim UID -> (device, inode) of its usage region."""
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
         self._mapped: dict[tuple[int, int], _Process | None] = {}
         """(pid, start time) -> the process's identity and region file; None for a process that
@@ -170,29 +176,35 @@ class GpuCollector(Collector):
 
     def _claims(self) -> list[_Claim]:
         out = []
-        present = set(claim_files.claim_uids(self._s.claims_dir))
+        try:
+            with os.scandir(self._s.claims_dir) as entries:
+                present = {e.name for e in entries if e.is_dir() and not e.name.startswith(".")}
+        except FileNotFoundError:
+            present = set()
         for uid in set(self._fixed) - present:  # unprepared: forget it
             del self._fixed[uid]
+            self._region_files.pop(uid, None)
         for uid in sorted(present):
-            files = claim_files.claim_files(self._s.claims_dir, uid)
-            fixed = self._fixed.get(uid) or self._read_fixed(uid, files)
+            fixed = self._fixed.get(uid) or self._read_fixed(
+                uid, claim_files.claim_files(self._s.claims_dir, uid)
+            )
             if fixed is None:
                 continue
+            (namespace, name, _), limits, region_path = fixed
             try:
-                region = shim_format.read_region(files.region)
-                stat = os.stat(files.region)
+                region = shim_format.read_region(region_path)
+                if uid not in self._region_files:  # made once, atomically: its inode stays
+                    stat = os.stat(region_path)
+                    self._region_files[uid] = (stat.st_dev, stat.st_ino)
             except OSError as error:
-                if not files.region.exists():
-                    continue  # unprepared between the listing and now
+                if not region_path.exists():
+                    continue  # not made yet, or unprepared between the listing and now
                 self._error("region", "claim %s: %s", uid, error)
                 continue
-            (namespace, name, _), limits = fixed
-            out.append(_Claim(namespace, name, uid, limits, region, (stat.st_dev, stat.st_ino)))
+            out.append(_Claim(namespace, name, uid, limits, region, self._region_files[uid]))
         return out
 
-    def _read_fixed(
-        self, uid: str, files: claim_files.ClaimFiles
-    ) -> tuple[tuple[str, str, str], list[shim_format.GpuLimit]] | None:
+    def _read_fixed(self, uid: str, files: claim_files.ClaimFiles) -> _Fixed | None:
         """A claim's identity and limits, read once: both are written at prepare from the claim's
         allocation, which never changes, and a new claim is a new UID (a new folder)."""
         identity = claim_files.read_identity(files)
@@ -209,8 +221,8 @@ class GpuCollector(Collector):
             return None
         if limits is None:
             return None  # prepare has not written it yet
-        self._fixed[uid] = (identity, limits)
-        return identity, limits
+        self._fixed[uid] = (identity, limits, files.region)
+        return self._fixed[uid]
 
     def _samples(self) -> dict[str, GpuSample]:
         out = {}
@@ -268,13 +280,15 @@ class GpuCollector(Collector):
     def _container_series(
         self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
     ) -> None:
-        processes = self._processes(samples)
+        by_region: dict[tuple[int, int], dict[int, _Process]] = {}
+        for pid, process in self._processes(samples).items():
+            by_region.setdefault(process.region_file, {})[pid] = process
         now = self._s.clock()
         seen: set[tuple[str, str]] = set()
         for claim in claims:
             containers = self._s.containers(claim.namespace, claim.name)
             used = {g.uuid: g for g in claim.region.gpus}
-            ours = {pid: p for pid, p in processes.items() if p.region_file == claim.region_file}
+            ours = by_region.get(claim.region_file, {})
             for limit in claim.limits:
                 gpu = self._by_uuid.get(limit.uuid)
                 if gpu is None:
@@ -368,13 +382,14 @@ class _Process:
 
 def start_time(proc: Path, pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (ticks after boot, the same in every PID namespace), or None if
-    the process is gone."""
+    the process is gone. Read at every scrape for every sampled process: plain os calls."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            stat = f.read()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 def process_of(proc: Path, pid: int, start: int) -> _Process | None:
