@@ -43,8 +43,8 @@ def gpu_node(
 
 
 @pytest.fixture(scope="module")
-def webhook(kube: client.ApiClient, gpu_node: RealNode) -> Iterator[RunningWebhook]:
-    running = RunningWebhook(kube)
+def webhook(cluster: LocalCluster, kube: client.ApiClient, gpu_node: RealNode) -> Iterator[RunningWebhook]:
+    running = RunningWebhook(kube, cluster)
     yield running
     running.stop()
 

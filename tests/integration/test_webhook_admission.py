@@ -53,7 +53,7 @@ def bed(cluster: LocalCluster, kube: client.ApiClient) -> Iterator[Bed]:
         node.start()
         node.wait_published()
         nodes.append(node)
-    webhook = RunningWebhook(kube)
+    webhook = RunningWebhook(kube, cluster)
     try:
         poll_until(
             lambda: webhook.cache.fleet == Fleet((80 * GiB, 40 * GiB), 4),
@@ -311,9 +311,9 @@ def test_a_template_that_already_exists_counts_as_made(bed: Bed, kube: client.Ap
     AlreadyExists, which is success, and the template is the first one, untouched."""
     spec = claim_spec("c", GpuRequest(1, 1000, None, 10), [], bed.webhook.cache.fleet)
     template = claim_template(ns, spec)
-    assert TemplateStore(kube).ensure(template) is True
+    assert TemplateStore(bed.webhook.api).ensure(template) is True
     [made] = templates_in(kube, ns)
-    assert TemplateStore(kube).ensure(template) is True
+    assert TemplateStore(bed.webhook.api).ensure(template) is True
     [still] = templates_in(kube, ns)
     assert still["metadata"]["uid"] == made["metadata"]["uid"]
     assert still["metadata"]["resourceVersion"] == made["metadata"]["resourceVersion"]

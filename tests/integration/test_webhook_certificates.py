@@ -36,13 +36,16 @@ def test_after_a_ca_rotation_the_bundle_is_updated_and_the_apiserver_still_calls
     cluster: LocalCluster, kube: client.ApiClient, namespace: str
 ) -> None:
     webhook = RunningWebhook(
-        kube, ca_lifetime=datetime.timedelta(seconds=60), serving_lifetime=datetime.timedelta(seconds=30)
+        kube,
+        cluster,
+        ca_lifetime=datetime.timedelta(seconds=60),
+        serving_lifetime=datetime.timedelta(seconds=30),
     )
     try:
         webhook.wait_effective(namespace)
         [first_ca] = bundle_in_configuration(kube, webhook.name)
         assert (
-            keep_ca_bundle(kube, webhook.name, webhook.certificates.ca_bundle()) is False
+            keep_ca_bundle(webhook.api, webhook.name, webhook.certificates.ca_bundle()) is False
         )  # unchanged: no write
 
         def rotated_ca() -> bool:
@@ -54,7 +57,7 @@ def test_after_a_ca_rotation_the_bundle_is_updated_and_the_apiserver_still_calls
         old_ca, new_ca = x509.load_pem_x509_certificates(webhook.certificates.ca_bundle())
         assert old_ca == first_ca
         serving.verify_directly_issued_by(new_ca)
-        assert keep_ca_bundle(kube, webhook.name, webhook.certificates.ca_bundle()) is True
+        assert keep_ca_bundle(webhook.api, webhook.name, webhook.certificates.ca_bundle()) is True
         assert bundle_in_configuration(kube, webhook.name) == [old_ca, new_ca]
         webhook.wait_effective(namespace)  # served with the new CA's certificate, trusted through the bundle
     finally:

@@ -13,6 +13,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
 from tessera.webhook.server import WebhookApp, WebhookServer
@@ -20,7 +21,64 @@ from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
 from tessera.webhook.tls import SelfManagedCertificates, keep_ca_bundle
 
-CONFIGURATION_FILE = Path(__file__).resolve().parents[2] / "charts/tessera/files/webhook-configuration.yaml"
+CHART_FILES = Path(__file__).resolve().parents[2] / "charts/tessera/files"
+CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"
+RULES_FILE = CHART_FILES / "webhook-rules.yaml"
+
+
+def _created(call: Any, *args: Any) -> None:
+    try:
+        call(*args)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def webhook_api_client(
+    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str
+) -> client.ApiClient:
+    """An API client for a service account bound to exactly the chart's webhook rules (with
+    ``resourceNames`` set to this configuration's name), as the webhook's pod would have."""
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    namespace, account = "tessera", configuration_name
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    for rule in rules:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [configuration_name]
+    _created(core.create_namespace, client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    _created(
+        core.create_namespaced_service_account,
+        namespace,
+        client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account)),
+    )
+    _created(
+        rbac.create_cluster_role,
+        client.V1ClusterRole.model_validate({"metadata": {"name": account}, "rules": rules}),
+    )
+    binding = {
+        "metadata": {"name": account},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+    _created(rbac.create_cluster_role_binding, client.V1ClusterRoleBinding.model_validate(binding))
+    request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 3600}})
+    status = core.create_namespaced_service_account_token(account, namespace, request).status
+    assert status is not None and cluster.ca is not None
+    configuration = client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.ca.pair.cert)
+    configuration.api_key = {"authorization": f"Bearer {status.token}"}
+    return client.ApiClient(configuration)
+
+
+def remove_account(kube: client.ApiClient, name: str) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube)
+    with contextlib.suppress(ApiException):
+        rbac.delete_cluster_role_binding(name)
+    with contextlib.suppress(ApiException):
+        rbac.delete_cluster_role(name)
+    with contextlib.suppress(ApiException):
+        client.CoreV1Api(kube).delete_namespaced_service_account(name, "tessera")
 
 
 def configuration(name: str, url: str, release_namespace: str) -> dict[str, Any]:
@@ -40,18 +98,22 @@ class RunningWebhook:
     def __init__(
         self,
         kube: client.ApiClient,
+        cluster: LocalCluster,
         release_namespace: str = "tessera",
         ca_lifetime: datetime.timedelta = datetime.timedelta(days=365),
         serving_lifetime: datetime.timedelta = datetime.timedelta(days=30),
     ) -> None:
         self.kube = kube
-        self.cache = SliceCache(kube)
+        self.name = unique_name("tessera-webhook")
+        self.api = webhook_api_client(kube, cluster, self.name)  # the webhook's own, least-privilege client
+        self.cache = SliceCache(self.api)
         self.cache.start()
         self.certificates = SelfManagedCertificates([], ["127.0.0.1"], ca_lifetime, serving_lifetime)
-        self.app = WebhookApp(lambda: self.cache.fleet, TemplateStore(kube), ready=self.cache.synced.is_set)
+        self.app = WebhookApp(
+            lambda: self.cache.fleet, TemplateStore(self.api), ready=self.cache.synced.is_set
+        )
         self.server = WebhookServer(self.app, self.certificates, "127.0.0.1", 0, metrics_port=0)
         self.server.start()
-        self.name = unique_name("tessera-webhook")
         self.url = f"https://127.0.0.1:{self.server.port}/mutate"
         registration = client.AdmissionregistrationV1Api(kube)
         registration.create_mutating_webhook_configuration(
@@ -59,7 +121,7 @@ class RunningWebhook:
                 configuration(self.name, self.url, release_namespace)
             )
         )
-        keep_ca_bundle(kube, self.name, self.certificates.ca_bundle())
+        keep_ca_bundle(self.api, self.name, self.certificates.ca_bundle())
         poll_until(self.cache.synced.is_set, 30, "slice cache synced")
 
     def reviews(self, outcome: str) -> float:
@@ -94,3 +156,4 @@ class RunningWebhook:
             client.AdmissionregistrationV1Api(self.kube).delete_mutating_webhook_configuration(self.name)
         self.server.stop()
         self.cache.stop()
+        remove_account(self.kube, self.name)
