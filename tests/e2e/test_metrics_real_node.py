@@ -1,6 +1,7 @@
 """GPU metrics on a real node, read through a real Prometheus: the kubelet prepares the share, the
 container's CUDA program allocates through the shim, and the node daemon's exporter on the node's
-own address at :31995 reports it with the pod's labels — within one scrape of each change.
+own address at :31995 reports it with the pod's labels — within one scrape of each change. A
+compute-capped container's utilisation, and the shipped memory alert, are read the same way.
 
 "Within one scrape" is a scrape number, not a stopwatch: the exporter counts each scrape as it
 starts; the test reads the count once the container's log shows the change, and Prometheus's next
@@ -135,3 +136,52 @@ def test_a_containers_allocation_shows_with_its_labels_within_one_scrape_and_goe
         return at_scrape(prometheus, node, USED + selector, n + 1) == []
 
     poll_until(gone, 120, "the deleted pod's series gone")
+
+
+def test_a_capped_containers_utilisation_matches_the_simulated_gpus_own_figure(
+    metrics_node: tuple[GpuNode, Prometheus], kube: client.ApiClient, namespace: str
+) -> None:
+    node, prometheus = metrics_node
+    # 2 ms kernels for 40 s, four in flight, under a 30 % cap: the cap sets the share.
+    script = "shim_probe duty 2000000 40 4; echo '== ran'; exec sleep 3600"
+    run_share_pod(kube, namespace, node, "u", [{"memory": "1Gi", "cores": "30"}], script, wait=False)
+    selector = f'{{namespace="{namespace}", pod="u", container="probe"}}'
+
+    def busy_scrape() -> tuple[float, float] | None:
+        n = scrape_number(node.driver)
+        ours = at_scrape(prometheus, node, "tessera_container_gpu_utilization_ratio" + selector, n + 1)
+        if not ours:
+            return None
+        gpu = f'{{device_uuid="{ours[0].labels["device_uuid"]}"}}'
+        simulated = at_scrape(prometheus, node, "tessera_gpu_utilization_ratio" + gpu, n + 1)
+        if not simulated or simulated[0].value < 0.2:
+            return None  # the workload has not filled NVML's sample window yet
+        return ours[0].value, simulated[0].value
+
+    ours, simulated = poll_until(busy_scrape, 120, "a scrape while the capped workload runs")
+    # With this claim the GPU's only user, the device's figure is the simulated driver's own count
+    # of busy time; the container's comes from the samples of the processes that map its region.
+    assert abs(ours - simulated) <= 0.03, (ours, simulated)
+    assert ours <= 0.33, ours
+
+
+def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert(
+    metrics_node: tuple[GpuNode, Prometheus], kube: client.ApiClient, namespace: str
+) -> None:
+    node, prometheus = metrics_node
+    script = f"sleep 3600 | shim_probe alloc mem {950 * 1024 * 1024} hold"
+    run_share_pod(kube, namespace, node, "a", [{"memory": "1Gi"}], script, wait=False)
+
+    def firing() -> dict[str, str] | None:
+        for alert in prometheus.alerts():
+            labels = alert["labels"]
+            if (
+                labels["alertname"] == "TesseraContainerGpuMemoryNearLimit"
+                and labels.get("namespace") == namespace
+            ):
+                return dict(labels) if alert["state"] == "firing" else None
+        return None
+
+    # The rule's `for: 1m` keeps it pending for a minute of evaluations first.
+    labels = poll_until(firing, 240, "TesseraContainerGpuMemoryNearLimit firing", interval=1.0)
+    assert (labels["pod"], labels["container"], labels["node"]) == ("a", "probe", node.name)
