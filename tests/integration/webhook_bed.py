@@ -34,10 +34,8 @@ def _created(call: Any, *args: Any) -> None:
             raise
 
 
-def webhook_api_client(
-    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str
-) -> client.ApiClient:
-    """An API client for a service account bound to exactly the chart's webhook rules (with
+def webhook_token(kube: client.ApiClient, configuration_name: str) -> str:
+    """A token of a service account bound to exactly the chart's webhook rules (with
     ``resourceNames`` set to this configuration's name), as the webhook's pod would have."""
     core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
     namespace, account = "tessera", configuration_name
@@ -63,12 +61,38 @@ def webhook_api_client(
     _created(rbac.create_cluster_role_binding, client.V1ClusterRoleBinding.model_validate(binding))
     request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 3600}})
     status = core.create_namespaced_service_account_token(account, namespace, request).status
-    assert status is not None and cluster.ca is not None
+    assert status is not None
+    return str(status.token)
+
+
+def webhook_api_client(
+    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str
+) -> client.ApiClient:
+    """An API client with the webhook's least-privilege token (``webhook_token``)."""
+    assert cluster.ca is not None
     configuration = client.Configuration()
     configuration.host = cluster.server
     configuration.ssl_ca_cert = str(cluster.ca.pair.cert)
-    configuration.api_key = {"authorization": f"Bearer {status.token}"}
+    configuration.api_key = {"authorization": f"Bearer {webhook_token(kube, configuration_name)}"}
     return client.ApiClient(configuration)
+
+
+def webhook_kubeconfig(
+    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str, path: Path
+) -> Path:
+    """The same credentials as a kubeconfig file, for the ``tessera-webhook`` command."""
+    assert cluster.ca is not None
+    server = {"server": cluster.server, "certificate-authority": str(cluster.ca.pair.cert)}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": server}],
+        "users": [{"name": "webhook", "user": {"token": webhook_token(kube, configuration_name)}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "webhook"}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def remove_account(kube: client.ApiClient, name: str) -> None:

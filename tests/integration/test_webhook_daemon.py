@@ -1,0 +1,113 @@
+"""The ``tessera-webhook`` command as it runs in its pod: under the chart's RBAC, with a self-made CA
+it writes into the configuration's caBundle, ready once its slice cache is synced, converting pods
+the apiserver sends it, and leaving on SIGTERM with exit status 0."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.kube import raw_json
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.names import unique_name
+from tessera.testbed.polling import poll_until
+from tests.integration.webhook_bed import (
+    CONFIGURATION_FILE,
+    configuration,
+    remove_account,
+    webhook_kubeconfig,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def status_of(port: int, path: str) -> int | None:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", path)
+        return connection.getresponse().status
+    except OSError:
+        return None
+
+
+def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigterm(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    assert yaml.safe_load(CONFIGURATION_FILE.read_text())["webhooks"][0]["failurePolicy"] == "Fail"
+    name = unique_name("tessera-webhook")
+    port, metrics_port = free_port(), free_port()
+    registration = client.AdmissionregistrationV1Api(kube)
+    body = configuration(name, f"https://127.0.0.1:{port}/mutate", "tessera")
+    registration.create_mutating_webhook_configuration(
+        client.V1MutatingWebhookConfiguration.model_validate(body)
+    )
+    log = (tmp_path / "webhook.log").open("w")
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "tessera-webhook"),
+            f"--kubeconfig={webhook_kubeconfig(kube, cluster, name, tmp_path / 'kubeconfig')}",
+            "--bind-address=127.0.0.1",
+            f"--port={port}",
+            f"--metrics-port={metrics_port}",
+            "--ip-addresses=127.0.0.1",
+            f"--webhook-configuration={name}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 60, "the webhook ready")
+        assert status_of(metrics_port, "/healthz") == 200
+
+        def bundle() -> str | None:
+            read = raw_json(registration.read_mutating_webhook_configuration(name, _preload_content=False))
+            value: str | None = read["webhooks"][0]["clientConfig"].get("caBundle")
+            return value
+
+        assert b"BEGIN CERTIFICATE" in base64.b64decode(poll_until(bundle, 60, "the caBundle written"))
+        pod = {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpucores": "500"}}}
+                ]
+            },
+        }
+
+        def refused_by_webhook() -> str | None:
+            try:
+                client.CoreV1Api(kube).create_namespaced_pod(
+                    namespace, client.V1Pod.model_validate(pod), dry_run="All"
+                )
+            except ApiException as error:
+                return str(error.body) if "nvidia.com/gpucores is 500" in str(error.body) else None
+            return None
+
+        message = poll_until(refused_by_webhook, 60, "the apiserver calling the command")
+        assert 'container \\"main\\": nvidia.com/gpucores is 500; it must be between 1 and 100.' in message
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+        registration.delete_mutating_webhook_configuration(name)
+        remove_account(kube, name)
+    assert "Traceback" not in (tmp_path / "webhook.log").read_text()
