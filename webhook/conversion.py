@@ -75,15 +75,13 @@ def _whole_number(where: str, name: str, raw: Any) -> int:
 def _read(where: str, resources: Mapping[str, Any], name: str) -> int | None:
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
-    if name in limits and name in requests and str(limits[name]) != str(requests[name]):
+    limit = _whole_number(where, name, limits[name]) if name in limits else None
+    request = _whole_number(where, name, requests[name]) if name in requests else None
+    if limit is not None and request is not None and limit != request:
         raise Refusal(
             f'{where}: {name} has request "{requests[name]}" and limit "{limits[name]}"; they must be equal.'
         )
-    if name in limits:
-        return _whole_number(where, name, limits[name])
-    if name in requests:
-        return _whole_number(where, name, requests[name])
-    return None
+    return limit if limit is not None else request
 
 
 def mentions_gpu(container: Mapping[str, Any]) -> bool:

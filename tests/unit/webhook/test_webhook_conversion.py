@@ -50,6 +50,7 @@ def with_resources(
         ({G: 3, PCT: "25", CORES: "100"}, None, GpuRequest(3, None, 25, 100)),
         ({"cpu": "1", "memory": "1Gi"}, None, None),
         ({MEM: "1k"}, None, GpuRequest(1, 1000, None, None)),
+        ({MEM: "1k"}, {MEM: 1000}, GpuRequest(1, 1000, None, None)),
     ],
     ids=[
         "gpumem-and-cores",
@@ -61,6 +62,7 @@ def with_resources(
         "percentage-with-count",
         "no-gpu-resources",
         "suffix-quantity",
+        "equal-quantities-spelled-differently",
     ],
 )
 def test_requests_are_read_with_the_documented_defaults(
