@@ -249,12 +249,13 @@ static uint64_t self_start_time(void)
     if (n <= 0)
         return 0;
     buf[n] = '\0';
-    /* Fields after the command name, which ends at the last ')': state is field 3. */
+    /* Fields after the command name, which ends at the last ')': the blank after it precedes
+     * field 3 (state); step from blank to blank until the one before field 22 (starttime). */
     char *p = strrchr(buf, ')');
     if (p == NULL)
         return 0;
     p++;
-    for (int field = 2; field < 22 && p != NULL; field++)
+    for (int field = 3; field < 22 && p != NULL; field++)
         p = strchr(p + 1, ' ');
     return p != NULL ? strtoull(p + 1, NULL, 10) : 0;
 }

@@ -142,6 +142,23 @@ def test_region_is_created_when_missing(make_claim: ClaimFactory) -> None:
     assert snapshot.processes == []
 
 
+def test_a_process_slot_names_its_process_by_pid_and_start_time(make_claim: ClaimFactory) -> None:
+    """The slot records the process's start time as /proc/<pid>/stat field 22 (clock ticks after
+    boot): with the pid it names the process even after the pid is reused, and the exporter and
+    docs/shim.md rely on it being that field."""
+    claim = make_claim()
+    assert claim.region is not None
+    holder = claim.start("shim_probe", "alloc", "mem", str(MiB), "hold")
+    try:
+        read_line(holder, "HOLD")
+        stat = Path(f"/proc/{holder.pid}/stat").read_text()
+        start_time = int(stat[stat.rindex(")") + 2 :].split()[22 - 3])
+        (process,) = read_region(claim.region).processes
+        assert (process.pid, process.start_time) == (holder.pid, start_time)
+    finally:
+        release(holder)
+
+
 def test_without_a_region_limits_apply_per_process(make_claim: ClaimFactory) -> None:
     """Without $TESSERA_USAGE_REGION the limits still hold, per process, with a warning."""
     claim = make_claim(region=False)
