@@ -214,10 +214,11 @@ def main() -> None:
         "",
         "How to read it: prepare's own work (limits file, usage region, shim copy, ld.so.preload, CDI",
         "spec, two durable checkpoint writes) is the cached figure. By default the daemon's watch has",
-        "almost always delivered a claim before the kubelet asks for it, so the target holds with the",
-        "claim read included. With --no-watch-claims every call adds a GET to an API server that, on this",
-        "2-core machine, shares the CPUs with etcd, the controller manager, the scheduler, the daemon and",
-        "this script; its tail varies from run to run with what else the machine is doing.",
+        "almost always delivered a claim before the kubelet asks for it, so the first rows are what the",
+        "kubelet sees, the claim's read included. With --no-watch-claims every call adds a GET to an API",
+        "server that, on a 2-core machine, shares the CPUs with etcd, the controller manager, the",
+        "scheduler, the daemon and this script. Every figure here is wall time: compare the load",
+        "averages above before comparing runs.",
         "",
     ]
     (args.out / "prepare.md").write_text("\n".join(lines))
