@@ -85,17 +85,19 @@ def test_call_latency(make_node: NodeFactory) -> None:
     switched on for running processes by rewriting the configuration.
 
     Judged by the shortest of 200 calls: the scheduler only ever makes a call longer, so with
-    2 ms of latency even the shortest takes 2 ms (whatever the load), and without it the
-    shortest is a plain call (tens of ns) unless every one of the 200 was interrupted for half
-    a millisecond."""
+    2 ms of latency even the shortest takes 2 ms (whatever the load). Without it, the test asserts
+    only the order of magnitude — the shortest call is below the latency switched on next — which a
+    loaded machine cannot break (it would have to delay every one of the 200 calls by 2 ms); what a
+    plain call costs is benchmarks/simgpu/call_cost.py's figure, not this test's."""
+    latency_ns = 2_000_000
     node = make_node(name="slow")
     fast = node.program("simgpu_probe", "latency", "200")
     assert fast.returncode == 0, fast.stderr
-    assert int(values(fast.stdout)["min_ns"]) < 500_000
-    node.update(replace(node.spec, latency_us=2000))
+    assert int(values(fast.stdout)["min_ns"]) < latency_ns
+    node.update(replace(node.spec, latency_us=latency_ns // 1000))
     slow = node.program("simgpu_probe", "latency", "200")
     assert slow.returncode == 0, slow.stderr
-    assert int(values(slow.stdout)["min_ns"]) >= 2_000_000
+    assert int(values(slow.stdout)["min_ns"]) >= latency_ns
 
 
 POLL_NS = 20_000_000  # how often, at most, a process looks at its configuration file
