@@ -19,18 +19,18 @@ from kubernetes import client
 
 from tessera.driver.state import CRASH_POINTS
 from tessera.kube import raw_json
-from tessera.names import DEVICE_CLASS, DRIVER_NAME, UNHEALTHY_TAINT
+from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT
 from tessera.proto.health.v1 import api_pb2 as health
 from tessera.proto.health.v1 import api_pb2_grpc as health_grpc
 from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
 from tessera.simgpu.config import GpuFaults
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import allocated_claim, share_claim_template
+from tessera.testbed.dra_objects import allocated_claim
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
-from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
 from tessera.testbed.polling import poll_until
+from tessera.testbed.share_pods import share_pod
 
 pytestmark = pytest.mark.integration
 
@@ -55,42 +55,6 @@ def slice_of(kube: client.ApiClient, node: str) -> dict[str, Any] | None:
         )
     )["items"]
     return items[0] if items else None
-
-
-def share_pod(kube: client.ApiClient, namespace: str, node: str, name: str, **capacity: str) -> ClaimRef:
-    """A pod on ``node`` with one claim template asking ``capacity``; returns its claim once allocated."""
-    resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
-    resource.create_namespaced_resource_claim_template(
-        namespace, share_claim_template(name, DEVICE_CLASS, capacity)
-    )
-    core.create_namespaced_pod(
-        namespace,
-        client.V1Pod.model_validate(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                    "containers": [
-                        {"name": "main", "image": "none", "resources": {"claims": [{"name": "gpu"}]}}
-                    ],
-                },
-            }
-        ),
-    )
-    wait_until_bound(core, namespace, name)
-    claim_name = poll_until(
-        lambda: generated_claim_name(core.read_namespaced_pod(name, namespace), "gpu"), 30, "claim made"
-    )
-
-    def allocated() -> dict[str, Any] | None:
-        body = raw_json(
-            resource.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False)
-        )
-        return body if (body.get("status") or {}).get("allocation") else None
-
-    claim = poll_until(allocated, 30, f"{claim_name} allocated")
-    return namespace, claim_name, claim["metadata"]["uid"]
 
 
 def test_every_gpu_is_published_as_shareable_capacity_under_the_charts_rbac(

@@ -23,19 +23,17 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.driver.exporter import FAMILIES
-from tessera.names import DEVICE_CLASS
 from tessera.quantity import GiB
 from tessera.shim.format import GpuLimit, read_limits
 from tessera.shim.install import install
 from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
 from tessera.simgpu.config import library_dir, process_env
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import share_claim_template
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.kubelet_client import KubeletClient
-from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
 from tessera.testbed.polling import poll_until
 from tessera.testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
+from tessera.testbed.share_pods import share_pod
 
 pytestmark = pytest.mark.integration
 
@@ -81,49 +79,6 @@ def bed(cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., 
     yield Bed(node, prometheus, programs)
     prometheus.stop()
     node.cleanup()
-
-
-def share_pod(
-    kube: client.ApiClient,
-    namespace: str,
-    node: str,
-    name: str,
-    containers: tuple[str, ...] = ("main",),
-    **capacity: str,
-) -> tuple[str, str]:
-    """A pod on ``node`` whose containers share one claim from a template asking ``capacity``;
-    returns (claim name, claim UID) once it is allocated."""
-    resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
-    resource.create_namespaced_resource_claim_template(
-        namespace, share_claim_template(name, DEVICE_CLASS, capacity)
-    )
-    core.create_namespaced_pod(
-        namespace,
-        client.V1Pod.model_validate(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                    "containers": [
-                        {"name": c, "image": "none", "resources": {"claims": [{"name": "gpu"}]}}
-                        for c in containers
-                    ],
-                },
-            }
-        ),
-    )
-    wait_until_bound(core, namespace, name)
-    claim = poll_until(
-        lambda: generated_claim_name(core.read_namespaced_pod(name, namespace), "gpu"), 30, "claim made"
-    )
-
-    def allocated() -> dict[str, Any] | None:
-        body = resource.read_namespaced_resource_claim(claim, namespace)
-        return body.to_dict() if body.status and body.status.allocation else None
-
-    uid = poll_until(allocated, 30, f"{claim} allocated")["metadata"]["uid"]
-    return claim, str(uid)
 
 
 def prepared_claim(bed: Bed, namespace: str, claim: str, uid: str, tmp_path: Path) -> Claim:
@@ -176,7 +131,7 @@ def one(samples: list[Sample]) -> Sample:
 def test_promtool_accepts_the_shipped_rules_and_a_real_scrape_with_every_family(
     bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
     prepared_claim(bed, namespace, claim, uid, tmp_path)
     rules = promtool("check", "rules", str(RULES_FILE))
     assert rules.returncode == 0, rules.stdout + rules.stderr
@@ -194,7 +149,7 @@ def test_promtool_accepts_the_shipped_rules_and_a_real_scrape_with_every_family(
 def test_a_containers_usage_shows_within_one_scrape_and_goes_when_its_process_exits_or_is_killed(
     bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="8Gi", cores="30")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     limits = read_limits(bed.node.state_dir / "claims" / uid / "limits")
     assert limits is not None
@@ -253,7 +208,7 @@ def test_a_containers_usage_shows_within_one_scrape_and_goes_when_its_process_ex
 def test_a_capped_containers_utilisation_matches_the_simulated_gpus_own_figure(
     bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi", cores="30")
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi", cores="30")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     limits = read_limits(bed.node.state_dir / "claims" / uid / "limits")
     assert limits is not None
@@ -285,7 +240,7 @@ def test_a_capped_containers_utilisation_matches_the_simulated_gpus_own_figure(
 def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert(
     bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     process = hold(proc, 950 * 1024 * 1024)
     try:
