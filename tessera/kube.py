@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.client import ApiException
 
 
 def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
@@ -36,3 +38,15 @@ def raw_json(response: Any) -> dict[str, Any]:
     per object to build, which a prepare call answering within the kubelet's budget cannot spend."""
     body: dict[str, Any] = json.loads(response.data)
     return body
+
+
+def create_if_absent(create: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Call a client ``create_*`` method; an object that already exists (409 AlreadyExists) is
+    success, as for every idempotent writer here. Returns whether this call created it."""
+    try:
+        create(*args, **kwargs)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        return False
+    return True

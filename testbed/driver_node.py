@@ -11,7 +11,6 @@ kubelet-less fake Node objects (the tests then call the DRA socket themselves).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import shutil
@@ -26,14 +25,14 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client import ApiException
 
 from tessera.driver.config import DriverConfig
 from tessera.driver.health import dra_socket_answers
-from tessera.kube import api_client, raw_json
+from tessera.kube import api_client, create_if_absent, raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME
 from tessera.simgpu.config import GiB, NodeSpec, library_dir, make_gpus, process_env, write_config
 from tessera.simgpu.node import Node
+from tessera.testbed.accounts import service_account_token, token_kubeconfig
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.process import ManagedProcess, free_port
 
@@ -45,59 +44,19 @@ NAMESPACE = "tessera-system"
 ACCOUNT = "tessera-driver"
 
 
-def _create(call: Any, *args: Any) -> None:
-    """Create an object; one that exists already is fine (several nodes share the account)."""
-    try:
-        call(*args)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-
-
 def driver_kubeconfig(cluster: LocalCluster, node_name: str, path: Path) -> Path:
     """A kubeconfig for the daemon's service account, bound to the chart's ClusterRole rules only.
 
     The token is bound to the Node, so it carries the node's name as a DaemonSet pod's token does:
     the API server then lets it write claim status only for claims allocated on that node."""
-    kube = api_client(cluster.admin_kubeconfig)
-    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
-    rules = yaml.safe_load(RULES_FILE.read_text())
-    _create(core.create_namespace, {"metadata": {"name": NAMESPACE}})
-    _create(core.create_namespaced_service_account, NAMESPACE, {"metadata": {"name": ACCOUNT}})
-    _create(rbac.create_cluster_role, {"metadata": {"name": ACCOUNT}, "rules": rules})
-    _create(
-        rbac.create_cluster_role_binding,
-        {
-            "metadata": {"name": ACCOUNT},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ACCOUNT},
-            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
-        },
+    token = service_account_token(
+        api_client(cluster.admin_kubeconfig),
+        NAMESPACE,
+        ACCOUNT,
+        yaml.safe_load(RULES_FILE.read_text()),
+        bound_to={"apiVersion": "v1", "kind": "Node", "name": node_name},
     )
-    request = client.AuthenticationV1TokenRequest.model_validate(
-        {
-            "spec": {
-                "expirationSeconds": 86400,
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node_name},
-            }
-        }
-    )
-    status = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, request).status
-    assert status is not None
-    token = status.token
-    assert cluster.ca is not None, "cluster not started"
-    ca = base64.b64encode(cluster.ca.pair.cert.read_bytes()).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "local", "cluster": {"server": cluster.server, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": ACCOUNT}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return token_kubeconfig(cluster, token, ACCOUNT, path)
 
 
 def ensure_device_class(kube: client.ApiClient) -> None:
@@ -108,7 +67,9 @@ def ensure_device_class(kube: client.ApiClient) -> None:
         "metadata": {"name": DEVICE_CLASS},
         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER_NAME}'"}}]},
     }
-    _create(client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body))
+    create_if_absent(
+        client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
+    )
 
 
 class DriverNode:

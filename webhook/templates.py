@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client import ApiException
+
+from tessera.kube import create_if_absent
 
 
 class TemplateStore:
@@ -38,15 +39,12 @@ class TemplateStore:
         with self._lock:
             if self._known.get(key, -1.0) > now:
                 return False
-        try:
-            self._resource.create_namespaced_resource_claim_template(
-                namespace,
-                client.V1ResourceClaimTemplate.model_validate(dict(template)),
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if error.status != 409:
-                raise
+        create_if_absent(
+            self._resource.create_namespaced_resource_claim_template,
+            namespace,
+            client.V1ResourceClaimTemplate.model_validate(dict(template)),
+            _preload_content=False,
+        )
         with self._lock:
             self._known[key] = now + self._ttl
         return True

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.kube import raw_json
+from tessera.kube import create_if_absent, raw_json
 from tessera.quantity import GiB, quantity_to_int
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.commands import CommandError
@@ -256,11 +256,7 @@ def test_kube_system_the_release_namespace_and_pods_without_gpus_are_never_sent(
 ) -> None:
     core = client.CoreV1Api(kube)
     release = "tessera"
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release)))
-    except ApiException as error:
-        if error.status != 409:
-            raise
+    create_if_absent(core.create_namespace, client.V1Namespace(metadata=client.V1ObjectMeta(name=release)))
     sent_before = sum(
         bed.webhook.reviews(o) for o in ("ignored", "untouched", "converted", "denied", "error")
     )

@@ -13,6 +13,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.testbed.accounts import service_account_token, token_kubeconfig
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
@@ -26,43 +27,14 @@ CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"
 RULES_FILE = CHART_FILES / "webhook-rules.yaml"
 
 
-def _created(call: Any, *args: Any) -> None:
-    try:
-        call(*args)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-
-
 def webhook_token(kube: client.ApiClient, configuration_name: str) -> str:
     """A token of a service account bound to exactly the chart's webhook rules (with
     ``resourceNames`` set to this configuration's name), as the webhook's pod would have."""
-    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
-    namespace, account = "tessera", configuration_name
     rules = yaml.safe_load(RULES_FILE.read_text())
     for rule in rules:
         if "resourceNames" in rule:
             rule["resourceNames"] = [configuration_name]
-    _created(core.create_namespace, client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    _created(
-        core.create_namespaced_service_account,
-        namespace,
-        client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account)),
-    )
-    _created(
-        rbac.create_cluster_role,
-        client.V1ClusterRole.model_validate({"metadata": {"name": account}, "rules": rules}),
-    )
-    binding = {
-        "metadata": {"name": account},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-    }
-    _created(rbac.create_cluster_role_binding, client.V1ClusterRoleBinding.model_validate(binding))
-    request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 3600}})
-    status = core.create_namespaced_service_account_token(account, namespace, request).status
-    assert status is not None
-    return str(status.token)
+    return service_account_token(kube, "tessera", configuration_name, rules, expiration_seconds=3600)
 
 
 def webhook_api_client(
@@ -81,18 +53,7 @@ def webhook_kubeconfig(
     kube: client.ApiClient, cluster: LocalCluster, configuration_name: str, path: Path
 ) -> Path:
     """The same credentials as a kubeconfig file, for the ``tessera-webhook`` command."""
-    assert cluster.ca is not None
-    server = {"server": cluster.server, "certificate-authority": str(cluster.ca.pair.cert)}
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": server}],
-        "users": [{"name": "webhook", "user": {"token": webhook_token(kube, configuration_name)}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "webhook"}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return token_kubeconfig(cluster, webhook_token(kube, configuration_name), "webhook", path)
 
 
 def remove_account(kube: client.ApiClient, name: str) -> None:
