@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,12 +16,9 @@ from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
 from tessera.kube import api_client
 from tessera.names import METRICS_PORT
+from tessera.settings import repeated, setting, switch
 
 log = logging.getLogger("tessera.driver")
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,138 +30,110 @@ def parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--node-name", default=_env("NODE_NAME", ""), help="this node's name [env NODE_NAME]")
-    p.add_argument(
-        "--kubeconfig",
-        default=_env("KUBECONFIG", ""),
-        help="kubeconfig; in-cluster credentials when empty [env KUBECONFIG]",
-    )
-    p.add_argument(
+    setting(p, "--node-name", "NODE_NAME", "", "this node's name")
+    setting(p, "--kubeconfig", "KUBECONFIG", "", "kubeconfig; in-cluster credentials when empty")
+    setting(
+        p,
         "--kubelet-root",
-        default=_env("TESSERA_KUBELET_ROOT", "/var/lib/kubelet"),
-        help="the kubelet's root folder, holding plugins_registry/ and plugins/ [env TESSERA_KUBELET_ROOT]",
+        "TESSERA_KUBELET_ROOT",
+        "/var/lib/kubelet",
+        "the kubelet's root folder, holding plugins_registry/ and plugins/",
     )
-    p.add_argument(
+    setting(
+        p,
         "--cdi-dir",
-        default=_env("TESSERA_CDI_DIR", "/var/run/cdi"),
-        help="where claim CDI specs are written; the runtime must read it [env TESSERA_CDI_DIR]",
+        "TESSERA_CDI_DIR",
+        "/var/run/cdi",
+        "where claim CDI specs are written; the runtime must read it",
     )
-    p.add_argument(
-        "--state-dir",
-        default=_env("TESSERA_STATE_DIR", "/var/lib/tessera"),
-        help="claim folders and the checkpoint [env TESSERA_STATE_DIR]",
-    )
-    p.add_argument(
-        "--pod-uid",
-        default=_env("POD_UID", ""),
-        help="this pod's UID, for rolling-update socket names [env POD_UID]",
-    )
-    p.add_argument(
+    setting(p, "--state-dir", "TESSERA_STATE_DIR", "/var/lib/tessera", "claim folders and the checkpoint")
+    setting(p, "--pod-uid", "POD_UID", "", "this pod's UID, for rolling-update socket names")
+    setting(
+        p,
         "--driver-source",
+        "TESSERA_DRIVER_SOURCE",
+        "auto",
+        "how containers get device nodes and driver libraries: NVIDIA Container Toolkit's CDI devices, "
+        "our own mounts, or auto (the toolkit when its CDI spec exists)",
         choices=("auto", "own", "nvidia-toolkit"),
-        default=_env("TESSERA_DRIVER_SOURCE", "auto"),
-        help=(
-            "how containers get device nodes and driver libraries: NVIDIA Container Toolkit's CDI devices, "
-            "our own mounts, or auto (the toolkit when its CDI spec exists) [env TESSERA_DRIVER_SOURCE]"
-        ),
     )
-    p.add_argument(
+    setting(
+        p,
         "--driver-library-dir",
-        default=_env("TESSERA_DRIVER_LIBRARY_DIR", "/usr/lib/x86_64-linux-gnu"),
-        help="host folder with libcuda.so.1 and libnvidia-ml.so.1 [env TESSERA_DRIVER_LIBRARY_DIR]",
+        "TESSERA_DRIVER_LIBRARY_DIR",
+        "/usr/lib/x86_64-linux-gnu",
+        "host folder with libcuda.so.1 and libnvidia-ml.so.1",
     )
-    p.add_argument(
+    setting(
+        p,
         "--toolkit-library-dir",
-        default=_env("TESSERA_TOOLKIT_LIBRARY_DIR", "/usr/lib/x86_64-linux-gnu"),
-        help="where NVIDIA's toolkit mounts driver libraries in containers [env TESSERA_TOOLKIT_LIBRARY_DIR]",
+        "TESSERA_TOOLKIT_LIBRARY_DIR",
+        "/usr/lib/x86_64-linux-gnu",
+        "where NVIDIA's toolkit mounts driver libraries in containers",
     )
-    p.add_argument(
-        "--device-dir",
-        default=_env("TESSERA_DEVICE_DIR", "/dev"),
-        help="where the NVIDIA device nodes are [env TESSERA_DEVICE_DIR]",
-    )
-    p.add_argument(
+    setting(p, "--device-dir", "TESSERA_DEVICE_DIR", "/dev", "where the NVIDIA device nodes are")
+    repeated(
+        p,
         "--container-env",
-        action="append",
-        default=[e for e in _env("TESSERA_CONTAINER_ENV", "").split(",") if e],
-        metavar="NAME=VALUE",
-        help="extra environment for prepared containers; repeatable [env TESSERA_CONTAINER_ENV, a,b]",
+        "TESSERA_CONTAINER_ENV",
+        "extra environment for prepared containers",
+        "NAME=VALUE",
     )
-    p.add_argument(
+    repeated(
+        p,
         "--container-mount",
-        action="append",
-        default=[m for m in _env("TESSERA_CONTAINER_MOUNTS", "").split(",") if m],
-        metavar="PATH",
-        help=(
-            "extra host path mounted read-write at the same path in prepared containers; repeatable "
-            "[env TESSERA_CONTAINER_MOUNTS, a,b]"
-        ),
+        "TESSERA_CONTAINER_MOUNTS",
+        "extra host path mounted read-write at the same path in prepared containers",
+        "PATH",
     )
-    p.add_argument(
+    switch(
+        p,
         "--watch-claims",
-        action=argparse.BooleanOptionalAction,
-        default=_env("TESSERA_WATCH_CLAIMS", "true").lower() not in ("0", "false", "no"),
-        help="cache allocated ResourceClaims from a cluster-wide watch; off: one GET per prepared claim "
-        "[env TESSERA_WATCH_CLAIMS]",
+        "TESSERA_WATCH_CLAIMS",
+        True,
+        "cache allocated ResourceClaims from a cluster-wide watch; off: one GET per prepared claim",
     )
-    p.add_argument(
+    setting(
+        p,
         "--boot-id-file",
-        default=_env("TESSERA_BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"),
-        help="the node's boot ID; claims are prepared again after it changes [env TESSERA_BOOT_ID_FILE]",
+        "TESSERA_BOOT_ID_FILE",
+        "/proc/sys/kernel/random/boot_id",
+        "the node's boot ID; claims are prepared again after it changes",
     )
-    p.add_argument(
-        "--health-interval",
-        type=float,
-        default=float(_env("TESSERA_HEALTH_INTERVAL", "2")),
-        help="seconds between NVML health polls [env TESSERA_HEALTH_INTERVAL]",
+    setting(
+        p, "--health-interval", "TESSERA_HEALTH_INTERVAL", 2.0, "seconds between NVML health polls", float
     )
-    p.add_argument(
+    setting(
+        p,
         "--cleanup-interval",
-        type=float,
-        default=float(_env("TESSERA_CLEANUP_INTERVAL", "60")),
-        help="seconds between sweeps for prepared claims the API has not [env TESSERA_CLEANUP_INTERVAL]",
+        "TESSERA_CLEANUP_INTERVAL",
+        60.0,
+        "seconds between sweeps for prepared claims the API has not",
+        float,
     )
-    p.add_argument(
+    setting(
+        p,
         "--resync-interval",
-        type=float,
-        default=float(_env("TESSERA_RESYNC_INTERVAL", "30")),
-        help="seconds between full ResourceSlice checks (changes act at once) [env TESSERA_RESYNC_INTERVAL]",
+        "TESSERA_RESYNC_INTERVAL",
+        30.0,
+        "seconds between full ResourceSlice checks (changes act at once)",
+        float,
     )
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=int(_env("TESSERA_HEALTH_PORT", "0")),
-        help="port for /healthz and /readyz; 0 turns them off [env TESSERA_HEALTH_PORT]",
+    setting(
+        p, "--health-port", "TESSERA_HEALTH_PORT", 0, "port for /healthz and /readyz; 0 turns them off", int
     )
-    p.add_argument(
-        "--health-address",
-        default=_env("TESSERA_HEALTH_ADDRESS", "0.0.0.0"),
-        help="address for the health endpoints [env TESSERA_HEALTH_ADDRESS]",
-    )
-    p.add_argument(
+    setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
+    setting(
+        p,
         "--metrics-port",
-        type=int,
-        default=int(_env("TESSERA_METRICS_PORT", str(METRICS_PORT))),
-        help="port for Prometheus /metrics (per-container and per-GPU series); 0 turns the exporter off "
-        "[env TESSERA_METRICS_PORT]",
+        "TESSERA_METRICS_PORT",
+        METRICS_PORT,
+        "port for Prometheus /metrics (per-container and per-GPU series); 0 turns the exporter off",
+        int,
     )
-    p.add_argument(
-        "--metrics-address",
-        default=_env("TESSERA_METRICS_ADDRESS", "0.0.0.0"),
-        help="address for /metrics [env TESSERA_METRICS_ADDRESS]",
-    )
-    p.add_argument(
-        "--log-level",
-        default=_env("TESSERA_LOG_LEVEL", "info"),
-        choices=("debug", "info", "warning", "error"),
-        help="[env TESSERA_LOG_LEVEL]",
-    )
-    p.add_argument(
-        "--log-format",
-        default=_env("TESSERA_LOG_FORMAT", "text"),
-        choices=("text", "json"),
-        help="[env TESSERA_LOG_FORMAT]",
-    )
+    setting(p, "--metrics-address", "TESSERA_METRICS_ADDRESS", "0.0.0.0", "address for /metrics")
+    setting(p, "--log-level", "TESSERA_LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
+    setting(p, "--log-format", "TESSERA_LOG_FORMAT", "text", "", choices=("text", "json"))
     return p
 
 

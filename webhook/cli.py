@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from kubernetes import client
 
 from tessera import logs
 from tessera.kube import api_client
+from tessera.settings import setting
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
@@ -24,8 +24,8 @@ from tessera.webhook.tls import Certificates, FileCertificates, SelfManagedCerti
 log = logging.getLogger("tessera.webhook")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"TESSERA_WEBHOOK_{name}", default)
+def _optional_path(value: str) -> Path | None:
+    return Path(value) if value else None
 
 
 def _list(value: str) -> list[str]:
@@ -40,73 +40,70 @@ def parser() -> argparse.ArgumentParser:
         "ResourceClaimTemplates of the gpu.tessera.dev DRA driver, and denies requests that can never "
         "be met. Every flag can also be set with the environment variable shown.",
     )
-    p.add_argument(
-        "--bind-address", default=_env("BIND_ADDRESS", "0.0.0.0"), help="[env TESSERA_WEBHOOK_BIND_ADDRESS]"
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=int(_env("PORT", "8443")),
-        help="HTTPS port of /mutate [env TESSERA_WEBHOOK_PORT]",
-    )
-    p.add_argument(
+    env = "TESSERA_WEBHOOK_"
+    setting(p, "--bind-address", env + "BIND_ADDRESS", "0.0.0.0", "address of /mutate")
+    setting(p, "--port", env + "PORT", 8443, "HTTPS port of /mutate", int)
+    setting(
+        p,
         "--metrics-port",
-        type=int,
-        default=int(_env("METRICS_PORT", "8080")),
-        help="plain HTTP port of /metrics, /healthz and /readyz; -1 turns it off "
-        "[env TESSERA_WEBHOOK_METRICS_PORT]",
+        env + "METRICS_PORT",
+        8080,
+        "plain HTTP port of /metrics, /healthz and /readyz; -1 turns it off",
+        int,
     )
-    p.add_argument(
+    setting(
+        p,
         "--tls-dir",
-        type=Path,
-        default=Path(_env("TLS_DIR", "")) if _env("TLS_DIR", "") else None,
-        help="folder with tls.crt and tls.key (a mounted cert-manager secret), reloaded when they change; "
-        "without it the webhook makes and rotates its own CA [env TESSERA_WEBHOOK_TLS_DIR]",
+        env + "TLS_DIR",
+        None,
+        "folder with tls.crt and tls.key (a mounted cert-manager secret), reloaded when they change; "
+        "without it the webhook makes and rotates its own CA",
+        _optional_path,
     )
-    p.add_argument(
+    setting(
+        p,
         "--dns-names",
-        type=_list,
-        default=_list(_env("DNS_NAMES", "")),
-        help="comma-separated DNS names for the self-made serving certificate, e.g. "
-        "tessera-webhook.tessera.svc [env TESSERA_WEBHOOK_DNS_NAMES]",
+        env + "DNS_NAMES",
+        [],
+        "comma-separated DNS names for the self-made serving certificate, e.g. tessera-webhook.tessera.svc",
+        _list,
     )
-    p.add_argument(
+    setting(
+        p,
         "--ip-addresses",
-        type=_list,
-        default=_list(_env("IP_ADDRESSES", "")),
-        help="comma-separated IP addresses for the self-made serving certificate "
-        "[env TESSERA_WEBHOOK_IP_ADDRESSES]",
+        env + "IP_ADDRESSES",
+        [],
+        "comma-separated IP addresses for the self-made serving certificate",
+        _list,
     )
-    p.add_argument(
+    setting(
+        p,
         "--webhook-configuration",
-        default=_env("CONFIGURATION", ""),
-        help="MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA "
-        "[env TESSERA_WEBHOOK_CONFIGURATION]",
+        env + "CONFIGURATION",
+        "",
+        "MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA",
     )
-    p.add_argument(
+    setting(
+        p,
         "--certificate-check-interval",
-        type=float,
-        default=float(_env("CERTIFICATE_CHECK_INTERVAL", "60")),
-        help="seconds between checks for new certificate files, rotation and the caBundle "
-        "[env TESSERA_WEBHOOK_CERTIFICATE_CHECK_INTERVAL]",
+        env + "CERTIFICATE_CHECK_INTERVAL",
+        60.0,
+        "seconds between checks for new certificate files, rotation and the caBundle",
+        float,
     )
-    p.add_argument(
+    setting(
+        p,
         "--template-ttl",
-        type=float,
-        default=float(_env("TEMPLATE_TTL", "300")),
-        help="seconds a template is known to exist before the next pod checks again "
-        "[env TESSERA_WEBHOOK_TEMPLATE_TTL]",
+        env + "TEMPLATE_TTL",
+        300.0,
+        "seconds a template is known to exist before the next pod checks again",
+        float,
     )
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="[env TESSERA_WEBHOOK_LOG_LEVEL]")
-    p.add_argument(
-        "--log-format",
-        default=_env("LOG_FORMAT", "text"),
-        choices=("text", "json"),
-        help="[env TESSERA_WEBHOOK_LOG_FORMAT]",
-    )
+    setting(p, "--log-level", env + "LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
+    setting(p, "--log-format", env + "LOG_FORMAT", "text", "", choices=("text", "json"))
     return p
 
 

@@ -28,6 +28,7 @@ def test_the_webhook_imports_only_shared_helpers_and_itself() -> None:
         "tessera.watching",
         "tessera.kube",
         "tessera.logs",
+        "tessera.settings",
     )
     for source in sorted(WEBHOOK.glob("*.py")):
         ours = {name for name in imported_modules(source) if name.startswith("tessera")}
