@@ -53,6 +53,7 @@ COMPONENTS: dict[str, Component] = {
         Component("cri-tools", "CRI_TOOLS_VERSION", ("crictl",)),
         Component("cni-plugins", "CNI_PLUGINS_VERSION", ("bridge", "host-local")),
         Component("prometheus", "PROMETHEUS_VERSION", ("prometheus", "promtool")),
+        Component("kueue", "KUEUE_VERSION", ("kueue",)),
     )
 }
 

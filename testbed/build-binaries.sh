@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the third-party programs the test bed runs (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, etcd, helm; containerd, ctr, runc, crictl and CNI plugins for real
-# nodes; prometheus and promtool for the metrics tests) from the Go module proxy, at the versions
+# nodes; prometheus and promtool for the metrics tests; kueue and its manifests for queue admission) from the Go module proxy, at the versions
 # pinned in versions.env, into a cache outside the repository keyed by version:
 #     ${TESSERA_CACHE:-~/.cache/tessera}/bin/<component>-<version>/<binary>
 # A component whose binaries are all present is not rebuilt. Each component is built in a scratch
@@ -9,7 +9,7 @@
 # half-filled cache entry behind.
 #
 # Usage: build-binaries.sh [kubernetes] [etcd] [helm] [containerd] [runc] [cri-tools] [cni-plugins]
-#                          [prometheus]   (default: all)
+#                          [prometheus] [kueue]   (default: all)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -191,6 +191,29 @@ build_prometheus() {
     "$cmd/prometheus@$v" "$cmd/promtool@$v"
 }
 
+build_kueue() {
+  local v=$KUEUE_VERSION
+  local dest=$bin_root/kueue-$v
+  if complete "$dest" kueue && [[ -s $dest/manifests/webhook.yaml ]]; then
+    log "kueue $v: cached in $dest"; return
+  fi
+  local scratch
+  make_scratch "kueue-$v"
+  log "kueue $v: building (cold: several minutes on 2 cores)"
+  GOBIN=$scratch go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" \
+    "sigs.k8s.io/kueue/cmd/kueue@$v"
+  # The CRDs and the webhook manifest ship in the module zip; keep a copy beside the binary so the
+  # cache entry is self-contained (the module cache may be cleaned independently).
+  local src
+  src=$(go env GOMODCACHE)/sigs.k8s.io/kueue@$v/config/components
+  mkdir -p "$scratch/manifests/crds"
+  cp "$src"/crd/bases/*.yaml "$scratch/manifests/crds/"
+  cp "$src/webhook/manifests.yaml" "$scratch/manifests/webhook.yaml"
+  chmod -R u+w "$scratch/manifests"
+  publish "kueue-$v" "$scratch"
+  log "kueue $v: done"
+}
+
 build_cni_plugins() {
   local v=$CNI_PLUGINS_VERSION
   local p=github.com/containernetworking/plugins/plugins
@@ -198,7 +221,7 @@ build_cni_plugins() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd helm kubernetes containerd runc cri-tools cni-plugins prometheus)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd helm kubernetes containerd runc cri-tools cni-plugins prometheus kueue)
 for c in "${components[@]}"; do
   case $c in
     kubernetes) build_kubernetes ;;
@@ -209,9 +232,10 @@ for c in "${components[@]}"; do
     cri-tools) build_cri_tools ;;
     cni-plugins) build_cni_plugins ;;
     prometheus) build_prometheus ;;
+    kueue) build_kueue ;;
     *)
       echo "build-binaries.sh: unknown component '$c'" \
-        "(known: kubernetes etcd helm containerd runc cri-tools cni-plugins prometheus)" >&2
+        "(known: kubernetes etcd helm containerd runc cri-tools cni-plugins prometheus kueue)" >&2
       exit 2 ;;
   esac
 done
