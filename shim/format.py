@@ -1,9 +1,9 @@
 """The limits file and the usage region, through the shim's own C code (cffi).
 
 The driver writes a claim's limits with :func:`write_limits` and creates its usage region with
-:func:`create_region`; the exporter reads usage with :func:`read_region`. The text and binary
-layouts are defined once, in ``shim/include/tessera_shim.h``, and parsed and produced by the same
-functions the shim links, so the two sides cannot drift apart.
+:func:`create_region`; the exporter reads usage through a :class:`UsageRegion` it keeps open.
+The text and binary layouts are defined once, in ``shim/include/tessera_shim.h``, and parsed and
+produced by the same functions the shim links, so the two sides cannot drift apart.
 """
 
 from __future__ import annotations
@@ -152,17 +152,43 @@ class RegionSnapshot:
     processes: list[ProcessUsage] = field(default_factory=list)
 
 
-def read_region(path: Path, reap: bool = True) -> RegionSnapshot:
-    """What the claim uses now. With ``reap`` (the default), dead processes' usage is released
-    first, so the snapshot never counts a process that is gone."""
-    h = _ffi.new("struct tessera_region_handle *")
-    err = _err()
-    if _lib.tessera_region_open(str(path).encode(), h, err, 600) != 0:
-        raise RegionError(_ffi.string(err).decode())
-    try:
+class UsageRegion:
+    """A claim's usage region, mapped until :meth:`close`: a reader that looks again and again
+    (the exporter, at every scrape) keeps one open rather than mapping the file each time.
+
+    The region file is made once per claim and never replaced, so a mapping stays the claim's
+    for as long as the claim exists. The reader holds no slot, so keeping it open takes nothing
+    from the claim's processes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle = _ffi.new("struct tessera_region_handle *")
+        err = _err()
+        if _lib.tessera_region_open(str(path).encode(), self._handle, err, 600) != 0:
+            raise RegionError(_ffi.string(err).decode())
+        self._open = True
+
+    def __enter__(self) -> UsageRegion:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unmap the region. Safe to call twice."""
+        if self._open:
+            _lib.tessera_region_close(self._handle)
+            self._open = False
+
+    def snapshot(self, reap: bool = True) -> RegionSnapshot:
+        """What the claim uses now. With ``reap`` (the default), dead processes' usage is released
+        first, so the snapshot never counts a process that is gone."""
+        if not self._open:
+            raise RegionError(f"{self.path}: region closed")
         if reap:
-            _lib.tessera_region_reap(h)
-        r = h.map
+            _lib.tessera_region_reap(self._handle)
+        r = self._handle.map
         gpus: list[tuple[int, str]] = []
         for g in range(MAX_GPUS):
             if r.gpus[g].state == _lib.TESSERA_GPU_READY:
@@ -185,5 +211,9 @@ def read_region(path: Path, reap: bool = True) -> RegionSnapshot:
             used = {uuid: int(s.used[g]) for g, uuid in gpus}
             processes.append(ProcessUsage(int(s.pid), int(s.start_time), used))
         return RegionSnapshot(usage, processes)
-    finally:
-        _lib.tessera_region_close(h)
+
+
+def read_region(path: Path, reap: bool = True) -> RegionSnapshot:
+    """One look at a claim's usage region (see :meth:`UsageRegion.snapshot`)."""
+    with UsageRegion(path) as region:
+        return region.snapshot(reap)

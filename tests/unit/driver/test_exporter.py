@@ -7,6 +7,7 @@ prometheus_client's own text output and parser."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -320,6 +321,26 @@ def test_a_process_is_known_by_its_innermost_pid_and_start_time_whatever_its_nam
     assert found.region_file == (region.stat().st_dev, region.stat().st_ino)
     assert start_time(bed.proc, 99) is None
     assert process_of(bed.proc, 99, 1) is None
+
+
+def mapped(path: Path) -> bool:
+    """Whether this process maps ``path`` now (a kept region shows in /proc/self/maps)."""
+    return any(line.split(maxsplit=5)[-1].startswith(str(path)) for line in Path("/proc/self/maps").open())
+
+
+def test_a_claims_region_stays_mapped_while_prepared_and_is_unmapped_once_its_folder_goes(
+    bed: Bed,
+) -> None:
+    g = bed.gpus[0]
+    folder = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    labels = container("ns", "p1", "main", "c1", g)
+    for _ in range(3):
+        assert values(bed.scrape(), "tessera_container_gpu_memory_limit_bytes") == {labels: 8 * GiB}
+    assert mapped(folder / "usage")
+    shutil.rmtree(folder)
+    assert values(bed.scrape(), "tessera_container_gpu_memory_limit_bytes") == {}
+    assert not mapped(folder / "usage")
 
 
 def test_damaged_claim_folders_are_skipped_and_counted_without_failing_the_scrape(bed: Bed) -> None:
