@@ -51,6 +51,7 @@ CUDA_SOURCES = [
     "log.c",
     "real.c",
     "ptrtable.c",
+    "keylock.c",
     "shim_state.c",
     "memory.c",
     "pools.c",

@@ -70,10 +70,16 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
     headers = [REPO / "include" / "cuda-abi", SIMGPU_TEST_HEADERS / "simgpu_test.h"]
     jobs = {
         "shim_probe": (["-ldl", "-lpthread"], []),
+        "shim_stress": (["-ldl", "-lpthread"], []),
         "shim_linked": ([f"-L{cuda_link_dir}", "-lcuda", "-ldl"], []),
         "libfakecu.so": ([], ["-shared", "-fPIC"]),
     }
-    sources = {"shim_probe": "shim_probe.c", "shim_linked": "shim_linked.c", "libfakecu.so": "fake_cu.c"}
+    sources = {
+        "shim_probe": "shim_probe.c",
+        "shim_stress": "shim_stress.c",
+        "shim_linked": "shim_linked.c",
+        "libfakecu.so": "fake_cu.c",
+    }
     for name, (libs, pre) in jobs.items():
         src = PROGRAM_SOURCES / sources[name]
         target = out / name

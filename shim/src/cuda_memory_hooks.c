@@ -2,12 +2,15 @@
  * CUDA entry points that take, give back or report device memory. Allocations reserve their
  * bytes in the usage region before the real call and return them if it fails; frees look the
  * pointer up in the O(1) table, remove it before the real call (so a concurrent allocation that
- * gets the same address cannot be confused with it) and give the bytes back once the driver has
- * freed. Pointers the shim did not charge (allocated while unlimited, imported, ...) pass through.
+ * gets the same address cannot be confused with it) and give the bytes back only if the driver
+ * freed. keylock.h orders frees of one key, and stale frees with allocations in flight, so that
+ * the refund follows the driver's answer whichever of several racing calls gets it. Pointers the
+ * shim did not charge (allocated while unlimited, imported, ...) pass through.
  */
 #include <string.h>
 
 #include "capture.h"
+#include "keylock.h"
 #include "log.h"
 #include "memory.h"
 #include "pools.h"
@@ -256,7 +259,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         shim_charge_abort(&c);
         return rc;
     }
-    if (c.gpu >= 0) {
+    if (c.gated) {
         uint64_t id = __atomic_fetch_add(&next_vmm_id, 1, __ATOMIC_RELAXED);
         struct shim_entry h = {.key = *handle, .peer = id, .kind = SHIM_KIND_HANDLE, .gpu = -1};
         shim_table_put(&h);
@@ -266,21 +269,35 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     return rc;
 }
 
+/* A VMM allocation loses a reference (its handle released, or a mapping unmapped). */
+static void vmm_unref(uint64_t id)
+{
+    struct shim_entry a;
+    if (shim_table_add_refs(SHIM_KIND_VMM, id, -1, &a) && a.refs == 0)
+        shim_uncharge(&a);
+}
+
 SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL_OR_NOT_FOUND(cuMemRelease);
+    if (!shim.memory_limited)
+        return shim_real.cuMemRelease(handle);
+    shim_key_lock(SHIM_KIND_HANDLE, handle);
     struct shim_entry h;
     bool tracked = shim_table_take(SHIM_KIND_HANDLE, handle, &h);
-    CUresult rc = shim_real.cuMemRelease(handle);
-    if (!tracked)
-        return rc;
-    if (rc != CUDA_SUCCESS) {
-        shim_table_put(&h);
-        return rc;
+    bool closed = !tracked;
+    if (closed) { /* maybe a handle being recorded: wait for it */
+        shim_gate_close();
+        tracked = shim_table_take(SHIM_KIND_HANDLE, handle, &h);
     }
-    struct shim_entry a;
-    if (shim_table_add_refs(SHIM_KIND_VMM, h.peer, -1, &a) && a.refs == 0)
-        shim_uncharge(&a);
+    CUresult rc = shim_real.cuMemRelease(handle);
+    if (tracked && rc != CUDA_SUCCESS)
+        shim_table_put(&h);
+    else if (tracked)
+        vmm_unref(h.peer);
+    if (closed)
+        shim_gate_open();
+    shim_key_unlock(SHIM_KIND_HANDLE, handle);
     return rc;
 }
 
@@ -288,40 +305,63 @@ SHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                               CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     REAL_OR_NOT_FOUND(cuMemMap);
+    if (!shim.memory_limited)
+        return shim_real.cuMemMap(ptr, size, offset, handle, flags);
+    shim_gate_enter();
     CUresult rc = shim_real.cuMemMap(ptr, size, offset, handle, flags);
     struct shim_entry h;
     if (rc == CUDA_SUCCESS && shim_table_get(SHIM_KIND_HANDLE, handle, &h) &&
         shim_table_add_refs(SHIM_KIND_VMM, h.peer, +1, NULL)) {
         struct shim_entry m = {.key = key_of(ptr), .bytes = size, .peer = h.peer,
                                .kind = SHIM_KIND_MAPPING, .gpu = -1};
+        struct shim_entry stale;
+        if (shim_table_take(SHIM_KIND_MAPPING, m.key, &stale))
+            vmm_unref(stale.peer); /* the driver mapped the address again: the old one is gone */
         shim_table_put(&m);
     }
+    shim_gate_leave();
     return rc;
 }
 
-SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+/* Take out the mappings that [ptr, ptr + size) covers, at most `max`. */
+static int take_mappings(CUdeviceptr ptr, size_t size, struct shim_entry *taken, int max)
 {
-    REAL_OR_NOT_FOUND(cuMemUnmap);
-    /* The range covers whole mappings (CUDA requires it): take them out first, so a mapping
-     * another thread makes at a freed address right after is not mistaken for one of them. */
-    enum { MAX_TAKEN = 64 };
-    struct shim_entry taken[MAX_TAKEN];
     int n = 0;
-    for (uint64_t at = key_of(ptr); at < key_of(ptr) + size && n < MAX_TAKEN;) {
+    for (uint64_t at = key_of(ptr); at < key_of(ptr) + size && n < max;) {
         if (!shim_table_take(SHIM_KIND_MAPPING, at, &taken[n]))
             break;
         at += taken[n].bytes > 0 ? taken[n].bytes : 1;
         n++;
     }
+    return n;
+}
+
+SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL_OR_NOT_FOUND(cuMemUnmap);
+    if (!shim.memory_limited)
+        return shim_real.cuMemUnmap(ptr, size);
+    /* The range covers whole mappings (CUDA requires it): take them out first, so a mapping
+     * another thread makes at a freed address right after is not mistaken for one of them. */
+    enum { MAX_TAKEN = 64 };
+    struct shim_entry taken[MAX_TAKEN];
+    shim_key_lock(SHIM_KIND_MAPPING, key_of(ptr));
+    int n = take_mappings(ptr, size, taken, MAX_TAKEN);
+    bool closed = n == 0;
+    if (closed) { /* maybe a mapping being recorded: wait for it */
+        shim_gate_close();
+        n = take_mappings(ptr, size, taken, MAX_TAKEN);
+    }
     CUresult rc = shim_real.cuMemUnmap(ptr, size);
+    if (closed)
+        shim_gate_open();
+    shim_key_unlock(SHIM_KIND_MAPPING, key_of(ptr));
     for (int i = 0; i < n; i++) {
         if (rc != CUDA_SUCCESS) {
             shim_table_put(&taken[i]);
             continue;
         }
-        struct shim_entry a;
-        if (shim_table_add_refs(SHIM_KIND_VMM, taken[i].peer, -1, &a) && a.refs == 0)
-            shim_uncharge(&a);
+        vmm_unref(taken[i].peer);
     }
     return rc;
 }
@@ -386,22 +426,44 @@ SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCR
 
 /* ------------------------------------------------------------------ frees --------------- */
 
-/* Take the entry out, call the real free, give the bytes back if it freed (else put it back).
- * `into_pool`: a stream-ordered free, whose memory stays in its pool's cache (pools.h). */
+/* Settle a free of entry `e` by the driver's answer `rc`: give the bytes back if it freed, else
+ * put the entry back. `into_pool`: a stream-ordered free, whose memory stays in its pool's cache
+ * (pools.h). */
+static void settle_free(const struct shim_entry *e, CUresult rc, bool into_pool)
+{
+    if (rc != CUDA_SUCCESS)
+        shim_table_put(e);
+    else if ((into_pool || e->pool != 0) && e->gpu >= 0)
+        shim_pools_freed(e->device, e->bytes, e->pool);
+    else
+        shim_uncharge(e);
+}
+
+/* Take the entry out, call the real free, settle by its answer (keylock.h orders it with the
+ * other calls on the key). A key the table does not hold is looked up again once allocations in
+ * flight are recorded, and freed while none can be. */
 static CUresult free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)(void *),
                              void *arg, bool into_pool)
 {
+    if (!shim.memory_limited)
+        return call(arg);
     struct shim_entry e;
-    bool tracked = shim.memory_limited && shim_table_take(kind, key, &e);
+    shim_key_lock(kind, key);
+    bool tracked = shim_table_take(kind, key, &e);
+    bool closed = !tracked;
+    if (closed) {
+        shim_gate_close();
+        tracked = shim_table_take(kind, key, &e);
+    }
     CUresult rc = call(arg);
-    if (!tracked)
-        return rc;
-    if (rc != CUDA_SUCCESS)
-        shim_table_put(&e);
-    else if ((into_pool || e.pool != 0) && e.gpu >= 0)
-        shim_pools_freed(e.device, e.bytes, e.pool);
-    else
-        shim_uncharge(&e);
+    if (tracked)
+        settle_free(&e, rc, into_pool);
+    else if (rc == CUDA_SUCCESS)
+        SHIM_DEBUG("the driver freed %#llx, which the shim had not recorded",
+                   (unsigned long long)key);
+    if (closed)
+        shim_gate_open();
+    shim_key_unlock(kind, key);
     return rc;
 }
 

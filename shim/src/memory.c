@@ -1,6 +1,7 @@
 /* Device-memory accounting (memory.h). */
 #include "memory.h"
 
+#include "keylock.h"
 #include "log.h"
 #include "pools.h"
 
@@ -15,19 +16,21 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
     c->limit = TESSERA_NO_MEMORY_LIMIT;
     c->ctx = NULL;
     c->pool = 0;
+    c->gated = false;
     shim_init();
-    if (SHIM_LIKELY(!shim.memory_limited) || !shim_devices_ready())
+    if (SHIM_LIKELY(!shim.memory_limited))
         return CUDA_SUCCESS;
     int current = -1;
-    bool have_ctx = shim_current_device(&current, &c->ctx);
-    if (dev < 0) {
-        if (!have_ctx)
-            return CUDA_SUCCESS; /* no context: the real call fails on its own */
-        dev = current;
-    }
-    const struct shim_device *d = shim_device(dev);
-    if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT)
+    bool have_ctx = shim_devices_ready() && shim_current_device(&current, &c->ctx);
+    if (dev < 0)
+        dev = current; /* no context: the real call fails on its own */
+    const struct shim_device *d = have_ctx || dev >= 0 ? shim_device(dev) : NULL;
+    if (d == NULL || d->memory_limit == TESSERA_NO_MEMORY_LIMIT) {
+        c->device = dev;
+        shim_gate_enter();
+        c->gated = true;
         return CUDA_SUCCESS;
+    }
     if (!shim_slot())
         return CUDA_ERROR_OUT_OF_MEMORY;
     tessera_region_maybe_reap(&shim.region, REAP_INTERVAL_NS);
@@ -44,7 +47,16 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
     c->device = dev;
     c->bytes = bytes;
     c->limit = d->memory_limit;
+    shim_gate_enter();
+    c->gated = true;
     return CUDA_SUCCESS;
+}
+
+static void leave_gate(struct shim_charge *c)
+{
+    if (c->gated)
+        shim_gate_leave();
+    c->gated = false;
 }
 
 bool shim_charge_resize(struct shim_charge *c, uint64_t bytes)
@@ -68,14 +80,21 @@ void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes)
 
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key)
 {
-    if (c->gpu < 0)
+    if (!c->gated)
         return;
-    struct shim_entry e = {.key = key, .bytes = c->bytes, .peer = (uint64_t)(uintptr_t)c->ctx,
-                           .pool = c->pool,
-                           .gpu = c->gpu, .device = c->device, .kind = (uint8_t)kind, .refs = 1};
+    struct shim_entry e = {.key = key, .bytes = c->gpu >= 0 ? c->bytes : 0,
+                           .peer = (uint64_t)(uintptr_t)c->ctx, .pool = c->pool, .gpu = c->gpu,
+                           .device = c->device, .kind = (uint8_t)kind, .refs = 1};
+    struct shim_entry stale;
+    if (shim_table_take((enum shim_kind)kind, key, &stale)) {
+        SHIM_DEBUG("the driver handed out %#llx again: its old record is given back",
+                   (unsigned long long)key);
+        shim_uncharge(&stale);
+    }
     if (shim_table_put(&e) != 0)
         SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
-                   (unsigned long long)c->bytes);
+                   (unsigned long long)e.bytes);
+    leave_gate(c);
 }
 
 void shim_charge_abort(struct shim_charge *c)
@@ -83,6 +102,7 @@ void shim_charge_abort(struct shim_charge *c)
     if (c->gpu >= 0)
         tessera_region_release(&shim.region, c->gpu, c->bytes);
     c->gpu = -1;
+    leave_gate(c);
 }
 
 void shim_uncharge(const struct shim_entry *e)

@@ -19,11 +19,14 @@ struct shim_charge {
     uint64_t limit;
     CUcontext ctx;
     uint64_t pool; /* the pool allocated from (pools.c's id), 0: none */
+    bool gated;    /* holds the allocation gate (keylock.h) until committed or aborted */
 };
 
 /* Reserve `bytes` on device `dev` (-1: the current context's device). CUDA_SUCCESS, or
  * CUDA_ERROR_OUT_OF_MEMORY if the claim's limit would be exceeded even after the process's
- * memory pools on the device gave back what they cache (pools.h). */
+ * memory pools on the device gave back what they cache (pools.h). While a memory limit is in
+ * force a begun charge holds the allocation gate (keylock.h) until it is committed or aborted:
+ * call the driver between the two, and nothing that begins another charge. */
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes);
 
 /* Change the reservation to `bytes` (the driver reported the real size). Returns false (and
@@ -34,7 +37,10 @@ bool shim_charge_resize(struct shim_charge *c, uint64_t bytes);
  * charge keeps the rest and the claim's total is unchanged. */
 void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes);
 
-/* The real call succeeded: remember that `key` holds the reservation. */
+/* The real call succeeded: remember that `key` holds the reservation (while a memory limit is
+ * in force, also when nothing was charged, so that its free is known to be a valid one). An
+ * entry the table still held for `key` is stale (the driver handed the key out again): it is
+ * given back. */
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key);
 
 /* The real call failed: give the reservation back. */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "compute.h"
+#include "keylock.h"
 #include "log.h"
 #include "pools.h"
 #include "ptrtable.h"
@@ -42,12 +43,14 @@ static void prepare_fork(void)
     pthread_mutex_lock(&init_mu);
     pthread_mutex_lock(&slot_mu);
     shim_compute_prepare_fork();
+    shim_keylock_prepare_fork();
     shim_table_prepare_fork();
 }
 
 static void parent_after_fork(void)
 {
     shim_table_parent_after_fork();
+    shim_keylock_parent_after_fork();
     shim_compute_parent_after_fork();
     pthread_mutex_unlock(&slot_mu);
     pthread_mutex_unlock(&init_mu);
@@ -59,6 +62,7 @@ static void child_after_fork(void)
     init_mu = fresh;
     slot_mu = fresh;
     shim_table_child_after_fork();
+    shim_keylock_child_after_fork();
     shim_pools_child_after_fork();
     shim_compute_child_after_fork();
     if (shim.region.map != NULL)
@@ -176,6 +180,20 @@ static void uuid_string(const CUuuid *u, char *out, size_t n)
              b[14], b[15]);
 }
 
+/* Loud when a limit cannot apply: a GPU of the limits file that no CUDA device of this process
+ * is (another node's GPU, a stale file, or one CUDA_VISIBLE_DEVICES hides) limits nothing here. */
+static void warn_unmatched(const bool *matched, int count)
+{
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    for (uint32_t j = 0; j < shim.limits.count; j++) {
+        if (matched[j])
+            continue;
+        SHIM_WARN("the limits file names GPU %s, which is none of the %d CUDA devices this "
+                  "process sees (CUDA_VISIBLE_DEVICES=%s): its limits apply to nothing here",
+                  shim.limits.gpus[j].uuid, count, visible != NULL ? visible : "unset");
+    }
+}
+
 bool shim_devices_ready(void)
 {
     if (SHIM_LIKELY(__atomic_load_n(&shim.device_count, __ATOMIC_ACQUIRE) >= 0))
@@ -188,6 +206,7 @@ bool shim_devices_ready(void)
     if (shim.device_count < 0) {
         if (count > SHIM_MAX_DEVICES)
             count = SHIM_MAX_DEVICES;
+        bool matched[TESSERA_MAX_GPUS] = {false};
         for (int i = 0; i < count; i++) {
             struct shim_device *d = &shim.devices[i];
             d->gpu = -1;
@@ -205,6 +224,7 @@ bool shim_devices_ready(void)
                 const struct tessera_gpu_limit *g = &shim.limits.gpus[j];
                 if (strcasecmp(g->uuid, d->uuid) != 0)
                     continue;
+                matched[j] = true;
                 d->gpu = limit_gpu[j];
                 d->memory_limit = g->memory_bytes;
                 d->cores = g->cores >= 100 ? 0 : g->cores;
@@ -212,6 +232,8 @@ bool shim_devices_ready(void)
             SHIM_DEBUG("CUDA device %d is %s: %s", i, d->uuid,
                        d->gpu >= 0 ? "limited" : "not in the limits file");
         }
+        if (shim.limited)
+            warn_unmatched(matched, count);
         __atomic_store_n(&shim.device_count, count, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&init_mu);

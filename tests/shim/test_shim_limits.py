@@ -179,3 +179,40 @@ def test_log_level_and_summary(make_claim: ClaimFactory) -> None:
     assert quiet.run("shim_probe", "info").stderr == ""
     noisy = make_claim(name="noisy", log_level="verbose")
     assert "is not error|warn|info|debug" in noisy.run("shim_probe", "info").stderr
+
+
+def test_a_gpu_the_process_cannot_see_is_reported_once(
+    make_claim: ClaimFactory, simulated_only: None
+) -> None:
+    """A UUID in the limits file that matches no CUDA device of the process limits nothing there:
+    at the default log level the shim says so once, naming the UUID; the GPU it does see stays
+    limited, and a file whose GPUs are all visible draws no such line."""
+    claim = make_claim(limits=[(0, 256 * MiB, 0)])
+    assert claim.limits is not None
+    own = read_limits(claim.limits)
+    assert own is not None
+    os.chmod(claim.limits, 0o644)
+    write_limits(claim.limits, [*own, GpuLimit(UUID, 64 * MiB, 0)])
+    done = claim.run("shim_probe", "alloc", "mem", str(300 * MiB))
+    assert values(done.stdout)["rc"] == "2"  # device 0 is still limited to 256 MiB
+    lines = [line for line in done.stderr.splitlines() if UUID in line]
+    assert len(lines) == 1, done.stderr
+    assert "warn:" in lines[0] and "its limits apply to nothing here" in lines[0]
+    quiet = make_claim(name="quiet")
+    assert "limits file names GPU" not in quiet.run("shim_probe", "alloc", "mem", str(MiB)).stderr
+
+
+def test_a_gpu_hidden_by_cuda_visible_devices_is_reported(
+    make_claim: ClaimFactory, simulated_only: None
+) -> None:
+    """A claim of two GPUs in a process that CUDA_VISIBLE_DEVICES shows one of: the hidden one is
+    named once, with the variable's value."""
+    claim = make_claim(limits=[(0, 256 * MiB, 0), (1, 256 * MiB, 0)], gpus=2)
+    assert claim.limits is not None
+    limits = read_limits(claim.limits)
+    assert limits is not None
+    hidden = limits[1].uuid
+    done = claim.run("shim_probe", "alloc", "mem", str(MiB), env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "limits file names GPU" in line]
+    assert len(lines) == 1 and hidden in lines[0] and "CUDA_VISIBLE_DEVICES=0" in lines[0]
