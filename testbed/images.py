@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -60,6 +60,8 @@ class ImageSpec:
     entrypoint: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
     env: tuple[str, ...] = ("PATH=/bin:/usr/bin",)
+    # The user the image runs as ("uid:gid"); empty: the runtime's default, root.
+    user: str = ""
     # Copy each ELF file's shared libraries (per `ldd`) to the paths the dynamic loader expects.
     include_shared_libraries: bool = True
 
@@ -148,6 +150,7 @@ def build_image(spec: ImageSpec, out_dir: Path) -> Path:
             "Entrypoint": list(spec.entrypoint) or None,
             "Cmd": list(spec.command) or None,
             "WorkingDir": "/",
+            **({"User": spec.user} if spec.user else {}),
         },
         # Uncompressed layer: its diff ID is its digest.
         "rootfs": {"type": "layers", "diff_ids": [layer_descriptor["digest"]]},
@@ -244,22 +247,26 @@ def standard_images_digest() -> str:
 
 def standard_images(cache: Path | None = None) -> list[Path]:
     """The archives of the two images every node gets (pod sandbox, tools), built once into
-    <cache>/images/<digest of their inputs>/ and reused while the inputs stay the same.
+    <cache>/images/<digest of their inputs>/ and reused while the inputs stay the same."""
+    final = cached_build((cache or cache_root()) / "images", standard_images_digest(), build_standard_images)
+    return [final / archive_name(PAUSE_IMAGE), final / archive_name(TOOLS_IMAGE)]
+
+
+def cached_build(base: Path, digest: str, build: Callable[[Path], object]) -> Path:
+    """<base>/<digest>, made by ``build(folder)`` unless it is there already.
 
     A build goes to a temporary folder beside the final one, renamed into place when complete, so a
     killed build never leaves a half-written image where it would be used; a later call removes the
     temporary folders of builders that are gone. Two processes building at once both succeed.
     """
-    base = (cache or cache_root()) / "images"
-    final = base / standard_images_digest()
-    archives = [final / archive_name(PAUSE_IMAGE), final / archive_name(TOOLS_IMAGE)]
+    final = base / digest
     if final.is_dir():
-        return archives
+        return final
     base.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(base)
     partial = Path(tempfile.mkdtemp(prefix=f"{_BUILDING}{os.getpid()}-", dir=base))
     try:
-        build_standard_images(partial)
+        build(partial)
         partial.chmod(0o755)  # mkdtemp made it private
         try:
             partial.rename(final)
@@ -268,7 +275,7 @@ def standard_images(cache: Path | None = None) -> list[Path]:
                 raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return archives
+    return final
 
 
 def _remove_abandoned_builds(base: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,3 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache.stop()
     log.info("stopped")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Tessera's own images (node daemon, webhook) as OCI archives for the test bed's nodes, assembled
+from this machine's files the way images/Dockerfile builds them: no container engine, no registry.
+
+images/images.toml is the one list of what goes in; this module lays it out in a root folder:
+
+1. the wheel: the project's own build (setup.py: the cffi binding, the preload shim, the gRPC
+   stubs) run by pip on a copy of what the Dockerfile's build context holds (git's tracked and
+   unignored files), with the build requirements of this environment (the same pins);
+2. Debian's Python: the files the manifest's packages installed here (``dpkg -L``), the Dockerfile
+   installs the same packages into its base image;
+3. the virtual environment (``--copies --without-pip``) with the wheel and its pinned dependencies
+   installed by pip into its site-packages, exactly the Dockerfile's command;
+4. the shared libraries the ELF files there load (``ldd``), at their host paths, standing in for
+   the base image's.
+
+Both images share that one layer and differ only in their configuration (user, entrypoint). They are
+built once per set of inputs into the cache (``product_images``); ``python -m
+tessera.testbed.product_images`` prints their archives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.testbed.binaries import cache_root
+from tessera.testbed.commands import run_checked
+from tessera.testbed.images import ImageSpec, archive_name, build_image, cached_build, shared_libraries
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = REPO / "images" / "images.toml"
+DOCKERFILE = REPO / "images" / "Dockerfile"
+# Local images are named under a registry host that never resolves, so a node never tries to pull.
+LOCAL_REGISTRY = "tessera.local"
+_ELF = b"\x7fELF"
+_BUILD_TIMEOUT = 1200
+
+
+@dataclass(frozen=True)
+class ProductImage:
+    """One image of the manifest: its Dockerfile target (the table's name) and its configuration."""
+
+    target: str
+    repository: str
+    user: str
+    entrypoint: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """images/images.toml, read."""
+
+    base: str
+    apt_packages: tuple[str, ...]
+    python: str
+    venv: str
+    site_packages: str
+    workdir: str
+    env: tuple[str, ...]
+    images: Mapping[str, ProductImage]
+
+
+def load_manifest(path: Path = MANIFEST) -> Manifest:
+    data = tomllib.loads(path.read_text())
+    runtime = data["runtime"]
+    return Manifest(
+        base=runtime["base"],
+        apt_packages=tuple(runtime["apt_packages"]),
+        python=runtime["python"],
+        venv=runtime["venv"],
+        site_packages=runtime["site_packages"],
+        workdir=runtime["workdir"],
+        env=tuple(runtime["env"]),
+        images={
+            name: ProductImage(name, image["repository"], image["user"], tuple(image["entrypoint"]))
+            for name, image in data["images"].items()
+        },
+    )
+
+
+def project_version() -> str:
+    """The package version (pyproject.toml), which tags the local images."""
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def reference(image: ProductImage, tag: str | None = None) -> str:
+    return f"{LOCAL_REGISTRY}/{image.repository}:{tag or project_version()}"
+
+
+def image_spec(manifest: Manifest, image: ProductImage, files: Mapping[str, Path]) -> ImageSpec:
+    """The test bed's image for one manifest entry, made of ``files`` (image path -> host file)."""
+    return ImageSpec(
+        reference(image),
+        files,
+        entrypoint=image.entrypoint,
+        env=manifest.env,
+        user=image.user,
+        include_shared_libraries=False,  # done once for the whole root (elf_libraries), not per file
+    )
+
+
+# -- the root folder --------------------------------------------------------------------------
+
+
+def context_files(repo: Path = REPO) -> list[str]:
+    """The build context: every file git tracks or would track (not ignored), as repository paths."""
+    listed = run_checked(
+        ["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60
+    )
+    names = sorted({name for name in listed.split("\0") if name})
+    return [name for name in names if (repo / name).is_symlink() or (repo / name).is_file()]
+
+
+def copy_context(repo: Path, dest: Path) -> None:
+    """Copy the build context, links as links (tessera/<part> -> ../<part>)."""
+    for name in context_files(repo):
+        source, target = repo / name, dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+
+
+def build_wheel(source: Path, out_dir: Path) -> Path:
+    """The project's wheel, made by its own build (setup.py) through pip."""
+    run_checked(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            out_dir,
+            source,
+        ],
+        timeout=_BUILD_TIMEOUT,
+    )
+    [wheel] = out_dir.glob("tessera-*.whl")
+    return wheel
+
+
+def package_files(packages: tuple[str, ...]) -> dict[str, Path]:
+    """The regular files (links followed) the Debian packages installed on this machine."""
+    listed = run_checked(["dpkg", "-L", *packages], timeout=60)
+    files: dict[str, Path] = {}
+    for line in listed.splitlines():
+        path = Path(line.strip())
+        if path.is_absolute() and path.is_file() and not path.is_dir():
+            files[str(path)] = path
+    return files
+
+
+def make_venv(manifest: Manifest, root: Path, wheel: Path) -> None:
+    """The manifest's virtual environment under ``root``, with the wheel and its dependencies, made
+    by the commands of the Dockerfile's build stage."""
+    venv = root / manifest.venv.lstrip("/")
+    run_checked([manifest.python, "-m", "venv", "--copies", "--without-pip", venv], timeout=120)
+    # venv records the command that made it; make it the one that ran at the image's path.
+    config = venv / "pyvenv.cfg"
+    lines = [
+        f"command = {manifest.python} -m venv --copies --without-pip {manifest.venv}"
+        if line.startswith("command = ")
+        else line
+        for line in config.read_text().splitlines()
+    ]
+    config.write_text("\n".join(lines) + "\n")
+    site_packages = root / manifest.site_packages.lstrip("/")
+    run_checked(
+        [sys.executable, "-m", "pip", "install", "--no-compile", "--target", site_packages, wheel],
+        timeout=_BUILD_TIMEOUT,
+    )
+    shutil.rmtree(site_packages / "bin", ignore_errors=True)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for folder, _, names in os.walk(root):
+        for name in names:
+            yield Path(folder) / name
+
+
+def elf_libraries(files: Mapping[str, Path], root: Path) -> dict[str, Path]:
+    """Shared libraries the ELF files among ``files`` load from outside ``root`` (the folder the
+    build made; what is inside it is in the image already), at their host paths."""
+    found: dict[str, Path] = {}
+    for path in files.values():
+        with path.open("rb") as file:
+            if file.read(4) != _ELF:
+                continue
+        for library in shared_libraries(path):
+            if not library.is_relative_to(root):
+                found.setdefault(str(library), library)
+    return found
+
+
+def root_files(manifest: Manifest, work: Path) -> dict[str, Path]:
+    """Build the root folder in ``work`` and return every file of the image (image path -> file)."""
+    context, wheels, root = work / "context", work / "wheels", work / "root"
+    copy_context(REPO, context)
+    wheel = build_wheel(context, wheels)
+    make_venv(manifest, root, wheel)
+    files = package_files(manifest.apt_packages)
+    files.update({f"/{p.relative_to(root)}": p for p in _walk(root) if p.is_file()})
+    for image_path, library in elf_libraries(files, root).items():
+        files.setdefault(image_path, library)
+    return files
+
+
+def build_product_images(out_dir: Path, manifest: Manifest | None = None) -> dict[str, Path]:
+    """Build every image of the manifest into out_dir; return each target's archive."""
+    manifest = manifest or load_manifest()
+    work = out_dir / "build"
+    files = root_files(manifest, work)
+    archives = {
+        name: build_image(image_spec(manifest, image, files), out_dir)
+        for name, image in manifest.images.items()
+    }
+    shutil.rmtree(work)
+    return archives
+
+
+def product_images_digest() -> str:
+    """A digest of what the images are made of: the manifest, this builder and the image writer, the
+    build context's files, the Debian packages' versions and the Python that runs the build."""
+    digest = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        digest.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
+
+    add("builder", Path(__file__).read_bytes())
+    add("images.py", (Path(__file__).parent / "images.py").read_bytes())
+    manifest = load_manifest()
+    add("manifest", MANIFEST.read_bytes())
+    for name in context_files(REPO):
+        path = REPO / name
+        add(name, os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    versions = run_checked(["dpkg-query", "-W", *manifest.apt_packages], timeout=60)
+    add("packages", versions.encode())
+    add("python", sys.version.encode())
+    return digest.hexdigest()
+
+
+def product_images(cache: Path | None = None) -> dict[str, Path]:
+    """Each manifest image's archive, built once into <cache>/product-images/<digest>/."""
+    manifest = load_manifest()
+    folder = cached_build(
+        (cache or cache_root()) / "product-images", product_images_digest(), build_product_images
+    )
+    return {name: folder / archive_name(reference(image)) for name, image in manifest.images.items()}
+
+
+def main() -> int:
+    for name, archive in product_images().items():
+        print(f"{name}\t{archive}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

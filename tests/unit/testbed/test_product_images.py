@@ -1,0 +1,182 @@
+"""images/Dockerfile and the test bed's local build make the same images: both follow
+images/images.toml (base and packages, virtual environment, environment, user, entrypoint), and a
+change to one that the other does not follow fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tessera.testbed import product_images
+from tessera.testbed.images import build_image
+from tessera.testbed.product_images import DOCKERFILE, Manifest, load_manifest
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [value for key, value in self.instructions if key == keyword]
+
+
+def parse_dockerfile(text: str) -> dict[str, Stage]:
+    """Stages by name, each with its instructions (continuation lines joined, comments dropped,
+    global ARG defaults substituted into FROM)."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not stripped or (stripped.startswith("#") and not pending):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1].rstrip() + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    arguments: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for line in lines:
+        keyword, _, value = line.partition(" ")
+        keyword, value = keyword.upper(), value.strip()
+        if keyword == "ARG" and current is None:
+            name, _, default = value.partition("=")
+            arguments[name] = default
+        elif keyword == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", value, re.IGNORECASE)
+            assert match, f"every stage is named: {line}"
+            base = re.sub(r"\$\{(\w+)\}", lambda m: arguments[m.group(1)], match.group(1))
+            current = stages[match.group(2)] = Stage(match.group(2), base)
+        else:
+            assert current is not None, f"instruction before the first FROM: {line}"
+            current.instructions.append((keyword, value))
+    return stages
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest()
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, Stage]:
+    return parse_dockerfile(DOCKERFILE.read_text())
+
+
+def runtime_ancestry(stages: dict[str, Stage], name: str) -> list[Stage]:
+    """The stage and the stages it is built FROM, outermost first."""
+    chain = [stages[name]]
+    while chain[0].base in stages:
+        chain.insert(0, stages[chain[0].base])
+    return chain
+
+
+def test_every_image_is_a_target_with_the_manifests_user_and_entrypoint(
+    manifest: Manifest, stages: dict[str, Stage]
+) -> None:
+    assert set(manifest.images) <= set(stages)
+    for name, image in manifest.images.items():
+        stage = stages[name]
+        assert stage.all("USER") == [image.user], name
+        assert [json.loads(e) for e in stage.all("ENTRYPOINT")] == [list(image.entrypoint)], name
+        assert stage.base == "runtime", f"{name} is built on the shared runtime stage"
+
+
+def test_the_runtime_stage_installs_the_manifests_packages_on_its_base(
+    manifest: Manifest, stages: dict[str, Stage]
+) -> None:
+    runtime = stages["runtime"]
+    assert runtime.base == manifest.base
+    [install] = [run for run in runtime.all("RUN") if "apt-get install" in run]
+    words = shlex.split(install.split("apt-get install", 1)[1].split("&&", 1)[0])
+    assert sorted(w for w in words if not w.startswith("-")) == sorted(manifest.apt_packages)
+
+
+def test_every_image_gets_the_manifests_environment_and_working_directory(
+    manifest: Manifest, stages: dict[str, Stage]
+) -> None:
+    for name in manifest.images:
+        chain = runtime_ancestry(stages, name)
+        env = [value for stage in chain for value in stage.all("ENV")]
+        assert env == list(manifest.env), name
+        assert [value for stage in chain for value in stage.all("WORKDIR")][-1] == manifest.workdir
+
+
+def test_the_virtual_environment_is_made_and_filled_as_the_local_build_does(
+    manifest: Manifest, stages: dict[str, Stage]
+) -> None:
+    """--copies --without-pip at the manifest's path, pip install --target its site-packages, and
+    copied whole into the runtime stage: the commands make_venv runs."""
+    build = " ".join(stages["build"].all("RUN"))
+    python = Path(manifest.python).name
+    assert f"{python} -m venv --copies --without-pip {manifest.venv}" in build
+    assert f"pip install --no-compile --target {manifest.site_packages} " in build
+    assert f"rm -rf {manifest.site_packages}/bin" in build
+    assert f"--from=build {manifest.venv} {manifest.venv}" in stages["runtime"].all("COPY")
+    assert manifest.site_packages.startswith(manifest.venv + "/lib/python3.11/")
+
+
+def test_the_local_archives_carry_the_manifests_configuration(manifest: Manifest, tmp_path: Path) -> None:
+    """The configuration each local archive gets (from image_spec, written by build_image) is the
+    manifest's: entrypoint, user, environment, working directory."""
+    marker = tmp_path / "marker"
+    marker.write_text("x")
+    for image in manifest.images.values():
+        spec = product_images.image_spec(manifest, image, {"/marker": marker})
+        archive = build_image(spec, tmp_path / image.target)
+        with tarfile.open(archive) as tar:
+            blobs = {m.name: tar.extractfile(m) for m in tar.getmembers() if m.isfile()}
+            contents = {name: f.read() for name, f in blobs.items() if f is not None}
+        index = json.loads(contents["index.json"])
+        [descriptor] = index["manifests"]
+        assert descriptor["annotations"]["io.containerd.image.name"] == product_images.reference(image)
+        image_manifest = json.loads(contents[f"blobs/sha256/{descriptor['digest'].removeprefix('sha256:')}"])
+        config_digest = image_manifest["config"]["digest"].removeprefix("sha256:")
+        config = json.loads(contents[f"blobs/sha256/{config_digest}"])["config"]
+        assert config["Entrypoint"] == list(image.entrypoint)
+        assert config["User"] == image.user
+        assert config["Env"] == list(manifest.env)
+        assert config["WorkingDir"] == manifest.workdir
+
+
+def test_the_parser_reads_continuations_args_and_stage_names() -> None:
+    stages = parse_dockerfile(
+        "# comment\nARG BASE=debian:12\nFROM ${BASE} AS one\nRUN a \\\n  && b\nFROM one AS two\nUSER 1:1\n"
+    )
+    assert stages["one"].base == "debian:12"
+    assert stages["one"].all("RUN") == ["a && b"]
+    assert stages["two"].base == "one"
+    assert stages["two"].all("USER") == ["1:1"]
+
+
+def test_the_local_venv_records_the_command_of_the_dockerfile(
+    manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make_venv runs the manifest's Python to make the venv, then rewrites the recorded command to the
+    one the Dockerfile runs at the image's path, and installs with pip --target (no pip run here)."""
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[object], **_: object) -> str:
+        command = [str(a) for a in argv]
+        ran.append(command)
+        if "venv" in command:
+            venv = Path(command[-1])
+            venv.mkdir(parents=True)
+            (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ncommand = {' '.join(command)}\n")
+        return ""
+
+    monkeypatch.setattr(product_images, "run_checked", fake_run)
+    product_images.make_venv(manifest, tmp_path, tmp_path / "tessera-0.1.0-cp311-cp311-linux_x86_64.whl")
+    config = (tmp_path / manifest.venv.lstrip("/") / "pyvenv.cfg").read_text()
+    assert f"command = {manifest.python} -m venv --copies --without-pip {manifest.venv}\n" in config
+    assert ran[0][:5] == [manifest.python, "-m", "venv", "--copies", "--without-pip"]
+    assert ran[1][ran[1].index("--target") + 1] == str(tmp_path / manifest.site_packages.lstrip("/"))
