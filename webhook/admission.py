@@ -11,14 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.webhook import review
-from tessera.webhook.conversion import Refusal, claim_spec, claim_template, read_request
+from tessera.webhook.conversion import Refusal, claim_spec, claim_template, container_requests
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
 from tessera.webhook.review import AdmissionReview, ReviewRequest
 from tessera.webhook.selectors import AnnotationError, selectors_for
 from tessera.webhook.validation import check_against_fleet
-
-_LISTS = (("initContainers", "init container"), ("containers", "container"))
 
 
 @dataclass
@@ -43,17 +41,12 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
         selectors = selectors_for(annotations)
         converted: list[Converted] = []
         templates: dict[str, dict[str, Any]] = {}
-        for list_name, label in _LISTS:
-            for index, container in enumerate(spec.get(list_name) or []):
-                where = f'{label} "{container.get("name", index)}"'
-                gpu = read_request(where, container)
-                if gpu is None:
-                    continue
-                check_against_fleet(where, gpu, fleet)
-                template = claim_template(namespace, claim_spec(where, gpu, selectors, fleet))
-                name = template["metadata"]["name"]
-                templates.setdefault(name, template)
-                converted.append(Converted(list_name, index, container, name))
+        for list_name, index, container, where, gpu in container_requests(spec):
+            check_against_fleet(where, gpu, fleet)
+            template = claim_template(namespace, claim_spec(where, gpu, selectors, fleet))
+            name = template["metadata"]["name"]
+            templates.setdefault(name, template)
+            converted.append(Converted(list_name, index, container, name))
     except (Refusal, AnnotationError) as refusal:
         return Decision(review.deny(uid, str(refusal)), "denied")
     if not converted:

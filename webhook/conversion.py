@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -134,6 +135,36 @@ def _device_request(count: int, selectors: list[str], memory_bytes: int, cores: 
 def size_selector(memory_bytes: int) -> str:
     """CEL matching GPUs whose published memory is exactly ``memory_bytes``."""
     return f'device.capacity["{DEVICE_CLASS}"].{MEMORY_CAPACITY}.compareTo(quantity("{memory_bytes}")) == 0'
+
+
+_SIZE_SELECTOR = re.compile(
+    "^" + re.escape(size_selector(0)).replace('quantity\\("0"\\)', 'quantity\\("([0-9]+)"\\)') + "$"
+)
+
+
+def size_from_selector(expression: str) -> int | None:
+    """The memory size a :func:`size_selector` expression selects, None for any other expression."""
+    match = _SIZE_SELECTOR.match(expression)
+    return int(match.group(1)) if match else None
+
+
+CONTAINER_LISTS = (("initContainers", "init container"), ("containers", "container"))
+"""The pod spec's container lists that can ask for a GPU, with how a message names their members."""
+
+
+ContainerRequest = tuple[str, int, Mapping[str, Any], str, GpuRequest]
+
+
+def container_requests(spec: Mapping[str, Any]) -> Iterator[ContainerRequest]:
+    """Every container of a pod spec that asks for a GPU: (list name, index, container, how messages
+    name it, its request). The webhook converts these; the admission check sizes Jobs' pods by them.
+    Raises Refusal as :func:`read_request` does."""
+    for list_name, label in CONTAINER_LISTS:
+        for index, container in enumerate(spec.get(list_name) or []):
+            where = f'{label} "{container.get("name", index)}"'
+            request = read_request(where, container)
+            if request is not None:
+                yield list_name, index, container, where, request
 
 
 def claim_spec(where: str, request: GpuRequest, selectors: list[str], fleet: Fleet) -> dict[str, Any]:

@@ -1,0 +1,342 @@
+"""Do these pods' GPU shares fit, all at once, on the GPUs' free capacity? A real packing; pure.
+
+The model is the scheduler's (DRA consumable capacity on ``allowMultipleAllocations`` devices):
+
+- a pod's shares all land on one node, since a pod runs on one node;
+- each share takes ``memory`` and ``cores`` from one GPU; shares of one pod, even of one request,
+  may land on the same GPU, as the scheduler allows, as long as the GPU's free capacity holds them;
+- a request with ``firstAvailable`` choices takes all its ``count`` shares from the first choice
+  that can be met (a percentage is a choice per GPU memory size, as the webhook writes it).
+
+Packing shares onto GPUs is bin packing, so a sum that fits says nothing (four shares of 20Gi do not
+fit on four GPUs with 12Gi free each, nor two 15Gi shares on GPUs with 20Gi and 10Gi free). This
+module searches: pods largest first, nodes and GPUs best fit first, backtracking over distinct
+choices only (GPUs or nodes in the same state are tried once), within a step budget. A packing it
+returns is a real assignment of every share to a GPU; "does not fit" is exact unless ``exhausted``
+says the budget ran out first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tessera.quantity import GiB, MiB, round_down
+from tessera.webhook.selectors import Selection
+
+DEFAULT_BUDGET = 20_000
+"""Share placements tried before the search gives up (each is a few microseconds)."""
+
+GpuKey = tuple[str, str]
+"""(pool, device name): how a DRA allocation result names a device."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One published GPU: where it is, what it is, and its whole capacity."""
+
+    node: str
+    pool: str
+    name: str
+    uuid: str
+    product: str
+    memory: int
+    cores: int
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.pool, self.name)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to meet a share: absolute ``memory`` (bytes) or ``memory_percent`` of the GPU's,
+    ``cores`` (0: not capped, takes none), on GPUs the selection admits (and, for a percentage
+    subrequest, only those of exactly ``memory_size``)."""
+
+    memory: int | None = None
+    memory_percent: int | None = None
+    cores: int = 0
+    selection: Selection = field(default_factory=Selection)
+    memory_size: int | None = None
+
+    def matches(self, gpu: Gpu) -> bool:
+        if self.memory_size is not None and gpu.memory != self.memory_size:
+            return False
+        return self.selection.matches(gpu.uuid, gpu.product)
+
+    def memory_on(self, gpu: Gpu) -> int:
+        if self.memory is not None:
+            return self.memory
+        return round_down(gpu.memory * (self.memory_percent or 0) // 100, MiB)
+
+
+@dataclass(frozen=True)
+class Request:
+    """``count`` shares, all met by the first of ``choices`` that can be met."""
+
+    count: int
+    choices: tuple[Choice, ...]
+
+
+@dataclass(frozen=True)
+class PodGroup:
+    """``count`` identical pods (a Kueue PodSet), each needing every one of ``requests``."""
+
+    name: str
+    count: int
+    requests: tuple[Request, ...]
+
+    @property
+    def shares_per_pod(self) -> int:
+        return sum(r.count for r in self.requests)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one pod of ``group`` goes: its node and (GPU, memory, cores) per share."""
+
+    group: str
+    node: str
+    shares: tuple[tuple[GpuKey, int, int], ...]
+
+
+@dataclass
+class Packing:
+    """The outcome of :func:`pack`: placements when everything fits, else None; ``exhausted``
+    when the search stopped at its budget rather than proving there is no packing."""
+
+    placements: list[Placement] | None
+    exhausted: bool = False
+    steps: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.placements is not None
+
+
+Free = dict[GpuKey, tuple[int, int]]
+"""Free (memory, cores) per GPU."""
+
+
+def free_capacity(gpus: Sequence[Gpu], used: Mapping[GpuKey, tuple[int, int]]) -> Free:
+    """Each GPU's capacity minus what ``used`` says is taken (allocated claims); never below 0."""
+    out: Free = {}
+    for gpu in gpus:
+        memory, cores = used.get(gpu.key, (0, 0))
+        out[gpu.key] = (max(gpu.memory - memory, 0), max(gpu.cores - cores, 0))
+    return out
+
+
+def apply(free: Free, placements: Sequence[Placement]) -> Free:
+    """``free`` less what ``placements`` take (a new mapping)."""
+    out = dict(free)
+    for placement in placements:
+        for key, memory, cores in placement.shares:
+            m, c = out[key]
+            out[key] = (m - memory, c - cores)
+    return out
+
+
+class _Search:
+    def __init__(self, gpus: Sequence[Gpu], free: Free, budget: int, by_uuid: bool) -> None:
+        self.gpus = {g.key: g for g in gpus}
+        self.nodes: dict[str, list[Gpu]] = {}
+        for gpu in gpus:
+            self.nodes.setdefault(gpu.node, []).append(gpu)
+        self.free = dict(free)
+        self.budget = budget
+        self.steps = 0
+        self.exhausted = False
+        self.by_uuid = by_uuid
+
+    def _gpu_state(self, gpu: Gpu) -> tuple[object, ...]:
+        """What makes two GPUs interchangeable for every share of this search."""
+        memory, cores = self.free[gpu.key]
+        return (memory, cores, gpu.memory, gpu.product, gpu.uuid if self.by_uuid else "")
+
+    def _node_state(self, node: str) -> tuple[object, ...]:
+        return tuple(sorted(self._gpu_state(g) for g in self.nodes[node]))
+
+    def _node_order(self, group: PodGroup) -> list[str]:
+        """Nodes that could hold one pod on their own free totals, least free memory first (best fit),
+        one node per distinct state."""
+        seen: set[tuple[object, ...]] = set()
+        candidates = []
+        for node, gpus in self.nodes.items():
+            state = self._node_state(node)
+            if state in seen:
+                continue
+            seen.add(state)
+            total = sum(self.free[g.key][0] for g in gpus)
+            candidates.append((total, node))
+        candidates.sort()
+        return [node for _, node in candidates]
+
+    def _place_shares(
+        self, node: str, shares: list[tuple[Choice, ...]], index: int, taken: list[tuple[GpuKey, int, int]]
+    ) -> Iterator[None]:
+        """Yield once per distinct way of placing shares[index:] on ``node`` (the state is applied
+        while the caller runs and undone afterwards). A share is a tuple of choices (firstAvailable);
+        shares of one request come as consecutive entries that must use the same choice, which the
+        caller arranges by expanding one choice at a time."""
+        if index == len(shares):
+            yield
+            return
+        (choice,) = shares[index]
+        seen: set[tuple[object, ...]] = set()
+        options = []
+        for gpu in self.nodes[node]:
+            if not choice.matches(gpu):
+                continue
+            free_memory, free_cores = self.free[gpu.key]
+            need = choice.memory_on(gpu)
+            if need > free_memory or choice.cores > free_cores:
+                continue
+            state = self._gpu_state(gpu)
+            if state in seen:
+                continue
+            seen.add(state)
+            options.append((free_memory - need, free_cores - choice.cores, gpu, need))
+        options.sort(key=lambda o: (o[0], o[1]))
+        for _, _, gpu, need in options:
+            self.steps += 1
+            if self.steps > self.budget:
+                self.exhausted = True
+                return
+            memory, cores = self.free[gpu.key]
+            self.free[gpu.key] = (memory - need, cores - choice.cores)
+            taken.append((gpu.key, need, choice.cores))
+            yield from self._place_shares(node, shares, index + 1, taken)
+            taken.pop()
+            self.free[gpu.key] = (memory, cores)
+            if self.exhausted:
+                return
+
+    def _pod_layouts(self, node: str, group: PodGroup) -> Iterator[tuple[tuple[GpuKey, int, int], ...]]:
+        """Every distinct placement of one pod of ``group`` on ``node``, trying each request's
+        choices in order (all of a request's shares from one choice)."""
+
+        def expand(r: int, prefix: list[tuple[Choice, ...]]) -> Iterator[list[tuple[Choice, ...]]]:
+            if r == len(group.requests):
+                yield prefix
+                return
+            request = group.requests[r]
+            for choice in request.choices:
+                yield from expand(r + 1, prefix + [(choice,)] * request.count)
+
+        for shares in expand(0, []):
+            taken: list[tuple[GpuKey, int, int]] = []
+            for _ in self._place_shares(node, shares, 0, taken):
+                yield tuple(taken)
+            if self.exhausted:
+                return
+
+    def run(self, pods: list[PodGroup], out: list[Placement]) -> bool:
+        if not pods:
+            return True
+        group, rest = pods[0], pods[1:]
+        if not group.requests or group.shares_per_pod == 0:
+            out.append(Placement(group.name, "", ()))
+            if self.run(rest, out):
+                return True
+            out.pop()
+            return False
+        for node in self._node_order(group):
+            for layout in self._pod_layouts(node, group):
+                out.append(Placement(group.name, node, layout))
+                if self.run(rest, out):
+                    return True
+                out.pop()
+                if self.exhausted:
+                    return False
+            if self.exhausted:
+                return False
+        return False
+
+
+def _largest_need(group: PodGroup, biggest_gpu: int) -> tuple[int, int]:
+    memory = 0
+    cores = 0
+    for request in group.requests:
+        for choice in request.choices:
+            m = (
+                choice.memory
+                if choice.memory is not None
+                else biggest_gpu * (choice.memory_percent or 0) // 100
+            )
+            memory += m * request.count
+            cores += choice.cores * request.count
+            break
+    return memory, cores
+
+
+def pack(
+    groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, budget: int = DEFAULT_BUDGET
+) -> Packing:
+    """Place every pod of every group at once on ``free``; see the module docstring."""
+    biggest = max((g.memory for g in gpus), default=0)
+    pods = [PodGroup(g.name, 1, g.requests) for g in groups for _ in range(g.count)]
+    pods.sort(key=lambda p: _largest_need(p, biggest), reverse=True)
+    by_uuid = any(c.selection.names_uuids for g in groups for r in g.requests for c in r.choices)
+    search = _Search(gpus, free, budget, by_uuid)
+    placements: list[Placement] = []
+    found = search.run(pods, placements)
+    return Packing(
+        placements if found else None, exhausted=search.exhausted and not found, steps=search.steps
+    )
+
+
+# -- saying why ------------------------------------------------------------------------------------
+
+
+def format_bytes(value: int) -> str:
+    """20Gi, 1536Mi, 0: the way a user wrote it."""
+    if value and value % GiB == 0:
+        return f"{value // GiB}Gi"
+    if value % MiB == 0:
+        return f"{value // MiB}Mi"
+    return str(value)
+
+
+def _share_text(choice: Choice) -> str:
+    memory = format_bytes(choice.memory) if choice.memory is not None else f"{choice.memory_percent}%"
+    return f"{memory}/{choice.cores}" if choice.cores else memory
+
+
+def describe_need(groups: Sequence[PodGroup]) -> str:
+    """'4 shares of 20Gi/30' (and '..., 2 shares of 8Gi'): the first choice of each request."""
+    counts: dict[str, int] = {}
+    for group in groups:
+        for request in group.requests:
+            if request.choices:
+                text = _share_text(request.choices[0])
+                counts[text] = counts.get(text, 0) + request.count * group.count
+    parts = [f"{n} share{'s' if n != 1 else ''} of {text}" for text, n in counts.items()]
+    return ", ".join(parts) if parts else "no GPU"
+
+
+def largest_free(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) -> tuple[Gpu, int, int] | None:
+    """The GPU with the most free memory among those some share of ``groups`` may use."""
+    choices = [c for g in groups for r in g.requests for c in r.choices]
+    best: tuple[Gpu, int, int] | None = None
+    for gpu in gpus:
+        if not any(c.matches(gpu) for c in choices):
+            continue
+        memory, cores = free[gpu.key]
+        if best is None or (memory, cores) > (best[1], best[2]):
+            best = (gpu, memory, cores)
+    return best
+
+
+def no_fit_message(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, exhausted: bool) -> str:
+    """'needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on node-b (gpu-1)'."""
+    need = describe_need(groups)
+    best = largest_free(groups, gpus, free)
+    if best is None:
+        where = "no published GPU matches its selectors"
+    else:
+        gpu, memory, cores = best
+        where = f"the largest free share is {format_bytes(memory)}/{cores} on {gpu.node} ({gpu.name})"
+    suffix = "; no packing was found within the search limit" if exhausted else ""
+    return f"needs {need} at once; {where}{suffix}"

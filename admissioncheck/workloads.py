@@ -1,0 +1,490 @@
+"""For each Workload waiting on our check: read its PodSets, ask ``fit``, and set Ready, or leave it
+Pending with a message that says why, or Rejected when its GPU request is invalid.
+
+Reading a PodSet goes through the webhook's own code (one place converts requests):
+
+- a pod template that still names ``nvidia.com/gpu``/``gpumem``/``gpumem-percentage``/``gpucores``
+  (a Job's template: the webhook converts its pods only when the Job creates them) is read with
+  ``conversion.container_requests`` and ``selectors.selection_for`` on the template's annotations;
+- a pod template that references ResourceClaimTemplates (a plain pod, converted at creation) is read
+  from those templates: requests of our DeviceClass, ``exactly`` or ``firstAvailable``, with the
+  selectors the webhook writes read back by ``selectors.selection_from_cel`` and
+  ``conversion.size_from_selector``. A selector of another form cannot be judged here and is
+  ignored (the share is sized as if any GPU matched), which the Ready message says.
+
+What is free is the published capacity less allocated claims less the shares of Workloads already
+Ready on this check but not yet placed (their pods not bound). Those reserved shares are kept as a
+plan: a new Workload is first fitted on what the plan leaves (fast), and only when that fails and
+the free totals could hold it is everything repacked together (a reshuffle of the plan may make
+room).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.admissioncheck.checks import sync_active
+from tessera.admissioncheck.fit import (
+    DEFAULT_BUDGET,
+    Choice,
+    Free,
+    Gpu,
+    Placement,
+    PodGroup,
+    Request,
+    apply,
+    free_capacity,
+    no_fit_message,
+    pack,
+)
+from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory, Key
+from tessera.names import CORES_CAPACITY, DEVICE_CLASS, MEMORY_CAPACITY
+from tessera.quantity import MiB, quantity_to_int
+from tessera.webhook.conversion import Refusal, container_requests, size_from_selector
+from tessera.webhook.selectors import AnnotationError, Selection, selection_for, selection_from_cel
+
+log = logging.getLogger(__name__)
+
+READY, PENDING, REJECTED = "Ready", "Pending", "Rejected"
+
+
+class Undecidable(Exception):
+    """The PodSet cannot be read yet (a ResourceClaimTemplate not seen yet); decide again later."""
+
+
+# -- reading PodSets (pure) ------------------------------------------------------------------------
+
+
+def _choice_from_exact(body: Mapping[str, Any], unknown: list[str]) -> Choice | None:
+    """A claim request body (exactly or one subrequest) of our class as a Choice; None if another
+    class's. Selectors the webhook did not write go to ``unknown``."""
+    if body.get("deviceClassName") != DEVICE_CLASS:
+        return None
+    capacity = (body.get("capacity") or {}).get("requests") or {}
+    expressions = [(s.get("cel") or {}).get("expression", "") for s in body.get("selectors") or []]
+    size = None
+    rest = []
+    for expression in expressions:
+        found = size_from_selector(expression)
+        if found is not None:
+            size = found
+        else:
+            rest.append(expression)
+    selection, others = selection_from_cel(rest)
+    unknown.extend(others)
+    return Choice(
+        memory=quantity_to_int(capacity.get(MEMORY_CAPACITY, 0)),
+        cores=quantity_to_int(capacity.get(CORES_CAPACITY, 0)),
+        selection=selection,
+        memory_size=size,
+    )
+
+
+def requests_from_claim_spec(spec: Mapping[str, Any], unknown: list[str]) -> list[Request]:
+    """Our-class requests of a ResourceClaimSpec."""
+    out = []
+    for request in (spec.get("devices") or {}).get("requests") or []:
+        if request.get("exactly"):
+            body = request["exactly"]
+            choice = _choice_from_exact(body, unknown)
+            if choice is not None:
+                out.append(Request(int(body.get("count") or 1), (choice,)))
+        elif request.get("firstAvailable"):
+            choices = []
+            counts = set()
+            for sub in request["firstAvailable"]:
+                choice = _choice_from_exact(sub, unknown)
+                if choice is not None:
+                    choices.append(choice)
+                    counts.add(int(sub.get("count") or 1))
+            if choices:
+                out.append(Request(max(counts), tuple(choices)))
+    return out
+
+
+def requests_from_template(
+    template: Mapping[str, Any],
+    claim_templates: Mapping[Key, Mapping[str, Any]],
+    namespace: str,
+    unknown: list[str],
+) -> list[Request]:
+    """Every GPU request one pod of this PodSet template makes; raises Refusal/AnnotationError for a
+    request the webhook would deny, Undecidable when a referenced template is not known yet."""
+    metadata = template.get("metadata") or {}
+    spec = template.get("spec") or {}
+    out: list[Request] = []
+    selection: Selection | None = None
+    for _, _, _, _, gpu in container_requests(spec):
+        if selection is None:
+            selection = selection_for(metadata.get("annotations") or {})
+        choice = Choice(
+            memory=gpu.memory_mib * MiB if gpu.memory_mib is not None else None,
+            memory_percent=gpu.memory_percent if gpu.memory_mib is None else None,
+            cores=gpu.cores or 0,
+            selection=selection,
+        )
+        out.append(Request(gpu.count, (choice,)))
+    for entry in spec.get("resourceClaims") or []:
+        name = entry.get("resourceClaimTemplateName")
+        if not name:
+            continue  # a claim made by someone else: it is allocated (and counted) on its own
+        claim_template = claim_templates.get((namespace, name))
+        if claim_template is None:
+            raise Undecidable(f"ResourceClaimTemplate {namespace}/{name} is not known yet")
+        out.extend(requests_from_claim_spec((claim_template.get("spec") or {}).get("spec") or {}, unknown))
+    return out
+
+
+def pod_groups(
+    workload: Mapping[str, Any], claim_templates: Mapping[Key, Mapping[str, Any]], unknown: list[str]
+) -> list[PodGroup]:
+    """The Workload's PodSets as PodGroups, counted as admitted (partial admission may admit fewer)."""
+    namespace = workload["metadata"].get("namespace", "")
+    admitted = {
+        a.get("name"): a.get("count")
+        for a in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    }
+    groups = []
+    for podset in (workload.get("spec") or {}).get("podSets") or []:
+        name = podset.get("name", "main")
+        count = admitted.get(name)
+        if count is None:
+            count = podset.get("count", 1)
+        requests = requests_from_template(podset.get("template") or {}, claim_templates, namespace, unknown)
+        groups.append(PodGroup(name, int(count), tuple(requests)))
+    return groups
+
+
+# -- Workload status (pure) ------------------------------------------------------------------------
+
+
+def condition(workload: Mapping[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (workload.get("status") or {}).get("conditions") or []
+    )
+
+
+def check_state(workload: Mapping[str, Any], check: str) -> Mapping[str, Any] | None:
+    states: list[Mapping[str, Any]] = (workload.get("status") or {}).get("admissionChecks") or []
+    return next((state for state in states if state.get("name") == check), None)
+
+
+def live(workload: Mapping[str, Any]) -> bool:
+    return condition(workload, "QuotaReserved") and not condition(workload, "Finished")
+
+
+def priority_order(workload: Mapping[str, Any]) -> tuple[int, str, str]:
+    """Higher priority first, then older first (as Kueue orders its queues)."""
+    spec = workload.get("spec") or {}
+    metadata = workload.get("metadata") or {}
+    return (-int(spec.get("priority") or 0), metadata.get("creationTimestamp", ""), metadata.get("name", ""))
+
+
+# -- the controller --------------------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    state: str
+    message: str
+    placements: list[Placement] = field(default_factory=list)
+    groups: list[PodGroup] = field(default_factory=list)
+
+
+@dataclass
+class PassState:
+    """One decision pass: the GPUs, their free capacity after allocated claims, the reserved shares
+    of Workloads already Ready, and where those are planned to go (grown by each Ready decision)."""
+
+    gpus: list[Gpu]
+    base: Free
+    reserved: list[PodGroup]
+    plan: list[Placement]
+
+
+@dataclass
+class Stats:
+    """Decision counts and the last decisions' durations, for logs, /metrics and the benchmark."""
+
+    decisions: int = 0
+    ready: int = 0
+    pending: int = 0
+    rejected: int = 0
+    durations: list[float] = field(default_factory=list)
+
+    def record(self, state: str, seconds: float) -> None:
+        self.decisions += 1
+        setattr(self, state.lower(), getattr(self, state.lower()) + 1)
+        self.durations.append(seconds)
+        del self.durations[:-10000]
+
+
+class WorkloadController:
+    """Decides every waiting Workload whenever a watch says something changed."""
+
+    def __init__(
+        self, api: client.ApiClient, inventory: Inventory, field_manager: str, budget: int = DEFAULT_BUDGET
+    ):
+        self._custom = client.CustomObjectsApi(api)
+        self.inventory = inventory
+        self.field_manager = field_manager
+        self.budget = budget
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = Stats()
+        # Ready decisions not yet seen back through the watch: uid -> groups still to place.
+        self._approved: dict[str, list[PodGroup]] = {}
+        # What each waiting Workload was last told, so an unchanged message is not written again.
+        self._told: dict[str, tuple[str, str]] = {}
+
+    def wake(self, what: str = "") -> None:
+        self._wake.set()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> list[PodGroup]:
+        """Shares of Workloads Ready on our check whose pods are not all placed yet."""
+        inventory = self.inventory
+        by_owner: dict[str, list[Any]] = {}
+        for pod in inventory.pods.values():
+            for owner in (*pod.owners, pod.uid):
+                by_owner.setdefault(owner, []).append(pod)
+        out: list[PodGroup] = []
+        seen: set[str] = set()
+        for workload in workloads:
+            uid = workload["metadata"].get("uid", "")
+            ready = any((check_state(workload, c) or {}).get("state") == READY for c in checks)
+            if not (ready and live(workload) and not condition(workload, "Evicted")):
+                continue
+            seen.add(uid)
+            owners = [o.get("uid", "") for o in workload["metadata"].get("ownerReferences") or []]
+            pods = {p.uid: p for o in owners for p in by_owner.get(o, [])}
+            placed = [p for p in pods.values() if p.placed]
+            try:
+                groups = pod_groups(workload, inventory.templates, [])
+            except (Refusal, AnnotationError, Undecidable, ValueError):
+                continue
+            out.extend(_less_placed(groups, placed))
+        for uid, groups in list(self._approved.items()):
+            if uid not in seen:
+                out.extend(groups)
+        return out
+
+    def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
+        """The decision for one waiting Workload, given this pass's free capacity and plan."""
+        unknown: list[str] = []
+        try:
+            groups = pod_groups(workload, self.inventory.templates, unknown)
+        except (Refusal, AnnotationError) as error:
+            return Decision(REJECTED, f"its GPU request can never be met: {error}")
+        except Undecidable as error:
+            return Decision(PENDING, f"waiting: {error}")
+        except ValueError as error:
+            return Decision(REJECTED, f"its GPU request cannot be read: {error}")
+        if not any(g.shares_per_pod for g in groups):
+            return Decision(READY, "asks for no GPU", groups=groups)
+        note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
+        after_plan = apply(state.base, state.plan)
+        fitted = pack(groups, state.gpus, after_plan, self.budget)
+        if fitted.fits and fitted.placements is not None:
+            state.plan = state.plan + fitted.placements
+            return Decision(READY, f"fits: {_where(fitted.placements)}{note}", fitted.placements, groups)
+        exhausted = fitted.exhausted
+        if state.reserved and _totals_could_hold(groups, after_plan):
+            joint = pack([*state.reserved, *groups], state.gpus, state.base, self.budget)
+            if joint.fits and joint.placements is not None:
+                state.plan = joint.placements
+                return Decision(READY, f"fits after re-planning reserved shares{note}", [], groups)
+        return Decision(PENDING, no_fit_message(groups, state.gpus, after_plan, exhausted) + note)
+
+    def run_once(self) -> int:
+        """Decide every waiting Workload once, highest priority first; returns how many were decided."""
+        inventory = self.inventory
+        with inventory.lock:
+            known_checks = dict(inventory.checks)
+        sync_active(self._custom, known_checks, inventory.controller_name, self.field_manager)
+        checks = inventory.our_checks()
+        if not checks:
+            return 0
+        with inventory.lock:
+            workloads = list(inventory.workloads.values())
+            gpus = list(inventory.gpus)
+            base = free_capacity(gpus, inventory.usage)
+            live_uids = {w["metadata"].get("uid", "") for w in workloads if live(w)}
+            for workload in workloads:
+                # Approvals the watch has echoed back are read from the Workloads themselves.
+                if any((check_state(workload, c) or {}).get("state") == READY for c in checks):
+                    self._approved.pop(workload["metadata"].get("uid", ""), None)
+            for uid in [u for u in self._approved if u not in live_uids]:
+                del self._approved[uid]
+            reserved = self._reserved_groups(checks, workloads)
+            waiting = [
+                (w, c)
+                for w in workloads
+                for c in checks
+                if live(w)
+                and (check_state(w, c) or {}).get("state") == PENDING
+                and w["metadata"].get("uid", "") not in self._approved
+            ]
+        planned = pack(reserved, gpus, base, self.budget)
+        if not planned.fits:
+            log.warning(
+                "the %d reserved pods of Workloads already Ready no longer pack on the free GPUs "
+                "(capacity shrank?); deciding against the free capacity less their totals",
+                sum(g.count for g in reserved),
+            )
+        state = PassState(gpus, base, reserved, planned.placements or [])
+        waiting.sort(key=lambda wc: priority_order(wc[0]))
+        decided = 0
+        for workload, check in waiting:
+            if self._stop.is_set():
+                break
+            started = time.perf_counter()
+            decision = self.decide(workload, state)
+            self.stats.record(decision.state, time.perf_counter() - started)
+            decided += 1
+            name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
+            uid = workload["metadata"].get("uid", "")
+            told = (decision.state, decision.message)
+            if self._told.get(uid) != told:
+                log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
+            if decision.state == READY:
+                self._approved[uid] = decision.groups
+                state.reserved = [*state.reserved, *decision.groups]
+            if not self._write(workload, check, decision):
+                self._approved.pop(uid, None)
+                continue
+            self._told[uid] = told
+        for uid in [u for u in self._told if u not in live_uids]:
+            del self._told[uid]
+        return decided
+
+    def _write(self, workload: Mapping[str, Any], check: str, decision: Decision) -> bool:
+        """Server-side apply of our one entry of status.admissionChecks."""
+        current = check_state(workload, check) or {}
+        if current.get("state") == decision.state and current.get("message") == decision.message:
+            return True
+        transition = current.get("lastTransitionTime")
+        if current.get("state") != decision.state or not transition:
+            transition = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "Workload",
+            "metadata": {
+                "name": workload["metadata"]["name"],
+                "namespace": workload["metadata"]["namespace"],
+            },
+            "status": {
+                "admissionChecks": [
+                    {
+                        "name": check,
+                        "state": decision.state,
+                        "message": decision.message[:8000],
+                        "lastTransitionTime": transition,
+                    }
+                ]
+            },
+        }
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                workload["metadata"]["namespace"],
+                "workloads",
+                workload["metadata"]["name"],
+                body,
+                field_manager=self.field_manager,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            log.warning(
+                "writing %s on workload %s/%s failed: %s %s",
+                decision.state,
+                workload["metadata"]["namespace"],
+                workload["metadata"]["name"],
+                error.status,
+                error.reason,
+            )
+            self._wake.set()  # try again on the next pass
+            return False
+        return True
+
+    # -- loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            # Let a burst of watch events settle into one pass.
+            self._stop.wait(0.02)
+            self._wake.clear()
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("decision pass failed; trying again on the next change")
+                self._stop.wait(1.0)
+                self._wake.set()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="decisions", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def _less_placed(groups: list[PodGroup], placed: Sequence[Any]) -> list[PodGroup]:
+    """The groups less the pods already placed: by role hash when pods carry one (pod groups),
+    otherwise from the first group on (a Job has one PodSet)."""
+    remaining = {g.name: g.count for g in groups}
+    for pod in placed:
+        name = (
+            pod.role_hash
+            if pod.role_hash in remaining
+            else next((n for n, c in remaining.items() if c > 0), None)
+        )
+        if name is not None and remaining[name] > 0:
+            remaining[name] -= 1
+    return [PodGroup(g.name, remaining[g.name], g.requests) for g in groups if remaining[g.name] > 0]
+
+
+def _totals_could_hold(groups: Sequence[PodGroup], free: Free) -> bool:
+    """A necessary condition only: the free memory and cores add up to the absolute shares' sums."""
+    memory = sum(
+        (r.choices[0].memory or 0) * r.count * g.count for g in groups for r in g.requests if r.choices
+    )
+    cores = sum(r.choices[0].cores * r.count * g.count for g in groups for r in g.requests if r.choices)
+    return memory <= sum(m for m, _ in free.values()) and cores <= sum(c for _, c in free.values())
+
+
+def _where(placements: Sequence[Placement]) -> str:
+    nodes: dict[str, int] = {}
+    for placement in placements:
+        if placement.node:
+            nodes[placement.node] = nodes.get(placement.node, 0) + 1
+    return (
+        ", ".join(f"{n} pod{'s' if n != 1 else ''} on {node}" for node, n in sorted(nodes.items()))
+        or "no GPU"
+    )

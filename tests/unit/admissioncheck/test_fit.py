@@ -1,0 +1,209 @@
+"""The packing: shares fit only when every one has a GPU at once, one node per pod; a sum that fits
+is not enough."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera.admissioncheck.fit import (
+    Choice,
+    Gpu,
+    PodGroup,
+    Request,
+    apply,
+    describe_need,
+    free_capacity,
+    no_fit_message,
+    pack,
+)
+from tessera.quantity import GiB
+from tessera.webhook.selectors import Selection
+
+
+def gpus_on(node: str, *memories_gi: int, product: str = "NVIDIA A100") -> list[Gpu]:
+    return [
+        Gpu(node, node, f"gpu-{i}", f"GPU-{node}-{i}", product, m * GiB, 100)
+        for i, m in enumerate(memories_gi)
+    ]
+
+
+def pods(name: str, count: int, *shares: tuple[int, int], per_request: int = 1) -> PodGroup:
+    """``count`` pods, each with one request per (memory Gi, cores) share."""
+    requests = tuple(Request(per_request, (Choice(memory=m * GiB, cores=c),)) for m, c in shares)
+    return PodGroup(name, count, requests)
+
+
+def all_free(gpus: list[Gpu]) -> dict[tuple[str, str], tuple[int, int]]:
+    return free_capacity(gpus, {})
+
+
+def used_by(gpus: list[Gpu], free_gi: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Free state where the GPU named node/gpu-i has only free_gi[...] Gi left."""
+    used = {}
+    for gpu in gpus:
+        label = f"{gpu.node}/{gpu.name}"
+        if label in free_gi:
+            used[gpu.key] = (gpu.memory - free_gi[label] * GiB, 0)
+    return free_capacity(gpus, used)
+
+
+def test_a_gang_of_four_20gi_pods_does_not_fit_on_gpus_with_12gi_free_though_the_sum_does() -> None:
+    gpus = gpus_on("node-a", 24, 24, 24, 24) + gpus_on("node-b", 24, 24, 24, 24)
+    free = used_by(gpus, {f"{n}/gpu-{i}": 12 for n in ("node-a", "node-b") for i in range(4)})
+    assert sum(m for m, _ in free.values()) >= 4 * 20 * GiB  # the arithmetic says yes
+    gang = [pods("workers", 4, (20, 30))]
+    result = pack(gang, gpus, free)
+    assert not result.fits and not result.exhausted
+    message = no_fit_message(gang, gpus, free, result.exhausted)
+    assert message.startswith(
+        "needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on node-"
+    )
+
+
+def test_the_gang_fits_once_two_gpus_free_up_and_each_pod_has_a_gpu_of_its_own() -> None:
+    gpus = gpus_on("node-a", 40, 40, 24, 24)
+    free = used_by(gpus, {"node-a/gpu-2": 12, "node-a/gpu-3": 12})
+    result = pack([pods("workers", 4, (20, 30))], gpus, free)
+    assert result.fits and result.placements is not None
+    assert len(result.placements) == 4
+    assert {share[0][1] for p in result.placements for share in [p.shares[0]]} == {"gpu-0", "gpu-1"}
+
+
+def test_two_15gi_shares_do_not_fit_on_a_20gi_and_a_10gi_gpu() -> None:
+    gpus = gpus_on("node-a", 20, 10)
+    assert not pack([pods("p", 2, (15, 0))], gpus, all_free(gpus)).fits
+
+
+def test_bin_packing_that_first_fit_by_arrival_would_miss_is_found() -> None:
+    # Pieces 6,5,4,3,3,3 (24) on two GPUs of 12: first fit in arrival order 6+5 | 4+3+3 leaves a 3
+    # over; the packing 6+3+3 | 5+4+3 exists.
+    gpus = gpus_on("node-a", 12, 12)
+    groups = [pods(f"p{i}", 1, (m, 0)) for i, m in enumerate((6, 5, 4, 3, 3, 3))]
+    result = pack(groups, gpus, all_free(gpus))
+    assert result.fits and result.placements is not None
+    loads: dict[str, int] = {}
+    for placement in result.placements:
+        for key, memory, _ in placement.shares:
+            loads[key[1]] = loads.get(key[1], 0) + memory
+    assert sorted(loads.values()) == [12 * GiB, 12 * GiB]
+
+
+def test_a_packing_that_needs_backtracking_over_best_fit_is_found() -> None:
+    # Best fit puts 5 on the 6-GPU first; only 5->7-GPU, 6->6-GPU... the search must undo that.
+    gpus = gpus_on("node-a", 6, 7)
+    groups = [pods("a", 1, (5, 0)), pods("b", 1, (6, 0))]
+    result = pack(groups, gpus, all_free(gpus))
+    assert result.fits
+
+
+def test_cores_are_packed_too_memory_alone_is_not_enough() -> None:
+    gpus = gpus_on("node-a", 80, 80)
+    assert pack([pods("p", 2, (10, 60))], gpus, all_free(gpus)).fits
+    assert not pack([pods("p", 3, (10, 60))], gpus, all_free(gpus)).fits
+
+
+def test_all_shares_of_one_pod_must_be_on_one_node() -> None:
+    gpus = gpus_on("node-a", 16) + gpus_on("node-b", 16)
+    # One pod with two 10Gi shares: 20Gi free in total, but no node has two GPUs with 10Gi.
+    assert not pack([pods("p", 1, (10, 0), (10, 0))], gpus, all_free(gpus)).fits
+    # Two pods of one share each fit, one per node.
+    assert pack([pods("p", 2, (10, 0))], gpus, all_free(gpus)).fits
+
+
+def test_two_shares_of_one_request_may_share_a_gpu_as_the_scheduler_allows() -> None:
+    gpus = gpus_on("node-a", 40)
+    assert pack([pods("p", 1, (15, 30), per_request=2)], gpus, all_free(gpus)).fits
+
+
+def test_selectors_restrict_the_gpus_a_share_may_use() -> None:
+    gpus = gpus_on("node-a", 40, product="NVIDIA A100") + gpus_on("node-b", 40, product="NVIDIA H100")
+    only_h100 = Choice(memory=30 * GiB, selection=Selection(use_types=("h100",)))
+    group = PodGroup("p", 2, (Request(1, (only_h100,)),))
+    assert not pack([group], gpus, all_free(gpus)).fits
+    placement = pack([PodGroup("p", 1, (Request(1, (only_h100,)),))], gpus, all_free(gpus)).placements
+    assert placement is not None and placement[0].node == "node-b"
+    not_this_uuid = Choice(memory=30 * GiB, selection=Selection(nouse_uuids=("GPU-node-b-0",)))
+    placement = pack([PodGroup("p", 1, (Request(1, (not_this_uuid,)),))], gpus, all_free(gpus)).placements
+    assert placement is not None and placement[0].node == "node-a"
+
+
+def test_a_percentage_takes_its_share_of_each_gpus_own_memory() -> None:
+    gpus = gpus_on("node-a", 80) + gpus_on("node-b", 40)
+    half = Choice(memory_percent=50, cores=0)
+    result = pack([PodGroup("p", 3, (Request(1, (half,)),))], gpus, all_free(gpus))
+    assert result.fits and result.placements is not None
+    memory = {g.key: g.memory for g in gpus}
+    assert all(share[1] * 2 == memory[share[0]] for p in result.placements for share in p.shares)
+    # Five halves do not fit on two GPUs.
+    assert not pack([PodGroup("p", 5, (Request(1, (half,)),))], gpus, all_free(gpus)).fits
+
+
+def test_first_available_uses_one_choice_for_all_shares_of_a_request() -> None:
+    gpus = gpus_on("node-a", 80, 40)
+    choices = (
+        Choice(memory=60 * GiB, memory_size=80 * GiB),
+        Choice(memory=30 * GiB, memory_size=40 * GiB),
+    )
+    # Two shares: both 60Gi on the 80Gi GPU cannot be, both 30Gi on the 40Gi GPU cannot be; mixing
+    # choices within a request is not what the scheduler does, so it does not fit.
+    assert not pack([PodGroup("p", 1, (Request(2, choices),))], gpus, all_free(gpus)).fits
+    assert pack([PodGroup("p", 1, (Request(1, choices),))], gpus, all_free(gpus)).fits
+
+
+def test_a_pod_group_without_gpu_shares_always_fits() -> None:
+    assert pack([PodGroup("cpu", 5, ())], [], {}).fits
+
+
+def test_the_budget_stops_a_hopeless_search_and_says_so() -> None:
+    # 20 GPUs that all differ (20..39Gi), 21 pods of 20Gi: one per GPU at most, so no packing, and
+    # no two GPUs are alike, so nothing prunes the 20! orders but the budget.
+    gpus = gpus_on("node-a", *range(20, 40))
+    free = all_free(gpus)
+    groups = [pods("many", 21, (20, 0))]
+    result = pack(groups, gpus, free, budget=500)
+    assert not result.fits and result.exhausted
+    assert result.steps <= 501
+    assert no_fit_message(groups, gpus, free, result.exhausted).endswith(
+        "no packing was found within the search limit"
+    )
+
+
+def test_placements_applied_leave_no_gpu_below_zero() -> None:
+    gpus = gpus_on("node-a", 24, 24) + gpus_on("node-b", 24)
+    groups = [pods("a", 2, (12, 50)), pods("b", 3, (8, 10))]
+    result = pack(groups, gpus, all_free(gpus))
+    assert result.placements is not None
+    after = apply(all_free(gpus), result.placements)
+    assert all(m >= 0 and c >= 0 for m, c in after.values())
+
+
+def test_the_need_is_described_per_share_shape() -> None:
+    groups = [pods("w", 4, (20, 30)), pods("ps", 1, (8, 0))]
+    assert describe_need(groups) == "4 shares of 20Gi/30, 1 share of 8Gi"
+
+
+def brute_force_fits(sizes: list[int], capacities: list[int]) -> bool:
+    """Single-node, single-share pods: try every assignment."""
+    for assignment in itertools.product(range(len(capacities)), repeat=len(sizes)):
+        load = [0] * len(capacities)
+        for size, gpu in zip(sizes, assignment, strict=True):
+            load[gpu] += size
+        if all(load[i] <= capacities[i] for i in range(len(capacities))):
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    capacities=st.lists(st.integers(1, 16), min_size=1, max_size=3),
+)
+def test_the_search_agrees_with_brute_force_on_small_cases(sizes: list[int], capacities: list[int]) -> None:
+    gpus = gpus_on("node-a", *capacities)
+    groups = [pods(f"p{i}", 1, (s, 0)) for i, s in enumerate(sizes)]
+    result = pack(groups, gpus, all_free(gpus))
+    assert not result.exhausted
+    assert result.fits == brute_force_fits(sizes, capacities)
