@@ -1,6 +1,6 @@
 """`tessera-cluster`: the test bed by hand — a control plane on loopback, optionally with real nodes.
 
-tessera-cluster up [--nodes N] [--state-dir DIR]   run until SIGINT/SIGTERM, then clean up
+tessera-cluster up [--nodes N] [--kueue] [--state-dir DIR]   run until SIGINT/SIGTERM, then clean up
 tessera-cluster build                              build every pinned binary into the cache
 tessera-cluster sweep                              clean real nodes left behind by killed runs
 """
@@ -41,10 +41,10 @@ def node_summary(node: RealNode) -> str:
     )
 
 
-def up(state_dir: Path | None, nodes: int) -> None:
+def up(state_dir: Path | None, nodes: int, kueue: bool = False) -> None:
     """Start everything, print how to reach it, and wait; Ctrl-C or SIGTERM, even during start-up,
     unwinds through the context managers, which stop and clean up whatever was started."""
-    with LocalCluster(state_dir) as cluster, running_nodes(cluster, nodes) as started:
+    with LocalCluster(state_dir, kueue=kueue) as cluster, running_nodes(cluster, nodes) as started:
         print(f"export KUBECONFIG={cluster.admin_kubeconfig}", flush=True)
         for node in started:
             print(node_summary(node), flush=True)
@@ -79,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: a new temporary folder, removed at exit)",
     )
     up_parser.add_argument("--nodes", type=int, default=0, help="real nodes to start (default: 0)")
+    up_parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also install Kueue (CRDs, webhooks on loopback) and run its controller",
+    )
     sub.add_parser("build", help="build every pinned binary into the cache (no-op when cached)")
     sub.add_parser("sweep", help="clean real nodes left behind by killed runs")
     args = parser.parse_args(argv)
@@ -94,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.state_dir.mkdir(parents=True, exist_ok=True)
         interrupt_on_sigterm()
         with contextlib.suppress(KeyboardInterrupt):
-            up(args.state_dir, args.nodes)
+            up(args.state_dir, args.nodes, args.kueue)
     return 0
 
 

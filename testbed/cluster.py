@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tessera.testbed.binaries import binary, ensure_built
+from tessera.testbed.kueue import Kueue, KueueOptions
 from tessera.testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
 from tessera.testbed.process import ManagedProcess, free_port
 
@@ -57,10 +58,11 @@ current-context: tessera
 class LocalCluster:
     """The control plane of one test cluster. Use as a context manager, or call start()/stop()."""
 
-    def __init__(self, state_dir: Path | None = None) -> None:
+    def __init__(self, state_dir: Path | None = None, kueue: KueueOptions | bool = False) -> None:
         """state_dir: where certs, etcd data, kubeconfig and logs go. A folder given here is the
         caller's and is kept (its logs are worth reading); by default a new temporary folder is
-        used and removed by stop()."""
+        used and removed by stop(). kueue: also install and run Kueue (testbed/kueue.py), with
+        these options when they are given."""
         self._owns_state_dir = state_dir is None
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
         self.log_dir = self.state_dir / "logs"
@@ -71,6 +73,8 @@ class LocalCluster:
         self.scheduler_port = 0
         self.ca: CertificateAuthority | None = None
         self.admin_kubeconfig = self.state_dir / "admin.kubeconfig"
+        self._kueue_options = kueue if isinstance(kueue, KueueOptions) else KueueOptions() if kueue else None
+        self.kueue: Kueue | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -91,13 +95,16 @@ class LocalCluster:
         """Start etcd, the API server, the controller manager and the scheduler; wait until each is
         healthy. On any failure, stop what was started before raising."""
         try:
-            ensure_built("etcd", "kubernetes")
+            ensure_built("etcd", "kubernetes", *(["kueue"] if self._kueue_options else []))
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
             self._start_scheduler()
+            if self._kueue_options is not None:
+                self.kueue = Kueue(self, self._kueue_options)
+                self.kueue.start()
         except BaseException:
             self.stop()
             raise
