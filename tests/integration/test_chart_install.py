@@ -1,0 +1,237 @@
+"""charts/tessera installed into the local control plane: the real API server accepts every object,
+an upgrade keeps the webhook's CA, and an uninstall leaves nothing of the release behind.
+
+No node runs the pods here (tests/e2e does that); this is the chart's contract with the API server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.driver_node import ensure_device_class
+from tessera.testbed.kubectl import kubectl
+from tessera.testbed.names import unique_name
+from tessera.testbed.polling import poll_until
+from tests.chart_helm import CHART, helm, values_file
+
+pytestmark = pytest.mark.integration
+
+NODE_ROOT = "/tmp/tessera-nodes"
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    # What a user gets, plus the dashboard (the Prometheus Operator's kinds need its CRDs).
+    "defaults": {"exporter": {"dashboard": {"enabled": True}}},
+    # The test bed's shape: per-node folders under one host folder, the simulated driver mounted by
+    # the daemon itself, the host network, and the webhook keeping its own CA.
+    "test-bed": {
+        "kubeletPlugin": {
+            "driverSource": "own",
+            "hostNetwork": True,
+            "hostPaths": {
+                "nodeRoot": NODE_ROOT,
+                "kubeletRoot": f"{NODE_ROOT}/$(NODE_NAME)/kubelet",
+                "cdiDir": f"{NODE_ROOT}/$(NODE_NAME)/cdi",
+                "stateDir": f"{NODE_ROOT}/$(NODE_NAME)/tessera",
+                "driverLibraryDir": f"{NODE_ROOT}/$(NODE_NAME)/driver/lib",
+            },
+            "nodeSelector": {"tessera.dev/test-bed": "true"},
+        },
+        "exporter": {"service": {"type": "ClusterIP"}},
+        "webhook": {"replicas": 1, "tls": {"source": "self"}},
+    },
+}
+
+
+@pytest.fixture
+def device_class_free(kube: client.ApiClient) -> Iterator[None]:
+    """The chart owns the DeviceClass gpu.tessera.dev, which other tests make without Helm: take
+    theirs away for the install, and put it back afterwards."""
+    resource = client.ResourceV1Api(kube)
+    try:
+        resource.delete_device_class(DEVICE_CLASS)
+        poll_until(lambda: not _device_class_exists(resource), 30, "DeviceClass deleted")
+    except ApiException as error:
+        if error.status != 404:
+            raise
+    yield
+    ensure_device_class(kube)
+
+
+def _device_class_exists(resource: client.ResourceV1Api) -> bool:
+    try:
+        resource.read_device_class(DEVICE_CLASS)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def manifest_objects(cluster: LocalCluster, home: Path, release: str, namespace: str) -> list[dict[str, Any]]:
+    result = helm(home, "get", "manifest", release, "-n", namespace, kubeconfig=cluster.admin_kubeconfig)
+    return [o for o in yaml.safe_load_all(result.stdout) if o]
+
+
+def labelled(cluster: LocalCluster, release: str) -> set[str]:
+    """Every object of every listable kind, in any namespace, that carries the release's label, as
+    kubectl's "kind.group/name" (namespace-blind: names are unique within the release)."""
+    kinds = kubectl(cluster.admin_kubeconfig, "api-resources", "--verbs=list", "-o", "name").split()
+    listed = kubectl(
+        cluster.admin_kubeconfig,
+        "get",
+        ",".join(kinds),
+        "--all-namespaces",
+        "--ignore-not-found",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "-o",
+        "name",
+        timeout=120,
+    )
+    return set(listed.split())
+
+
+def kubectl_name(obj: dict[str, Any]) -> str:
+    """The "kind.group/name" kubectl prints for ``obj`` (core kinds have no group)."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    kind = obj["kind"].lower()
+    return f"{kind}.{group}/{obj['metadata']['name']}" if group else f"{kind}/{obj['metadata']['name']}"
+
+
+def read_back(cluster: LocalCluster, obj: dict[str, Any], namespace: str) -> dict[str, Any] | None:
+    """``obj`` as the API server holds it, or None if it has no such object."""
+    args = ["get", kubectl_name(obj), "--ignore-not-found", "-o", "json"]
+    if obj["metadata"].get("namespace") or obj["kind"] not in CLUSTER_SCOPED:
+        args += ["-n", obj["metadata"].get("namespace", namespace)]
+    text = kubectl(cluster.admin_kubeconfig, *args)
+    return json.loads(text) if text.strip() else None
+
+
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "Namespace",
+}
+
+
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_install_creates_every_object_and_uninstall_leaves_nothing(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+    device_class_free: None,
+    values: dict[str, Any],
+) -> None:
+    release = unique_name("tessera")
+    installed = False
+    try:
+        helm(
+            tmp_path,
+            "install",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "-f",
+            str(values_file(tmp_path, values)),
+            kubeconfig=cluster.admin_kubeconfig,
+        )
+        installed = True
+        objects = manifest_objects(cluster, tmp_path, release, namespace)
+        kinds = {o["kind"] for o in objects}
+        assert kinds >= {
+            "DaemonSet",
+            "Deployment",
+            "DeviceClass",
+            "MutatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ServiceAccount",
+            "Service",
+            "PodDisruptionBudget",
+        }
+        for obj in objects:
+            assert read_back(cluster, obj, namespace) is not None, f"{kubectl_name(obj)} was not created"
+        # Every object of the release carries its label, so the listing below can find leftovers.
+        names = {kubectl_name(o) for o in objects}
+        assert names <= labelled(cluster, release)
+        # The real API server took the DeviceClass as the driver's.
+        device_class = raw_json(
+            client.ResourceV1Api(kube).read_device_class(DEVICE_CLASS, _preload_content=False)
+        )
+        assert device_class["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+    finally:
+        if installed:
+            helm(
+                tmp_path, "uninstall", release, "-n", namespace, "--wait", kubeconfig=cluster.admin_kubeconfig
+            )
+    # Controllers' objects (ReplicaSets, pods, endpoint slices) go by garbage collection, shortly after.
+    left: set[str] = set()
+
+    def nothing_left() -> bool:
+        left.clear()
+        left.update(labelled(cluster, release))
+        return not left
+
+    poll_until(nothing_left, 120, f"no object labelled with release {release}")
+    for obj in objects:
+        assert read_back(cluster, obj, namespace) is None, f"{kubectl_name(obj)} outlived the uninstall"
+
+
+def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhooks_ca(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path, device_class_free: None
+) -> None:
+    release = unique_name("tessera")
+    apps = client.AppsV1Api(kube)
+    admission = client.AdmissionregistrationV1Api(kube)
+    name = release  # it contains "tessera", so objects are named "<release>-<component>"
+    common = ["-n", namespace]
+    helm(tmp_path, "install", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
+    try:
+        before = apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace)
+        bundle = (
+            admission.read_mutating_webhook_configuration(f"{name}-webhook")
+            .webhooks[0]
+            .client_config.ca_bundle
+        )
+        assert bundle
+        helm(
+            tmp_path,
+            "upgrade",
+            release,
+            str(CHART),
+            *common,
+            "--set",
+            "kubeletPlugin.logLevel=debug",
+            kubeconfig=cluster.admin_kubeconfig,
+        )
+        after = apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace)
+        assert after.metadata.generation > before.metadata.generation
+        assert "--log-level=debug" in after.spec.template.spec.containers[0].args
+        assert after.spec.update_strategy.rolling_update.max_surge == 1
+        assert after.spec.update_strategy.rolling_update.max_unavailable == 0
+        again = (
+            admission.read_mutating_webhook_configuration(f"{name}-webhook")
+            .webhooks[0]
+            .client_config.ca_bundle
+        )
+        assert again == bundle, "the upgrade replaced the CA the API server trusts"
+    finally:
+        helm(tmp_path, "uninstall", release, *common, "--wait", kubeconfig=cluster.admin_kubeconfig)
