@@ -8,8 +8,9 @@ images/images.toml is the one list of what goes in; this module lays it out in a
    unignored files), with the build requirements of this environment (the same pins);
 2. Debian's Python: the files the manifest's packages installed here (``dpkg -L``), the Dockerfile
    installs the same packages into its base image;
-3. the virtual environment (``--copies --without-pip``) with the wheel and its pinned dependencies
-   installed by pip into its site-packages, exactly the Dockerfile's command;
+3. the virtual environment (``--copies``) whose pip installs the wheel with its pinned
+   dependencies and commands, the Dockerfile's commands (``venv_commands``), made in the root folder
+   and then given the image's path in its scripts and pyvenv.cfg;
 4. the shared libraries the ELF files there load (``ldd``), at their host paths, standing in for
    the base image's.
 
@@ -60,7 +61,6 @@ class Manifest:
     apt_packages: tuple[str, ...]
     python: str
     venv: str
-    site_packages: str
     workdir: str
     env: tuple[str, ...]
     images: Mapping[str, ProductImage]
@@ -74,7 +74,6 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
         apt_packages=tuple(runtime["apt_packages"]),
         python=runtime["python"],
         venv=runtime["venv"],
-        site_packages=runtime["site_packages"],
         workdir=runtime["workdir"],
         env=tuple(runtime["env"]),
         images={
@@ -159,26 +158,27 @@ def package_files(packages: tuple[str, ...]) -> dict[str, Path]:
     return files
 
 
+def venv_commands(manifest: Manifest, venv: str, wheel: str) -> list[list[str]]:
+    """The commands that make the virtual environment at ``venv`` and fill it: the Dockerfile's
+    build stage runs them at the manifest's path, the local build under its root folder."""
+    return [
+        [manifest.python, "-m", "venv", "--copies", venv],
+        [f"{venv}/bin/pip", "install", "--no-compile", wheel],
+        [f"{venv}/bin/pip", "uninstall", "--yes", "pip", "setuptools"],
+    ]
+
+
 def make_venv(manifest: Manifest, root: Path, wheel: Path) -> None:
     """The manifest's virtual environment under ``root``, with the wheel and its dependencies, made
-    by the commands of the Dockerfile's build stage."""
+    by the Dockerfile's commands; then moved to the image's path, as a venv is not relocatable: the
+    folder it was made in, which its scripts' first lines and pyvenv.cfg name, becomes the image's."""
     venv = root / manifest.venv.lstrip("/")
-    run_checked([manifest.python, "-m", "venv", "--copies", "--without-pip", venv], timeout=120)
-    # venv records the command that made it; make it the one that ran at the image's path.
-    config = venv / "pyvenv.cfg"
-    lines = [
-        f"command = {manifest.python} -m venv --copies --without-pip {manifest.venv}"
-        if line.startswith("command = ")
-        else line
-        for line in config.read_text().splitlines()
-    ]
-    config.write_text("\n".join(lines) + "\n")
-    site_packages = root / manifest.site_packages.lstrip("/")
-    run_checked(
-        [sys.executable, "-m", "pip", "install", "--no-compile", "--target", site_packages, wheel],
-        timeout=_BUILD_TIMEOUT,
-    )
-    shutil.rmtree(site_packages / "bin", ignore_errors=True)
+    for command in venv_commands(manifest, str(venv), str(wheel)):
+        run_checked(command, timeout=_BUILD_TIMEOUT)
+    for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
+        data = path.read_bytes()
+        if not data.startswith(_ELF) and str(venv).encode() in data:
+            path.write_bytes(data.replace(str(venv).encode(), manifest.venv.encode()))
 
 
 def _walk(root: Path) -> Iterator[Path]:

@@ -114,15 +114,17 @@ def test_every_image_gets_the_manifests_environment_and_working_directory(
 def test_the_virtual_environment_is_made_and_filled_as_the_local_build_does(
     manifest: Manifest, stages: dict[str, Stage]
 ) -> None:
-    """--copies --without-pip at the manifest's path, pip install --target its site-packages, and
-    copied whole into the runtime stage: the commands make_venv runs."""
-    build = " ".join(stages["build"].all("RUN"))
+    """The build stage runs venv_commands at the manifest's path (the wheel by its glob), and the
+    runtime stage copies the environment whole: what make_venv runs in the local build's root."""
+    build = stages["build"].all("RUN")
+    commands = [shlex.join(c) for c in product_images.venv_commands(manifest, manifest.venv, "WHEEL")]
+    [venv_run] = [run for run in build if f"-m venv --copies {manifest.venv}" in run]
     python = Path(manifest.python).name
-    assert f"{python} -m venv --copies --without-pip {manifest.venv}" in build
-    assert f"pip install --no-compile --target {manifest.site_packages} " in build
-    assert f"rm -rf {manifest.site_packages}/bin" in build
+    dockerfile = [
+        part.strip() for part in venv_run.replace("/build/wheels/tessera-*.whl", "WHEEL").split("&&")
+    ]
+    assert dockerfile == [c.replace(manifest.python, python, 1) for c in commands]
     assert f"--from=build {manifest.venv} {manifest.venv}" in stages["runtime"].all("COPY")
-    assert manifest.site_packages.startswith(manifest.venv + "/lib/python3.11/")
 
 
 def test_the_local_archives_carry_the_manifests_configuration(manifest: Manifest, tmp_path: Path) -> None:
@@ -158,25 +160,30 @@ def test_the_parser_reads_continuations_args_and_stage_names() -> None:
     assert stages["two"].all("USER") == ["1:1"]
 
 
-def test_the_local_venv_records_the_command_of_the_dockerfile(
+def test_the_local_venv_takes_the_images_path_in_its_scripts_and_configuration(
     manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """make_venv runs the manifest's Python to make the venv, then rewrites the recorded command to the
-    one the Dockerfile runs at the image's path, and installs with pip --target (no pip run here)."""
+    """make_venv runs venv_commands under the build's root, then rewrites the build folder to the
+    image's path in pyvenv.cfg and the scripts (pip writes the interpreter's path into their first
+    line), leaving binaries alone."""
     ran: list[list[str]] = []
+    venv = tmp_path / manifest.venv.lstrip("/")
 
     def fake_run(argv: list[object], **_: object) -> str:
         command = [str(a) for a in argv]
         ran.append(command)
         if "venv" in command:
-            venv = Path(command[-1])
-            venv.mkdir(parents=True)
+            (venv / "bin").mkdir(parents=True)
             (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ncommand = {' '.join(command)}\n")
+            (venv / "bin" / "tessera-driver").write_text(f"#!{venv}/bin/python\nimport sys\n")
+            (venv / "bin" / "python").write_bytes(b"\x7fELF" + str(venv).encode())
         return ""
 
     monkeypatch.setattr(product_images, "run_checked", fake_run)
-    product_images.make_venv(manifest, tmp_path, tmp_path / "tessera-0.1.0-cp311-cp311-linux_x86_64.whl")
-    config = (tmp_path / manifest.venv.lstrip("/") / "pyvenv.cfg").read_text()
-    assert f"command = {manifest.python} -m venv --copies --without-pip {manifest.venv}\n" in config
-    assert ran[0][:5] == [manifest.python, "-m", "venv", "--copies", "--without-pip"]
-    assert ran[1][ran[1].index("--target") + 1] == str(tmp_path / manifest.site_packages.lstrip("/"))
+    wheel = tmp_path / "tessera-0.1.0-cp311-cp311-linux_x86_64.whl"
+    product_images.make_venv(manifest, tmp_path, wheel)
+    assert ran == product_images.venv_commands(manifest, str(venv), str(wheel))
+    config = (venv / "pyvenv.cfg").read_text()
+    assert f"command = {manifest.python} -m venv --copies {manifest.venv}\n" in config
+    assert (venv / "bin" / "tessera-driver").read_text().startswith(f"#!{manifest.venv}/bin/python\n")
+    assert (venv / "bin" / "python").read_bytes() == b"\x7fELF" + str(venv).encode()
