@@ -12,6 +12,7 @@ import http.server
 import logging
 import signal
 import statistics
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,3 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.shutdown()
     log.info("stopped after %d decisions", controller.stats.decisions)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

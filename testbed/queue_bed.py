@@ -1,0 +1,320 @@
+"""Queue admission on the test bed: Kueue objects, GPU Jobs, fake GPU nodes, and the admission check
+run as its own command, shared by the integration and end-to-end tests and the benchmark.
+
+Kueue's objects are written as a user writes YAML (``kueue.x-k8s.io/v1beta2``); the GPU Jobs carry
+HAMi resources in their template, as a user moving from HAMi writes them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.driver.devices import device
+from tessera.driver.discovery import Gpu
+from tessera.driver.slices import slice_object
+from tessera.kube import raw_json
+from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
+from tessera.quantity import GiB
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.fake_nodes import create_ready_node
+from tessera.testbed.polling import poll_until
+from tessera.testbed.process import ManagedProcess, free_port
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+CONTROLLER_NAME = "tessera.dev/gpu-fit"
+GPU_MEMORY = "tessera.dev/gpu-memory"
+GPU_CORES = "tessera.dev/gpu-cores"
+
+KUEUE_RESOURCES: dict[str, Any] = {
+    "transformations": [
+        {
+            "input": HAMI_GPUMEM,
+            "multiplyBy": HAMI_GPU,
+            "strategy": "Replace",
+            "outputs": {GPU_MEMORY: "1Mi"},
+        },
+        {
+            "input": HAMI_GPUCORES,
+            "multiplyBy": HAMI_GPU,
+            "strategy": "Replace",
+            "outputs": {GPU_CORES: "1"},
+        },
+    ]
+}
+"""Kueue's ``resources`` configuration that docs/queue.md documents: a Job's gpumem (MiB per GPU) and
+gpucores (percent per GPU) become quota resources in bytes and percent, multiplied by the pod's
+nvidia.com/gpu, so a pod asking 2 GPUs of 20000 MiB is charged 40000Mi. The tests run Kueue with it."""
+
+QUOTA_RESOURCES = (HAMI_GPU, GPU_MEMORY, GPU_CORES)
+"""What a ClusterQueue covers under that configuration."""
+
+
+# -- fake GPU nodes --------------------------------------------------------------------------------
+
+
+def gpu_record(node: str, index: int, memory_gi: int, product: str) -> Gpu:
+    """A GPU as discovery would report it; the UUID names its node and index."""
+    return Gpu(
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        product_name=product,
+        brand="Nvidia",
+        architecture="Ampere",
+        memory_bytes=memory_gi * GiB,
+        cuda_compute_capability=(8, 0),
+        driver_version="550.54.15",
+        cuda_driver_version=12040,
+        pci_bus_id=f"00000000:{index + 1:02X}:00.0",
+        minor_number=index,
+        mig_enabled=False,
+    )
+
+
+def gpu_devices(
+    node: str, memories_gi: Sequence[int], product: str = "NVIDIA A100-SXM4-80GB"
+) -> list[dict[str, Any]]:
+    """The driver's own Device objects for GPUs of these sizes."""
+    return [device(gpu_record(node, i, m, product)) for i, m in enumerate(memories_gi)]
+
+
+def publish_gpus(
+    api: client.ApiClient,
+    node: str,
+    memories_gi: Sequence[int],
+    generation: int = 1,
+    product: str = "NVIDIA A100-SXM4-80GB",
+) -> list[str]:
+    """Create or replace ``node``'s slice with GPUs of these sizes (as the driver would); returns
+    their UUIDs."""
+    resource = client.ResourceV1Api(api)
+    core = client.CoreV1Api(api)
+    devices = gpu_devices(node, memories_gi, product)
+    uid = str(raw_json(core.read_node(node, _preload_content=False))["metadata"]["uid"])
+    body = slice_object(node, uid, DRIVER_NAME, devices, generation)
+    try:
+        resource.create_resource_slice(client.V1ResourceSlice.model_validate(body))
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = raw_json(resource.read_resource_slice(body["metadata"]["name"], _preload_content=False))
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        body["spec"]["pool"]["generation"] = current["spec"]["pool"]["generation"] + 1
+        resource.replace_resource_slice(body["metadata"]["name"], client.V1ResourceSlice.model_validate(body))
+    return [d["attributes"]["uuid"]["string"] for d in devices]
+
+
+def gpu_node(api: client.ApiClient, name: str, memories_gi: Sequence[int], **kwargs: Any) -> list[str]:
+    """A Ready node without a kubelet that publishes GPUs of these sizes; returns their UUIDs."""
+    create_ready_node(api, name)
+    return publish_gpus(api, name, memories_gi, **kwargs)
+
+
+# -- Kueue objects ---------------------------------------------------------------------------------
+
+
+def kueue_object(
+    kind: str, name: str, spec: Mapping[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": metadata, "spec": dict(spec)}
+
+
+_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+    "AdmissionCheck": "admissionchecks",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+    "Cohort": "cohorts",
+}
+
+
+def create(api: client.ApiClient, body: Mapping[str, Any]) -> None:
+    """Create a Kueue object (cluster-scoped or namespaced, by whether it names a namespace)."""
+    custom = client.CustomObjectsApi(api)
+    plural = _PLURALS[body["kind"]]
+    namespace = body["metadata"].get("namespace")
+    if namespace:
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, dict(body))
+    else:
+        custom.create_cluster_custom_object(GROUP, VERSION, plural, dict(body))
+
+
+def admission_check(name: str) -> dict[str, Any]:
+    return kueue_object("AdmissionCheck", name, {"controllerName": CONTROLLER_NAME})
+
+
+def priority_class(name: str, value: int) -> dict[str, Any]:
+    body = kueue_object("WorkloadPriorityClass", name, {})
+    del body["spec"]
+    body["value"] = value
+    return body
+
+
+def cluster_queue(
+    name: str,
+    flavor: str,
+    quota: Mapping[str, str],
+    *,
+    checks: Sequence[str] = (),
+    cohort: str | None = None,
+    borrowing_limit: Mapping[str, str] | None = None,
+    preemption: Mapping[str, Any] | None = None,
+    strategy: str = "BestEffortFIFO",
+) -> dict[str, Any]:
+    """A ClusterQueue covering the HAMi resources with ``quota`` (nominal) in one flavor."""
+    resources = []
+    for resource, nominal in quota.items():
+        entry: dict[str, Any] = {"name": resource, "nominalQuota": nominal}
+        if borrowing_limit and resource in borrowing_limit:
+            entry["borrowingLimit"] = borrowing_limit[resource]
+        resources.append(entry)
+    spec: dict[str, Any] = {
+        "namespaceSelector": {},
+        "queueingStrategy": strategy,
+        "resourceGroups": [
+            {"coveredResources": list(quota), "flavors": [{"name": flavor, "resources": resources}]}
+        ],
+    }
+    if checks:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
+    if cohort:
+        spec["cohortName"] = cohort
+    if preemption:
+        spec["preemption"] = dict(preemption)
+    return kueue_object("ClusterQueue", name, spec)
+
+
+def local_queue(name: str, namespace: str, cluster_queue_name: str) -> dict[str, Any]:
+    return kueue_object("LocalQueue", name, {"clusterQueue": cluster_queue_name}, namespace)
+
+
+def gpu_job(
+    name: str,
+    queue: str,
+    pods: int,
+    gpumem_mib: int | None,
+    gpucores: int | None = None,
+    *,
+    gpus: int = 1,
+    priority: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    image: str = "tessera.local/none",
+    command: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A batch/v1 Job of ``pods`` parallel pods, each asking HAMi resources (None leaves one out,
+    and gpumem_mib=None with gpus=0 asks no GPU at all)."""
+    limits: dict[str, str] = {}
+    if gpus:
+        limits[HAMI_GPU] = str(gpus)
+        if gpumem_mib is not None:
+            limits[HAMI_GPUMEM] = str(gpumem_mib)
+        if gpucores is not None:
+            limits[HAMI_GPUCORES] = str(gpucores)
+    labels = {QUEUE_LABEL: queue}
+    if priority:
+        labels[PRIORITY_LABEL] = priority
+    container: dict[str, Any] = {"name": "work", "image": image, "resources": {"limits": limits}}
+    if command:
+        container["command"] = list(command)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": dict(annotations or {})},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+# -- reading Workloads -----------------------------------------------------------------------------
+
+
+def workloads(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    custom = client.CustomObjectsApi(api)
+    listed = raw_json(
+        custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", _preload_content=False)
+    )
+    items: list[dict[str, Any]] = listed.get("items") or []
+    return items
+
+
+def workload_of_job(api: client.ApiClient, namespace: str, job: str, timeout: float = 60) -> dict[str, Any]:
+    """The Workload Kueue made for ``job`` (its owner reference names the Job)."""
+
+    def find() -> dict[str, Any] | None:
+        for item in workloads(api, namespace):
+            owners = item["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "Job" and o.get("name") == job for o in owners):
+                return item
+        return None
+
+    found: dict[str, Any] = poll_until(find, timeout, f"the Workload of Job {namespace}/{job}")
+    return found
+
+
+def read_workload(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(api)
+    return raw_json(
+        custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "workloads", name, _preload_content=False
+        )
+    )
+
+
+def check_state(workload: Mapping[str, Any], check: str) -> dict[str, Any]:
+    for state in (workload.get("status") or {}).get("admissionChecks") or []:
+        if state.get("name") == check:
+            return dict(state)
+    return {}
+
+
+def has_condition(workload: Mapping[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (workload.get("status") or {}).get("conditions") or []
+    )
+
+
+# -- the admission check as a command --------------------------------------------------------------
+
+
+def admission_check_process(cluster: LocalCluster, *extra: str) -> tuple[ManagedProcess, int]:
+    """``tessera-admission-check`` against the cluster, logging into the cluster's log folder; the
+    cluster stops it with its own processes. Returns the process and its health port."""
+    port = free_port()
+    argv: list[str | Path] = [
+        sys.executable,
+        "-m",
+        "tessera.admissioncheck.cli",
+        f"--kubeconfig={cluster.admin_kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--health-port={port}",
+        "--log-level=debug",
+        *extra,
+    ]
+    process = ManagedProcess("tessera-admission-check", argv, cluster.log_dir, env=dict(os.environ))
+    cluster.processes.append(process)
+    return process, port

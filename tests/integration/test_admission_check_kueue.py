@@ -1,0 +1,231 @@
+"""The admission check against the real API server and the real Kueue v0.17: Workloads of GPU Jobs
+get Ready when their shares pack, stay Pending with a message that says why when they do not, and
+are decided again when a ResourceSlice changes; work without a GPU is never held.
+
+Nodes here are Node objects without a kubelet publishing the driver's slices (testbed/queue_bed.py);
+no webhook runs, so the Jobs' pods keep their HAMi resources and are never placed: every Ready
+Workload keeps its shares reserved, which is also what the reserved-share test relies on. Each test
+pins its Jobs to its own GPUs with the use-gpuuuid annotation, so tests sharing the cluster do not
+see each other's capacity.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tessera.kube import api_client, raw_json
+from tessera.quantity import quantity_to_int
+from tessera.testbed import queue_bed
+from tessera.testbed.binaries import COMPONENTS
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.kueue import KueueOptions
+from tessera.testbed.names import unique_name
+from tessera.testbed.polling import poll_until
+from tessera.testbed.process import ManagedProcess
+
+pytestmark = pytest.mark.integration
+
+CHECK = "gpu-fit"
+FLAVOR = "default-flavor"
+QUEUE = "gpus"
+HUGE_QUOTA = {"nvidia.com/gpu": "1000", queue_bed.GPU_MEMORY: "100Ti", queue_bed.GPU_CORES: "100000"}
+
+
+@dataclass
+class QueueBed:
+    cluster: LocalCluster
+    api: client.ApiClient
+    check: ManagedProcess
+    health_port: int
+
+    def log_tails(self) -> dict[str, str]:
+        return self.cluster.log_tails(60)
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[QueueBed]:
+    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
+    if missing:
+        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    options = KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})
+    with LocalCluster(kueue=options) as cluster:
+        api = api_client(cluster.admin_kubeconfig)
+        process, port = queue_bed.admission_check_process(cluster)
+        process.wait_until(lambda: _http(port, "/readyz") == 200, 120, "caches synced")
+        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
+        queue_bed.create(api, queue_bed.admission_check(CHECK))
+        queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", FLAVOR, HUGE_QUOTA, checks=[CHECK]))
+        yield QueueBed(cluster, api, process, port)
+
+
+@pytest.fixture
+def team(bed: QueueBed) -> Iterator[str]:
+    """A namespace with a LocalQueue named ``gpus`` on the checked ClusterQueue."""
+    core = client.CoreV1Api(bed.api)
+    name = unique_name("team")
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    queue_bed.create(bed.api, queue_bed.local_queue(QUEUE, name, "gpu-cq"))
+    yield name
+    batch = client.BatchV1Api(bed.api)
+    for job in batch.list_namespaced_job(name).items:
+        batch.delete_namespaced_job(
+            str(job.metadata and job.metadata.name), name, propagation_policy="Background"
+        )
+
+
+@pytest.fixture
+def node(bed: QueueBed) -> Callable[..., tuple[str, list[str]]]:
+    def make(*memories_gi: int) -> tuple[str, list[str]]:
+        name = unique_name("gpu-node")
+        return name, queue_bed.gpu_node(bed.api, name, memories_gi)
+
+    return make
+
+
+def _http(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status)
+    except OSError:
+        return 0
+
+
+def submit(bed: QueueBed, namespace: str, job: dict[str, Any]) -> str:
+    client.BatchV1Api(bed.api).create_namespaced_job(namespace, client.V1Job.model_validate(job))
+    return str(queue_bed.workload_of_job(bed.api, namespace, job["metadata"]["name"])["metadata"]["name"])
+
+
+def wait_for_state(
+    bed: QueueBed, namespace: str, workload: str, state: str, timeout: float = 60
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        current = queue_bed.read_workload(bed.api, namespace, workload)
+        return current if queue_bed.check_state(current, CHECK).get("state") == state else None
+
+    try:
+        found: dict[str, Any] = poll_until(check, timeout, f"Workload {workload} {state} on {CHECK}")
+    except TimeoutError as error:
+        current = queue_bed.read_workload(bed.api, namespace, workload)
+        raise AssertionError(f"{error}: status {json.dumps(current.get('status'), indent=1)}") from error
+    return found
+
+
+def suspended(bed: QueueBed, namespace: str, job: str) -> bool | None:
+    spec = client.BatchV1Api(bed.api).read_namespaced_job(job, namespace).spec
+    return spec.suspend if spec else None
+
+
+def pinned(uuids: list[str]) -> dict[str, str]:
+    return {"nvidia.com/use-gpuuuid": ",".join(uuids)}
+
+
+def test_our_admission_check_is_marked_active(bed: QueueBed) -> None:
+    custom = client.CustomObjectsApi(bed.api)
+
+    def active() -> bool:
+        check = raw_json(
+            custom.get_cluster_custom_object(
+                "kueue.x-k8s.io", "v1beta2", "admissionchecks", CHECK, _preload_content=False
+            )
+        )
+        conditions = (check.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
+
+    poll_until(active, 60, "AdmissionCheck Active")
+    assert _http(bed.health_port, "/healthz") == 200
+
+
+def test_a_job_whose_shares_fit_is_admitted_and_unsuspended(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    name, uuids = node(80)
+    job = queue_bed.gpu_job("fits", QUEUE, 2, 20 * 1024, 30, annotations=pinned(uuids))
+    workload = submit(bed, team, job)
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert f"2 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
+
+    def admitted() -> dict[str, Any] | None:
+        current = queue_bed.read_workload(bed.api, team, workload)
+        return current if queue_bed.has_condition(current, "Admitted") else None
+
+    done = poll_until(admitted, 60, "Admitted")
+    # Kueue charged the memory and cores of both pods through the documented transformations.
+    (assignment,) = done["status"]["admission"]["podSetAssignments"]
+    usage = assignment["resourceUsage"]
+    assert quantity_to_int(usage[queue_bed.GPU_MEMORY]) == 2 * 20 * 1024 * 2**20
+    assert quantity_to_int(usage[queue_bed.GPU_CORES]) == 60
+    assert quantity_to_int(usage["nvidia.com/gpu"]) == 2
+    poll_until(
+        lambda: suspended(bed, team, "fits") is False,
+        60,
+        "Job unsuspended",
+    )
+
+
+def test_a_gang_that_only_fits_as_a_sum_waits_with_a_message_and_is_retried_when_gpus_appear(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """Four pods of 20Gi/30 and four GPUs of 12Gi: 48Gi free in total, yet no GPU holds one share.
+    The Workload waits and says so; a slice change adds two 48Gi GPUs and it is Ready."""
+    name, small = node(12, 12, 12, 12)
+    big = [f"GPU-{name}-4", f"GPU-{name}-5"]
+    job = queue_bed.gpu_job("gang", QUEUE, 4, 20 * 1024, 30, annotations=pinned(small + big))
+    workload = submit(bed, team, job)
+
+    def says_why() -> dict[str, Any] | None:
+        current = queue_bed.read_workload(bed.api, team, workload)
+        state = queue_bed.check_state(current, CHECK)
+        return current if state.get("state") == "Pending" and "needs" in state.get("message", "") else None
+
+    pending = poll_until(says_why, 60, "a Pending message")
+    message = queue_bed.check_state(pending, CHECK)["message"]
+    assert message.startswith(
+        f"needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on {name}"
+    ), message
+    assert not queue_bed.has_condition(pending, "Admitted")
+    assert suspended(bed, team, "gang") is True
+
+    # The same node's slice now also has two 48Gi GPUs: two pods fit on each.
+    queue_bed.publish_gpus(bed.api, name, [12, 12, 12, 12, 48, 48])
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert f"4 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
+
+
+def test_shares_of_a_ready_workload_not_yet_placed_are_not_given_twice(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    _, uuids = node(80)
+    first = submit(bed, team, queue_bed.gpu_job("first", QUEUE, 1, 50 * 1024, annotations=pinned(uuids)))
+    wait_for_state(bed, team, first, "Ready")
+    second = submit(bed, team, queue_bed.gpu_job("second", QUEUE, 1, 50 * 1024, annotations=pinned(uuids)))
+
+    def waiting() -> str | None:
+        state = queue_bed.check_state(queue_bed.read_workload(bed.api, team, second), CHECK)
+        return state.get("message") if state.get("state") == "Pending" and state.get("message") else None
+
+    message = poll_until(waiting, 60, "second Workload's Pending message")
+    assert "needs 1 share of 50Gi" in message and "the largest free share is 30Gi/100" in message, message
+    # The first Job goes away: its reservation with it, and the second one is decided again.
+    client.BatchV1Api(bed.api).delete_namespaced_job("first", team, propagation_policy="Background")
+    wait_for_state(bed, team, second, "Ready")
+
+
+def test_work_without_a_gpu_is_never_held(bed: QueueBed, team: str) -> None:
+    job = queue_bed.gpu_job("cpu-only", QUEUE, 3, None, gpus=0)
+    workload = submit(bed, team, job)
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert queue_bed.check_state(ready, CHECK)["message"] == "asks for no GPU"
+
+
+def test_an_invalid_gpu_request_is_rejected_with_the_webhooks_sentence(bed: QueueBed, team: str) -> None:
+    job = queue_bed.gpu_job("bad", QUEUE, 1, 1024, 250)
+    workload = submit(bed, team, job)
+    rejected = wait_for_state(bed, team, workload, "Rejected")
+    assert "gpucores is 250" in queue_bed.check_state(rejected, CHECK)["message"]
