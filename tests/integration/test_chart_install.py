@@ -203,14 +203,21 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
     admission = client.AdmissionregistrationV1Api(kube)
     name = release  # it contains "tessera", so objects are named "<release>-<component>"
     common = ["-n", namespace]
+
+    def daemonset() -> dict[str, Any]:
+        return raw_json(
+            apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace, _preload_content=False)
+        )
+
+    def ca_bundle() -> str:
+        configuration = raw_json(
+            admission.read_mutating_webhook_configuration(f"{name}-webhook", _preload_content=False)
+        )
+        return str(configuration["webhooks"][0]["clientConfig"]["caBundle"])
+
     helm(tmp_path, "install", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
     try:
-        before = apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace)
-        bundle = (
-            admission.read_mutating_webhook_configuration(f"{name}-webhook")
-            .webhooks[0]
-            .client_config.ca_bundle
-        )
+        before, bundle = daemonset(), ca_bundle()
         assert bundle
         helm(
             tmp_path,
@@ -222,16 +229,11 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
             "kubeletPlugin.logLevel=debug",
             kubeconfig=cluster.admin_kubeconfig,
         )
-        after = apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace)
-        assert after.metadata.generation > before.metadata.generation
-        assert "--log-level=debug" in after.spec.template.spec.containers[0].args
-        assert after.spec.update_strategy.rolling_update.max_surge == 1
-        assert after.spec.update_strategy.rolling_update.max_unavailable == 0
-        again = (
-            admission.read_mutating_webhook_configuration(f"{name}-webhook")
-            .webhooks[0]
-            .client_config.ca_bundle
-        )
-        assert again == bundle, "the upgrade replaced the CA the API server trusts"
+        after = daemonset()
+        assert after["metadata"]["generation"] > before["metadata"]["generation"]
+        assert "--log-level=debug" in after["spec"]["template"]["spec"]["containers"][0]["args"]
+        # New pod first, old pod after: the node's plugin stays registered throughout.
+        assert after["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert ca_bundle() == bundle, "the upgrade replaced the CA the API server trusts"
     finally:
         helm(tmp_path, "uninstall", release, *common, "--wait", kubeconfig=cluster.admin_kubeconfig)

@@ -1,0 +1,229 @@
+"""What each of the chart's service accounts may do, asked of the real API server's authorizer
+(SubjectAccessReview) after a `helm install`: everything its component uses is allowed, and a list
+of what it must never do is denied. Which node's slices the plugin may write is a matter for the
+admission policy, not RBAC: tests/integration/test_slice_policy.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tessera.kube import raw_json
+from tessera.names import DRIVER_NAME
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.names import unique_name
+from tests.chart_helm import CHART, helm, values_file
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+
+    def account(self, component: str) -> str:
+        return f"{self.name}-{component}"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request to authorize: verb on resource (group/resource[/subresource]), maybe by name and
+    in a namespace."""
+
+    verb: str
+    resource: str
+    name: str = ""
+    namespace: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.verb} {self.resource}{'/' + self.name if self.name else ''}{where}"
+
+
+def install(
+    cluster: LocalCluster, kube: client.ApiClient, home: Path, values: dict[str, Any]
+) -> Iterator[Release]:
+    """A release of the chart in a namespace of its own, uninstalled afterwards."""
+    release = Release(unique_name("tessera"), unique_name("tessera-ns"))
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release.namespace)))
+    args = ["-n", release.namespace, "-f", str(values_file(home, values))]
+    helm(home, "install", release.name, str(CHART), *args, kubeconfig=cluster.admin_kubeconfig)
+    try:
+        yield release
+    finally:
+        helm(home, "uninstall", release.name, "-n", release.namespace, kubeconfig=cluster.admin_kubeconfig)
+        core.delete_namespace(release.namespace)
+
+
+# Two releases at once: the DeviceClass (one per cluster, the driver's) and the NodePort 31995 (one per
+# cluster) are left to others.
+BASE: dict[str, Any] = {"deviceClass": {"enabled": False}, "exporter": {"service": {"type": "ClusterIP"}}}
+
+
+@pytest.fixture(scope="module")
+def release(
+    cluster: LocalCluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    yield from install(cluster, kube, tmp_path_factory.mktemp("rbac"), BASE)
+
+
+@pytest.fixture(scope="module")
+def own_ca_release(
+    cluster: LocalCluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    values = {**BASE, "webhook": {"replicas": 1, "tls": {"source": "self"}}}
+    yield from install(cluster, kube, tmp_path_factory.mktemp("rbac-self"), values)
+
+
+def allowed(kube: client.ApiClient, release: Release, component: str, ask: Ask, node: str = "") -> bool:
+    """The authorizer's answer for ``ask`` by the release's ``component`` account (whose token, with
+    ``node``, names that node, as a DaemonSet pod's does)."""
+    # "pods", "pods/exec", "resource.k8s.io/resourceclaims/status": a group has a dot.
+    parts = ask.resource.split("/")
+    group = parts.pop(0) if "." in parts[0] else ""
+    resource, subresource = parts[0], (parts[1] if len(parts) > 1 else "")
+    attributes = {"verb": ask.verb, "group": group, "resource": resource, "subresource": subresource}
+    if ask.name:
+        attributes["name"] = ask.name
+    if ask.namespace:
+        attributes["namespace"] = ask.namespace
+    spec: dict[str, Any] = {
+        "user": f"system:serviceaccount:{release.namespace}:{release.account(component)}",
+        "groups": [
+            "system:serviceaccounts",
+            f"system:serviceaccounts:{release.namespace}",
+            "system:authenticated",
+        ],
+        "resourceAttributes": attributes,
+    }
+    if node:
+        spec["extra"] = {"authentication.kubernetes.io/node-name": [node]}
+    review = client.V1SubjectAccessReview.model_validate({"spec": spec})
+    response = client.AuthorizationV1Api(kube).create_subject_access_review(review, _preload_content=False)
+    return bool(raw_json(response)["status"].get("allowed"))
+
+
+RESOURCE = "resource.k8s.io"
+ANYWHERE = "some-namespace"
+
+PLUGIN_MUST = [
+    *(
+        Ask(verb, f"{RESOURCE}/resourceslices")
+        for verb in ("get", "list", "watch", "create", "update", "delete")
+    ),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("get", "list", "watch")),
+    Ask("list", f"{RESOURCE}/resourceclaims"),
+    Ask("watch", f"{RESOURCE}/resourceclaims"),
+    Ask("get", "nodes", name="some-node"),
+    Ask("list", "pods"),
+    Ask("watch", "pods"),
+    Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+]
+PLUGIN_MUST_NOT = [
+    Ask("patch", f"{RESOURCE}/resourceslices"),
+    Ask("deletecollection", f"{RESOURCE}/resourceslices"),
+    *(
+        Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE)
+        for verb in ("create", "update", "patch", "delete")
+    ),
+    Ask("update", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    Ask(
+        "associated-node:patch",
+        f"{RESOURCE}/resourceclaims/driver",
+        name="gpu.example.com",
+        namespace=ANYWHERE,
+    ),
+    Ask("create", f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE),
+    *(Ask(verb, f"{RESOURCE}/deviceclasses") for verb in ("create", "update", "delete")),
+    Ask("get", "pods", namespace=ANYWHERE),
+    Ask("create", "pods", namespace=ANYWHERE),
+    Ask("delete", "pods", namespace=ANYWHERE),
+    Ask("create", "pods/exec", namespace=ANYWHERE),
+    Ask("list", "nodes"),
+    Ask("update", "nodes", name="some-node"),
+    Ask("patch", "nodes/status", name="some-node"),
+    Ask("get", "secrets", namespace=ANYWHERE),
+    Ask("list", "secrets"),
+    Ask("list", "configmaps"),
+    Ask("create", "serviceaccounts/token", namespace=ANYWHERE),
+    Ask("update", "admissionregistration.k8s.io/mutatingwebhookconfigurations"),
+    Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicies"),
+    Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicybindings"),
+    Ask("escalate", "rbac.authorization.k8s.io/clusterroles"),
+]
+
+WEBHOOK_MUST = [
+    Ask("create", f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE),
+    Ask("list", f"{RESOURCE}/resourceslices"),
+    Ask("watch", f"{RESOURCE}/resourceslices"),
+]
+WEBHOOK_MUST_NOT = [
+    # The anchor's trap: the webhook never makes claims itself (templates let Kubernetes own them).
+    *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("create", "get", "delete")),
+    *(
+        Ask(verb, f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE)
+        for verb in ("update", "delete", "list")
+    ),
+    *(Ask(verb, f"{RESOURCE}/resourceslices") for verb in ("create", "update", "delete")),
+    Ask("create", f"{RESOURCE}/deviceclasses"),
+    Ask("create", "pods", namespace=ANYWHERE),
+    Ask("patch", "pods", namespace=ANYWHERE),
+    Ask("get", "secrets", namespace=ANYWHERE),
+    Ask("list", "nodes"),
+    Ask("create", "admissionregistration.k8s.io/mutatingwebhookconfigurations"),
+    Ask("update", "admissionregistration.k8s.io/validatingwebhookconfigurations", name="anything"),
+]
+
+
+def failures(
+    kube: client.ApiClient, release: Release, component: str, asks: list[Ask], expected: bool, node: str = ""
+) -> list[str]:
+    return [str(a) for a in asks if allowed(kube, release, component, a, node) != expected]
+
+
+def test_the_kubelet_plugin_may_do_what_the_driver_needs(kube: client.ApiClient, release: Release) -> None:
+    assert failures(kube, release, "kubeletplugin", PLUGIN_MUST, True, node="some-node") == []
+
+
+def test_the_kubelet_plugin_may_do_nothing_else(kube: client.ApiClient, release: Release) -> None:
+    assert failures(kube, release, "kubeletplugin", PLUGIN_MUST_NOT, False, node="some-node") == []
+
+
+def test_the_webhook_may_do_what_it_needs(kube: client.ApiClient, release: Release) -> None:
+    assert failures(kube, release, "webhook", WEBHOOK_MUST, True) == []
+
+
+def test_the_webhook_may_do_nothing_else(kube: client.ApiClient, release: Release) -> None:
+    configuration = f"{release.name}-webhook"
+    # With a chart-made certificate the webhook never touches its configuration.
+    not_even_its_configuration = [
+        Ask("get", "admissionregistration.k8s.io/mutatingwebhookconfigurations", name=configuration),
+        Ask("update", "admissionregistration.k8s.io/mutatingwebhookconfigurations", name=configuration),
+    ]
+    assert failures(kube, release, "webhook", WEBHOOK_MUST_NOT + not_even_its_configuration, False) == []
+
+
+def test_a_webhook_keeping_its_own_ca_may_update_only_its_own_configuration(
+    kube: client.ApiClient, own_ca_release: Release
+) -> None:
+    own = f"{own_ca_release.name}-webhook"
+    group = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
+    assert (
+        failures(kube, own_ca_release, "webhook", [Ask("get", group, own), Ask("update", group, own)], True)
+        == []
+    )
+    others = [
+        Ask("update", group, name="someone-elses"),
+        Ask("delete", group, name=own),
+        Ask("list", group),
+        Ask("create", group),
+    ]
+    assert failures(kube, own_ca_release, "webhook", others + WEBHOOK_MUST_NOT, False) == []
