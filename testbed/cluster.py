@@ -21,6 +21,7 @@ from types import TracebackType
 
 from tessera.testbed.binaries import binary, ensure_built
 from tessera.testbed.kueue import Kueue, KueueOptions
+from tessera.testbed.node_host import node_addresses
 from tessera.testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
 from tessera.testbed.process import ManagedProcess, free_port
 
@@ -138,7 +139,8 @@ class LocalCluster:
             "apiserver",
             common_name="kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=("127.0.0.1", "10.0.0.1"),
+            # Pods reach the API server at their node's address (see --bind-address).
+            ip_addresses=("127.0.0.1", "10.0.0.1", *node_addresses()),
             server=True,
         )
         self._admin = self.ca.issue(
@@ -172,8 +174,16 @@ class LocalCluster:
             "kube-apiserver",
             binary("kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
+            # Every address, not loopback alone: without kube-proxy, pods cannot reach the kubernetes
+            # Service, so they are pointed at their node's address instead, their gateway on the
+            # node's bridge (testbed/apiserver_access.py); the serving certificate names each.
+            "--bind-address=0.0.0.0",
             "--advertise-address=127.0.0.1",
+            # Call webhooks (and aggregated APIs) behind a Service at one of its endpoints' pod IPs,
+            # not at its ClusterIP, which nothing routes without kube-proxy. buildServiceResolver in
+            # cmd/kube-apiserver/app/server.go (v1.37.2) makes the one resolver the admission
+            # webhooks use from this flag.
+            "--enable-aggregator-routing",
             f"--secure-port={self.api_port}",
             f"--tls-cert-file={self._serving.cert}",
             f"--tls-private-key-file={self._serving.key}",

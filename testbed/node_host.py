@@ -70,6 +70,11 @@ class NodeBridge:
         )
 
 
+def node_addresses() -> list[str]:
+    """Every address a node on this machine can have, one per bridge it may claim."""
+    return [NodeBridge(index).address for index in range(1, _MAX_NODES + 1)]
+
+
 def claim_bridge() -> NodeBridge:
     """Create the first free tessera<N> bridge, with its address, and bring it up.
 
