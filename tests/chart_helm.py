@@ -7,15 +7,20 @@ Shared by the chart's unit tests (``helm lint``/``helm template``) and its integ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from tessera.testbed.binaries import binary, ensure_built
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.names import unique_name
 from tessera.testbed.versions import version_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,3 +94,37 @@ def find(objects: Sequence[Mapping[str, Any]], kind: str, name: str | None = Non
 
 def kinds(objects: Sequence[Mapping[str, Any]]) -> set[str]:
     return {o["kind"] for o in objects}
+
+
+@dataclass(frozen=True)
+class Release:
+    """An installed release; its release name contains "tessera", so its objects are named
+    "<release>-<component>"."""
+
+    name: str
+    namespace: str
+
+    def object_name(self, component: str) -> str:
+        return f"{self.name}-{component}"
+
+
+@contextlib.contextmanager
+def installed(
+    cluster: LocalCluster, kube: client.ApiClient, home: Path, values: Mapping[str, Any]
+) -> Iterator[Release]:
+    """A release of the chart with ``values`` in a namespace of its own; uninstalled (and the
+    namespace deleted) afterwards."""
+    release = Release(unique_name("tessera"), unique_name("tessera-ns"))
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release.namespace)))
+    try:
+        args = ["-n", release.namespace, "-f", str(values_file(home, values))]
+        helm(home, "install", release.name, str(CHART), *args, kubeconfig=cluster.admin_kubeconfig)
+        try:
+            yield release
+        finally:
+            helm(
+                home, "uninstall", release.name, "-n", release.namespace, kubeconfig=cluster.admin_kubeconfig
+            )
+    finally:
+        core.delete_namespace(release.namespace)

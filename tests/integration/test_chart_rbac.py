@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,19 +15,9 @@ from kubernetes import client
 from tessera.kube import raw_json
 from tessera.names import DRIVER_NAME
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.names import unique_name
-from tests.chart_helm import CHART, helm, values_file
+from tests.chart_helm import Release, installed
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass(frozen=True)
-class Release:
-    name: str
-    namespace: str
-
-    def account(self, component: str) -> str:
-        return f"{self.name}-{component}"
 
 
 @dataclass(frozen=True)
@@ -46,22 +35,6 @@ class Ask:
         return f"{self.verb} {self.resource}{'/' + self.name if self.name else ''}{where}"
 
 
-def install(
-    cluster: LocalCluster, kube: client.ApiClient, home: Path, values: dict[str, Any]
-) -> Iterator[Release]:
-    """A release of the chart in a namespace of its own, uninstalled afterwards."""
-    release = Release(unique_name("tessera"), unique_name("tessera-ns"))
-    core = client.CoreV1Api(kube)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release.namespace)))
-    args = ["-n", release.namespace, "-f", str(values_file(home, values))]
-    helm(home, "install", release.name, str(CHART), *args, kubeconfig=cluster.admin_kubeconfig)
-    try:
-        yield release
-    finally:
-        helm(home, "uninstall", release.name, "-n", release.namespace, kubeconfig=cluster.admin_kubeconfig)
-        core.delete_namespace(release.namespace)
-
-
 # Two releases at once: the DeviceClass (one per cluster, the driver's) and the NodePort 31995 (one per
 # cluster) are left to others.
 BASE: dict[str, Any] = {"deviceClass": {"enabled": False}, "exporter": {"service": {"type": "ClusterIP"}}}
@@ -71,7 +44,8 @@ BASE: dict[str, Any] = {"deviceClass": {"enabled": False}, "exporter": {"service
 def release(
     cluster: LocalCluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    yield from install(cluster, kube, tmp_path_factory.mktemp("rbac"), BASE)
+    with installed(cluster, kube, tmp_path_factory.mktemp("rbac"), BASE) as release:
+        yield release
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +53,8 @@ def own_ca_release(
     cluster: LocalCluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
     values = {**BASE, "webhook": {"replicas": 1, "tls": {"source": "self"}}}
-    yield from install(cluster, kube, tmp_path_factory.mktemp("rbac-self"), values)
+    with installed(cluster, kube, tmp_path_factory.mktemp("rbac-self"), values) as release:
+        yield release
 
 
 def allowed(kube: client.ApiClient, release: Release, component: str, ask: Ask, node: str = "") -> bool:
@@ -95,7 +70,7 @@ def allowed(kube: client.ApiClient, release: Release, component: str, ask: Ask, 
     if ask.namespace:
         attributes["namespace"] = ask.namespace
     spec: dict[str, Any] = {
-        "user": f"system:serviceaccount:{release.namespace}:{release.account(component)}",
+        "user": f"system:serviceaccount:{release.namespace}:{release.object_name(component)}",
         "groups": [
             "system:serviceaccounts",
             f"system:serviceaccounts:{release.namespace}",
