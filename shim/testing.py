@@ -71,12 +71,14 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
     jobs = {
         "shim_probe": (["-ldl", "-lpthread"], []),
         "shim_stress": (["-ldl", "-lpthread"], []),
+        "shim_share": (["-ldl"], []),
         "shim_linked": ([f"-L{cuda_link_dir}", "-lcuda", "-ldl"], []),
         "libfakecu.so": ([], ["-shared", "-fPIC"]),
     }
     sources = {
         "shim_probe": "shim_probe.c",
         "shim_stress": "shim_stress.c",
+        "shim_share": "shim_share.c",
         "shim_linked": "shim_linked.c",
         "libfakecu.so": "fake_cu.c",
     }

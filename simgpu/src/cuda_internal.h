@@ -40,6 +40,7 @@ struct CUctx_st {
     int primary_refs;        /* primary contexts: retains minus releases */
     struct CUstream_st null; /* the context's default stream */
     uint64_t last_end_ns;    /* when all work queued in this context completes */
+    uint64_t peers;          /* devices whose memory this context has peer access to (bits) */
     struct CUctx_st *next;   /* all live contexts of the process */
 };
 

@@ -67,9 +67,16 @@ void sim_free_rec(struct sim_alloc_rec *rec)
 {
     sim_unlink_alloc(rec);
     munmap((void *)rec->base, rec->size);
-    if (rec->kind != ALLOC_HOST && rec->kind != ALLOC_POOL)
+    if (rec->exported)
+        sim_ipc_forget(rec);
+    if (rec->kind != ALLOC_HOST && rec->kind != ALLOC_POOL && rec->kind != ALLOC_IPC)
         sim_mem_release(&sim_cuda.rt.node, rec->handle);
     free(rec);
+}
+
+struct sim_alloc_rec *sim_first_alloc(void)
+{
+    return allocations;
 }
 
 struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr)
@@ -187,7 +194,7 @@ static CUresult free_kind(uintptr_t ptr, bool host)
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_alloc_rec *rec = sim_find_alloc(ptr);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (rec != NULL && (rec->kind == ALLOC_HOST) == host) {
+    if (rec != NULL && rec->kind != ALLOC_IPC && (rec->kind == ALLOC_HOST) == host) {
         sim_free_rec(rec);
         rc = CUDA_SUCCESS;
     }

@@ -18,7 +18,10 @@ enum sim_alloc_kind {
     ALLOC_MANAGED, /* cuMemAllocManaged: counted on the device, also host-accessible */
     ALLOC_POOL,    /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
     ALLOC_HOST,    /* cuMemAllocHost: pinned host memory, not counted on the device */
+    ALLOC_IPC,     /* cuIpcOpenMemHandle: another process's allocation, counted to it */
 };
+
+#define SIM_IPC_NAME_MAX 48
 
 struct sim_pool_chunk; /* cuda_pool.c */
 
@@ -30,6 +33,9 @@ struct sim_alloc_rec {
     uint32_t handle; /* shared-table reservation; unused for ALLOC_HOST and ALLOC_POOL */
     CUmemoryPool pool;
     struct sim_pool_chunk *chunk; /* ALLOC_POOL: the pool's reservation it is carved from */
+    bool exported;                /* cuIpcGetMemHandle moved its backing to a file (cuda_ipc.c) */
+    int ipc_refs;                 /* ALLOC_IPC: opens minus closes */
+    char ipc_name[SIM_IPC_NAME_MAX]; /* exported or ALLOC_IPC: the file's name (cuda_ipc.c) */
     struct sim_alloc_rec *next;
 };
 
@@ -51,6 +57,12 @@ void sim_unlink_alloc(struct sim_alloc_rec *rec);
 /* A pool allocation freed with its context: drop it from the pool's statistics (its memory
  * stays reserved in the pool). Needs mu; call before sim_free_rec. */
 void sim_pool_forget(const struct sim_alloc_rec *rec);
+
+/* An exported allocation is freed: remove its file (the importers keep their mappings). */
+void sim_ipc_forget(const struct sim_alloc_rec *rec);
+
+/* The first record of the registry (follow `next`). Needs mu. */
+struct sim_alloc_rec *sim_first_alloc(void);
 
 /* The allocation starting exactly at `ptr`, or NULL. Needs mu. */
 struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr);

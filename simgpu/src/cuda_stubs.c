@@ -13,7 +13,7 @@
     X(cuCtxGetLimit) X(cuCtxSetLimit) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig)               \
     X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig) X(cuCtxGetStreamPriorityRange)          \
     X(cuCtxResetPersistingL2Cache) X(cuCtxGetExecAffinity) X(cuCtxGetId)                          \
-    X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuDeviceCanAccessPeer)                   \
+                      \
     X(cuDeviceGetP2PAttribute) X(cuDeviceGetLuid) X(cuDeviceGetProperties)                        \
     X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetNvSciSyncAttributes)                       \
     X(cuDeviceGetExecAffinitySupport) X(cuFlushGPUDirectRDMAWrites) X(cuModuleGetGlobal_v2)       \
@@ -23,14 +23,14 @@
     X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuLibraryGetGlobal)          \
     X(cuKernelGetFunction) X(cuKernelGetAttribute) X(cuKernelSetAttribute) X(cuMemHostAlloc)      \
     X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetFlags) X(cuMemHostRegister_v2)                  \
-    X(cuMemHostUnregister) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)   \
-    X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyPeer) X(cuMemcpyPeerAsync)           \
+    X(cuMemHostUnregister)   \
+    X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)           \
     X(cuMemcpy2D_v2) X(cuMemcpy2DAsync_v2) X(cuMemcpy2DUnaligned_v2) X(cuMemcpy3D_v2)             \
     X(cuMemcpy3DAsync_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyHtoA_v2) X(cuMemcpyAtoH_v2)           \
     X(cuMemsetD16_v2) X(cuMemsetD16Async) X(cuMemsetD2D8_v2) X(cuMemsetD2D16_v2)                  \
     X(cuMemsetD2D32_v2) X(cuMemPrefetchAsync) X(cuMemAdvise) X(cuMemRangeGetAttribute)            \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuPointerSetAttribute)                   \
-    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemGetAccess)           \
+    X(cuMemGetAccess)           \
     X(cuMemGetAllocationPropertiesFromHandle) X(cuMemRetainAllocationHandle)                      \
     X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)               \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
@@ -57,10 +57,10 @@
  * base name with the same function whatever its flags. */
 #define SIM_CUDA_STUB_VARIANTS(X)                                                                 \
     X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2_ptds) X(cuMemcpy3D_v2_ptds)                    \
-    X(cuMemcpyHtoA_v2_ptds) X(cuMemcpyAtoH_v2_ptds) X(cuMemcpyPeer_ptds)                          \
+    X(cuMemcpyHtoA_v2_ptds) X(cuMemcpyAtoH_v2_ptds)                          \
     X(cuMemsetD16_v2_ptds) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2_ptds)                       \
     X(cuMemsetD2D32_v2_ptds) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpy2DAsync_v2_ptsz)              \
-    X(cuMemcpy3DAsync_v2_ptsz) X(cuMemcpyPeerAsync_ptsz) X(cuMemsetD16Async_ptsz)                 \
+    X(cuMemcpy3DAsync_v2_ptsz) X(cuMemsetD16Async_ptsz)                 \
     X(cuMemPrefetchAsync_ptsz) X(cuStreamGetPriority_ptsz) X(cuStreamGetFlags_ptsz)               \
     X(cuStreamGetId_ptsz) X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
     X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetAttribute_ptsz) X(cuStreamSetAttribute_ptsz)   \

@@ -2,11 +2,15 @@
  * Virtual memory management. A physical allocation (cuMemCreate) is a memfd counted against the
  * device; a reserved range is PROT_NONE address space; cuMemMap maps the memfd into the range
  * (still inaccessible) and cuMemSetAccess opens it, so - as on a GPU - touching memory before
- * granting access faults, and two mappings of one allocation alias the same bytes.
+ * granting access faults, and two mappings of one allocation alias the same bytes. Exported as a
+ * POSIX file descriptor (a duplicate of the memfd) and imported in another process, the
+ * allocation is the same bytes there; it stays counted once, to the process that created it.
  */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cuda_memory.h"
@@ -20,6 +24,8 @@ struct sim_phys {
     uint32_t handle;
     int refs; /* 1 until cuMemRelease, plus one per mapping */
     bool released;
+    bool imported; /* cuMemImportFromShareableHandle: counted to the exporter, not here */
+    CUmemAllocationHandleType handle_types; /* what cuMemCreate allowed exporting as */
     struct sim_phys *next;
 };
 
@@ -81,7 +87,8 @@ static void phys_unref(struct sim_phys *p)
         }
     }
     close(p->fd);
-    sim_mem_release(&sim_cuda.rt.node, p->handle);
+    if (!p->imported)
+        sim_mem_release(&sim_cuda.rt.node, p->handle);
     free(p);
 }
 
@@ -113,6 +120,7 @@ SIMGPU_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     }
     p->size = size;
     p->refs = 1;
+    p->handle_types = prop->requestedHandleTypes;
     pthread_mutex_lock(&sim_cuda.mu);
     p->next = physicals;
     physicals = p;
@@ -134,6 +142,58 @@ SIMGPU_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
+}
+
+SIMGPU_API CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                                 CUmemGenericAllocationHandle handle,
+                                                 CUmemAllocationHandleType handleType,
+                                                 unsigned long long flags)
+{
+    SIM_ENTER();
+    if (shareableHandle == NULL || flags != 0 ||
+        handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.mu);
+    const struct sim_phys *p = find_phys(handle);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (p != NULL && !p->released && (p->handle_types & handleType) != 0) {
+        int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        rc = fd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (fd >= 0)
+            *(int *)shareableHandle = fd;
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+SIMGPU_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                   void *osHandle,
+                                                   CUmemAllocationHandleType shHandleType)
+{
+    SIM_ENTER();
+    int fd = (int)(intptr_t)osHandle;
+    struct stat st;
+    if (handle == NULL || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+        fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % VMM_GRANULARITY != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_phys *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (p->fd < 0) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->size = (size_t)st.st_size;
+    p->refs = 1;
+    p->imported = true;
+    p->handle_types = shHandleType;
+    pthread_mutex_lock(&sim_cuda.mu);
+    p->next = physicals;
+    physicals = p;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+    return CUDA_SUCCESS;
 }
 
 SIMGPU_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,

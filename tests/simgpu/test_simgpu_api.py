@@ -106,3 +106,16 @@ print(json.dumps(int(os.read(r, 16))))
 """
     )
     assert seen == 3
+
+
+def test_ipc_shareable_handles_and_peer_access(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/sharing_api.c passes on a two-GPU node: a forked process opens the
+    other's IPC handle (twice: one pointer, two references) and imports its exported VMM
+    descriptor, reads and writes the same bytes, and counts nothing on the device; every error
+    path of the IPC, export/import and peer calls answers its documented code; a freed
+    allocation's handle no longer opens, and nothing is left beside the state file."""
+    node = make_node(gpus=2, name="sharing")
+    done = node.program("sharing_api")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
+    assert sorted(p.name for p in node.spec.state_file.parent.iterdir()) == ["simgpu.conf", "state"]
