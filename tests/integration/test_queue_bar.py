@@ -1,0 +1,353 @@
+"""The queue-admission bar, end to end on the control plane: real Kueue v0.17, the real scheduler,
+controller manager and Job controller, the real webhook converting the Jobs' pods, and the admission
+check as its own command.
+
+What is simulated, and how: the nodes are Node objects without a kubelet (testbed/fake_nodes.py)
+publishing the driver's ResourceSlices for simulated GPUs (testbed/queue_bed.py). The scheduler
+really allocates the claims and binds the pods to them; nothing runs the containers, so a test ends
+a Job's pods by writing their status as a kubelet would (phase Succeeded), and the Job controller,
+Kueue and the claim controller react as they would to a real node. Real-node runs (kubelet,
+containerd, simulated GPU libraries) of these scenarios are not part of this file.
+
+A watcher sees every pod of the module from start to end; the last test asserts that no pod of an
+admitted Workload was ever left unschedulable (the scheduler's PodScheduled=False), i.e. nothing
+was admitted that could not be placed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.kube import api_client
+from tessera.testbed import pod_state, queue_bed
+from tessera.testbed.binaries import COMPONENTS
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.kueue import KueueOptions
+from tessera.testbed.names import unique_name
+from tessera.testbed.polling import poll_until
+from tessera.watching import watch_forever
+from tests.integration.webhook_bed import RunningWebhook
+
+pytestmark = pytest.mark.integration
+
+CHECK = "gpu-fit"
+FLAVOR = "gpus"
+GiB_MIB = 1024
+PRIORITIES = {"production": 1000, "interactive": 500, "batch": 100}
+
+
+@dataclass
+class PodWatcher:
+    """Every pod event of the run: which pods were ever unschedulable, and when pods appeared."""
+
+    unschedulable: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handle(self, kind: str, obj: Any) -> None:
+        items = obj["items"] if kind == "SYNCED" else [obj]
+        with self.lock:
+            for pod in items:
+                key = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+                self.seen[key] = pod
+                for condition in (pod.get("status") or {}).get("conditions") or []:
+                    if (
+                        condition.get("type") == "PodScheduled"
+                        and condition.get("status") == "False"
+                        and condition.get("reason") == "Unschedulable"
+                    ):
+                        self.unschedulable[key] = condition.get("message", "")
+
+
+@dataclass
+class Bar:
+    cluster: LocalCluster
+    api: client.ApiClient
+    watcher: PodWatcher
+    webhook: RunningWebhook
+
+    def log_tails(self) -> dict[str, str]:
+        return self.cluster.log_tails(60)
+
+
+@pytest.fixture(scope="module")
+def bar() -> Iterator[Bar]:
+    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
+    if missing:
+        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    options = KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})
+    with LocalCluster(kueue=options) as cluster:
+        api = api_client(cluster.admin_kubeconfig)
+        process, port = queue_bed.admission_check_process(cluster)
+        process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 120, "caches synced")
+        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
+        queue_bed.create(api, queue_bed.admission_check(CHECK))
+        for name, value in PRIORITIES.items():
+            queue_bed.create(api, queue_bed.priority_class(name, value))
+        watcher = PodWatcher()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=watch_forever,
+            args=(client.CoreV1Api(api).list_pod_for_all_namespaces, watcher.handle, stop, "pods"),
+            daemon=True,
+        )
+        thread.start()
+        webhook = RunningWebhook(api, cluster)
+        try:
+            yield Bar(cluster, api, watcher, webhook)
+        finally:
+            stop.set()
+            webhook.stop()
+
+
+@pytest.fixture
+def nodes(bar: Bar) -> Iterator[Callable[..., str]]:
+    """GPU nodes for one test; their slices and Nodes are deleted at the end, so the next test
+    starts from no capacity."""
+    made: list[str] = []
+
+    def make(*memories_gi: int) -> str:
+        name = unique_name("gpu-node")
+        queue_bed.gpu_node(bar.api, name, memories_gi)
+        made.append(name)
+        return name
+
+    yield make
+    resource, core = client.ResourceV1Api(bar.api), client.CoreV1Api(bar.api)
+    for name in made:
+        with contextlib.suppress(ApiException):
+            resource.delete_resource_slice(f"{name}-gpu.tessera.dev")
+        with contextlib.suppress(ApiException):
+            core.delete_node(name)
+
+
+@pytest.fixture
+def namespaces(bar: Bar) -> Iterator[Callable[[str], str]]:
+    """Namespaces with a LocalQueue ``q`` on a given ClusterQueue; their Jobs are deleted at the end."""
+    made: list[str] = []
+    core = client.CoreV1Api(bar.api)
+
+    def make(cluster_queue: str) -> str:
+        name = unique_name("team")
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        queue_bed.create(bar.api, queue_bed.local_queue("q", name, cluster_queue))
+        made.append(name)
+        return name
+
+    yield make
+    batch = client.BatchV1Api(bar.api)
+    for name in made:
+        for job in batch.list_namespaced_job(name).items:
+            if job.metadata and job.metadata.name:
+                batch.delete_namespaced_job(job.metadata.name, name, propagation_policy="Background")
+        for pod in core.list_namespaced_pod(name).items:
+            if pod.metadata and pod.metadata.name:
+                with contextlib.suppress(ApiException):
+                    core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+
+
+def quota(memory_gi: int) -> dict[str, str]:
+    return {"nvidia.com/gpu": "100", queue_bed.GPU_MEMORY: f"{memory_gi}Gi", queue_bed.GPU_CORES: "10000"}
+
+
+def submit(
+    bar: Bar, namespace: str, name: str, pods: int, memory_gi: int, priority: str, **kwargs: Any
+) -> str:
+    job = queue_bed.gpu_job(name, "q", pods, memory_gi * GiB_MIB, priority=priority, **kwargs)
+    client.BatchV1Api(bar.api).create_namespaced_job(namespace, client.V1Job.model_validate(job))
+    return str(queue_bed.workload_of_job(bar.api, namespace, name)["metadata"]["name"])
+
+
+def admitted(bar: Bar, namespace: str, workload: str) -> bool:
+    return queue_bed.has_condition(queue_bed.read_workload(bar.api, namespace, workload), "Admitted")
+
+
+def job_pods(bar: Bar, namespace: str, job: str) -> list[client.V1Pod]:
+    return list(
+        client.CoreV1Api(bar.api)
+        .list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job}")
+        .items
+    )
+
+
+def wait_running(bar: Bar, namespace: str, job: str, pods: int, timeout: float = 90) -> list[str]:
+    """Wait until the Job's pods are all bound (claims allocated by the scheduler); their nodes."""
+
+    def bound() -> list[str] | None:
+        found = [p.spec.node_name for p in job_pods(bar, namespace, job) if p.spec and p.spec.node_name]
+        return found if len(found) == pods else None
+
+    nodes: list[str] = poll_until(bound, timeout, f"{pods} pods of {namespace}/{job} bound")
+    return nodes
+
+
+def finish(bar: Bar, namespace: str, job: str) -> None:
+    """End the Job's pods as a kubelet would report containers that exited 0."""
+    core = client.CoreV1Api(bar.api)
+    for pod in job_pods(bar, namespace, job):
+        assert pod.metadata and pod.metadata.name
+        status = {
+            "status": {
+                "phase": "Succeeded",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+                "containerStatuses": [
+                    {
+                        "name": "work",
+                        "image": "tessera.local/none",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                    }
+                ],
+            }
+        }
+        core.patch_namespaced_pod_status(pod.metadata.name, namespace, status)
+
+
+def admitted_set(bar: Bar, namespace: str, workloads: dict[str, str]) -> set[str]:
+    return {job for job, workload in workloads.items() if admitted(bar, namespace, workload)}
+
+
+def test_jobs_beyond_the_memory_quota_wait_and_are_admitted_in_priority_then_fifo_order(
+    bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
+) -> None:
+    nodes(80, 80)
+    queue_bed.create(
+        bar.api,
+        queue_bed.cluster_queue(
+            "quota-cq",
+            FLAVOR,
+            quota(40),
+            checks=[CHECK],
+            strategy="StrictFIFO",
+            preemption={"withinClusterQueue": "Never"},
+        ),
+    )
+    ns = namespaces("quota-cq")
+    workloads = {job: submit(bar, ns, job, 1, 20, "batch") for job in ("a", "b")}
+    poll_until(lambda: admitted_set(bar, ns, workloads) == {"a", "b"}, 90, "a and b admitted")
+    wait_running(bar, ns, "a", 1)
+    wait_running(bar, ns, "b", 1)
+    # Over quota now: c (batch), then d (interactive), then e (batch) wait.
+    for job, priority in (("c", "batch"), ("d", "interactive"), ("e", "batch")):
+        workloads[job] = submit(bar, ns, job, 1, 20, priority)
+    poll_until(
+        lambda: all(
+            queue_bed.read_workload(bar.api, ns, workloads[j]).get("status", {}).get("conditions")
+            for j in "cde"
+        ),
+        60,
+        "c, d, e queued",
+    )
+    assert admitted_set(bar, ns, workloads) == {"a", "b"}
+
+    order = []
+    for done in ("a", "b", "d"):
+        before = admitted_set(bar, ns, workloads)
+        finish(bar, ns, done)
+
+        def newly_admitted(before: set[str] = before) -> set[str]:
+            return admitted_set(bar, ns, workloads) - before
+
+        new = poll_until(newly_admitted, 90, f"an admission after {done} finished")
+        assert len(new) == 1, new
+        (job,) = new
+        order.append(job)
+        wait_running(bar, ns, job, 1)
+    assert order == ["d", "c", "e"], "priority first (interactive d), then FIFO among batch (c before e)"
+
+
+def test_a_borrower_is_preempted_when_the_lender_reclaims_its_quota(
+    bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
+) -> None:
+    nodes(40, 40)
+    preemption = {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
+    for cq in ("lender-cq", "borrower-cq"):
+        queue_bed.create(
+            bar.api,
+            queue_bed.cluster_queue(
+                cq, FLAVOR, quota(40), checks=[CHECK], cohort="pool", preemption=preemption
+            ),
+        )
+    lender, borrower = namespaces("lender-cq"), namespaces("borrower-cq")
+    own = submit(bar, borrower, "own", 1, 40, "batch")
+    borrowed = submit(bar, borrower, "borrowed", 1, 40, "batch")
+    poll_until(
+        lambda: admitted(bar, borrower, own) and admitted(bar, borrower, borrowed), 90, "both admitted"
+    )
+    wait_running(bar, borrower, "own", 1)
+    wait_running(bar, borrower, "borrowed", 1)
+    assert (
+        queue_bed.read_workload(bar.api, borrower, borrowed)["status"]["admission"]["clusterQueue"]
+        == "borrower-cq"
+    )
+
+    reclaim = submit(bar, lender, "reclaim", 1, 40, "production")
+    # Kueue preempts the borrowing Job; the check admits the lender only once the GPU share is free.
+    poll_until(lambda: admitted(bar, lender, reclaim), 120, "the lender's Job admitted")
+    preempted = queue_bed.read_workload(bar.api, borrower, borrowed)
+    assert not queue_bed.has_condition(preempted, "Admitted")
+    assert any(
+        c.get("type") in ("Preempted", "Evicted") and c.get("status") == "True"
+        for c in preempted["status"].get("conditions", [])
+    )
+    assert admitted(bar, borrower, own), "the borrower's Job within its own quota keeps running"
+    wait_running(bar, lender, "reclaim", 1)
+
+
+def test_a_gang_is_held_until_all_of_it_fits_and_then_placed_whole(
+    bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
+) -> None:
+    node = nodes(48, 48, 48, 48)
+    queue_bed.create(bar.api, queue_bed.cluster_queue("gang-cq", FLAVOR, quota(1000), checks=[CHECK]))
+    ns = namespaces("gang-cq")
+    # Outside the queue, four pods take 36Gi of each GPU (pinned by UUID): 12Gi free on each.
+    core = client.CoreV1Api(bar.api)
+    for index in range(4):
+        filler = queue_bed.gpu_job(f"filler-{index}", "none", 1, 36 * GiB_MIB)["spec"]["template"]
+        filler["metadata"] = {
+            "name": f"filler-{index}",
+            "annotations": {"nvidia.com/use-gpuuuid": f"GPU-{node}-{index}"},
+        }
+        core.create_namespaced_pod(ns, client.V1Pod.model_validate(filler))
+    for index in range(4):
+        pod_state.wait_until_bound(core, ns, f"filler-{index}")
+
+    gang = submit(bar, ns, "gang", 4, 20, "batch")
+
+    def says_why() -> str | None:
+        state = queue_bed.check_state(queue_bed.read_workload(bar.api, ns, gang), CHECK)
+        return (
+            state.get("message")
+            if state.get("state") == "Pending" and "needs" in state.get("message", "")
+            else None
+        )
+
+    message = poll_until(says_why, 60, "the gang's Pending message")
+    assert message.startswith(
+        f"needs 4 shares of 20Gi at once; the largest free share is 12Gi/100 on {node}"
+    ), message
+    assert not admitted(bar, ns, gang)
+    assert job_pods(bar, ns, "gang") == [], "no pod of the gang exists before it is admitted"
+
+    for index in (0, 1):
+        core.delete_namespaced_pod(f"filler-{index}", ns, grace_period_seconds=0)
+    poll_until(lambda: admitted(bar, ns, gang), 120, "the gang admitted once two GPUs are free")
+    placed = wait_running(bar, ns, "gang", 4)
+    assert len(placed) == 4 and set(placed) == {node}
+
+
+def test_no_admitted_pod_ever_waited_for_gpu_capacity(bar: Bar) -> None:
+    """Runs last in this module: the watcher has seen every pod of the scenarios above."""
+    with bar.watcher.lock:
+        assert bar.watcher.seen, "the watcher saw the scenarios' pods"
+        assert bar.watcher.unschedulable == {}
