@@ -221,6 +221,8 @@ class Stats:
     pending: int = 0
     rejected: int = 0
     durations: list[float] = field(default_factory=list)
+    pass_durations: list[float] = field(default_factory=list)
+    """Time each pass spent planning the reserved shares before its first decision."""
 
     def record(self, state: str, seconds: float) -> None:
         self.decisions += 1
@@ -337,7 +339,10 @@ class WorkloadController:
                 and (check_state(w, c) or {}).get("state") == PENDING
                 and w["metadata"].get("uid", "") not in self._approved
             ]
+        planning = time.perf_counter()
         planned = pack(reserved, gpus, base, self.budget)
+        self.stats.pass_durations.append(time.perf_counter() - planning)
+        del self.stats.pass_durations[:-10000]
         if not planned.fits:
             log.warning(
                 "the %d reserved pods of Workloads already Ready no longer pack on the free GPUs "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -296,6 +298,17 @@ def has_condition(workload: Mapping[str, Any], kind: str) -> bool:
         c.get("type") == kind and c.get("status") == "True"
         for c in (workload.get("status") or {}).get("conditions") or []
     )
+
+
+def http_status(port: int, path: str) -> int:
+    """The status of a plain-HTTP GET on 127.0.0.1 (0 when nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
 
 
 # -- the admission check as a command --------------------------------------------------------------

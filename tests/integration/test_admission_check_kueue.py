@@ -12,7 +12,6 @@ see each other's capacity.
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +57,7 @@ def bed() -> Iterator[QueueBed]:
     with LocalCluster(kueue=options) as cluster:
         api = api_client(cluster.admin_kubeconfig)
         process, port = queue_bed.admission_check_process(cluster)
-        process.wait_until(lambda: _http(port, "/readyz") == 200, 120, "caches synced")
+        process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 120, "caches synced")
         queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
         queue_bed.create(api, queue_bed.admission_check(CHECK))
         queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", FLAVOR, HUGE_QUOTA, checks=[CHECK]))
@@ -87,14 +86,6 @@ def node(bed: QueueBed) -> Callable[..., tuple[str, list[str]]]:
         return name, queue_bed.gpu_node(bed.api, name, memories_gi)
 
     return make
-
-
-def _http(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return int(r.status)
-    except OSError:
-        return 0
 
 
 def submit(bed: QueueBed, namespace: str, job: dict[str, Any]) -> str:
@@ -139,7 +130,7 @@ def test_our_admission_check_is_marked_active(bed: QueueBed) -> None:
         return any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
 
     poll_until(active, 60, "AdmissionCheck Active")
-    assert _http(bed.health_port, "/healthz") == 200
+    assert queue_bed.http_status(bed.health_port, "/healthz") == 200
 
 
 def test_a_job_whose_shares_fit_is_admitted_and_unsuspended(
