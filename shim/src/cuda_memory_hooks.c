@@ -269,6 +269,30 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     return rc;
 }
 
+/* Memory another process exported (or this one, through a descriptor) is charged to whoever
+ * created it: the imported handle is recorded as an allocation charged nothing, so that its
+ * mappings, unmappings and release are known and give nothing back. */
+SHIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                    void *osHandle,
+                                                    CUmemAllocationHandleType shHandleType)
+{
+    REAL_OR_NOT_FOUND(cuMemImportFromShareableHandle);
+    if (!shim.memory_limited)
+        return shim_real.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    shim_gate_enter();
+    CUresult rc = shim_real.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    if (rc == CUDA_SUCCESS) {
+        uint64_t id = __atomic_fetch_add(&next_vmm_id, 1, __ATOMIC_RELAXED);
+        struct shim_entry h = {.key = *handle, .peer = id, .kind = SHIM_KIND_HANDLE, .gpu = -1};
+        struct shim_entry a = {.key = id, .kind = SHIM_KIND_VMM, .gpu = -1, .device = -1,
+                               .refs = 1};
+        if (shim_table_put(&a) != 0 || shim_table_put(&h) != 0)
+            SHIM_ERROR("out of memory recording an imported allocation");
+    }
+    shim_gate_leave();
+    return rc;
+}
+
 /* A VMM allocation loses a reference (its handle released, or a mapping unmapped). */
 static void vmm_unref(uint64_t id)
 {

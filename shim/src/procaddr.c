@@ -65,6 +65,7 @@ static const struct hook table[] = {
     H("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     H("cuMemCreate", 10020, cuMemCreate),
     H("cuMemRelease", 10020, cuMemRelease),
+    H("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
     H("cuMemMap", 10020, cuMemMap),
     H("cuMemUnmap", 10020, cuMemUnmap),
     H("cuArrayCreate", 2000, cuArrayCreate),

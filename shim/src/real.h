@@ -46,6 +46,7 @@
     X_OPT(cuDeviceGetMemPool)                                                                     \
     X_OPT(cuMemCreate)                                                                            \
     X_OPT(cuMemRelease)                                                                           \
+    X_OPT(cuMemImportFromShareableHandle)                                                         \
     X_OPT(cuMemMap)                                                                               \
     X_OPT(cuMemUnmap)                                                                             \
     X_OPT(cuArrayCreate_v2)                                                                       \

@@ -51,6 +51,12 @@ def simulated_only() -> None:
         pytest.skip("asserts simulated-GPU specifics")
 
 
+@pytest.fixture
+def simulated() -> bool:
+    """Whether the driver is the simulator (its own usage is then exact to compare with)."""
+    return REAL_DRIVER is None
+
+
 def _real_uuids() -> list[str]:
     done = subprocess.run(
         [str(PROGRAM_BUILD / "shim_probe"), "devices"], capture_output=True, text=True, check=True

@@ -27,40 +27,46 @@ def rounds_of(stdout: str) -> list[tuple[str, int, int]]:
     return found
 
 
-def test_concurrent_double_free_is_refunded_once(make_claim: ClaimFactory, simulated_only: None) -> None:
+def test_concurrent_double_free_is_refunded_once(make_claim: ClaimFactory, simulated: bool) -> None:
     """16 threads cuMemFree_v2 one 64 MiB pointer at once, 2000 times: the driver lets exactly one
     succeed each time, and the claim ends holding what the driver holds - nothing - with the
-    whole limit allocatable again."""
+    whole limit allocatable again. (On a real GPU the driver's figure includes its contexts, so
+    only the claim's is compared.)"""
     claim = make_claim(limits=[(0, LIMIT, 0)])
     done = claim.run("shim_stress", "doublefree", "16", str(64 * MiB), "2000", timeout=300)
     assert done.returncode == 0, done.stderr
     v = values(done.stdout)
     assert v["rounds_not_freed_once"] == "0"
-    assert int(v["shim"]) == int(v["driver"]) == 0
+    assert int(v["shim"]) == 0
+    if simulated:
+        assert int(v["driver"]) == 0
     assert v["full_rc"] == "0"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_concurrent_stress_matches_the_driver(
-    make_claim: ClaimFactory, simulated_only: None, seed: int
+    make_claim: ClaimFactory, simulated: bool, seed: int
 ) -> None:
     """3 processes x 4 threads, 12 rounds of 150 random operations each (allocations, frees,
     double frees, frees of stale and unknown pointers, frees from another context, VMM
     create/map/unmap/release with double releases and unmaps): at every quiescent point the
     shim's usage equals the driver's own, the limit is never passed, and at the end nothing is
-    held and the whole limit can be allocated."""
+    held and the whole limit can be allocated. On a real GPU, whose memory info rounds and
+    includes the driver's own allocations, the claim's figure is checked at the end only."""
     claim = make_claim(limits=[(0, LIMIT, 0)])
     done = claim.run("shim_stress", "stress", "3", "4", "12", "150", str(seed), timeout=300)
     assert done.returncode == 0, done.stderr
     points = rounds_of(done.stdout)
     assert len(points) == 14  # start, 12 rounds, end
-    assert [p for p in points if p[1] != p[2]] == []
     assert all(shim <= LIMIT for _, shim, _ in points)
     assert any(shim > 0 for _, shim, _ in points)  # it did hold memory at some point
-    assert points[-1] == ("end", 0, 0)
+    assert points[-1][:2] == ("end", 0)
     v = values(done.stdout)
-    assert v["mismatches"] == "0" and v["children_failed"] == "0"
+    assert v["children_failed"] == "0"
     assert v["full_rc"] == "0"
+    if simulated:
+        assert [p for p in points if p[1] != p[2]] == []
+        assert points[-1] == ("end", 0, 0) and v["mismatches"] == "0"
 
 
 def test_stress_without_limits_leaves_the_driver_as_it_found_it(make_claim: ClaimFactory) -> None:

@@ -82,6 +82,22 @@ def test_graphs_cooperative_and_ex_launches_are_capped(make_claim: ClaimFactory,
     assert share.near(50), share
 
 
+def test_graph_of_kernel_nodes_launched_thousands_of_times_is_capped(make_claim: ClaimFactory) -> None:
+    """A graph of four kernel nodes (100 us each) launched over and over for 4 s under a 30 %
+    cap - some three thousand launches at the cap - holds the cap within the same bound as plain
+    kernel launches (TOLERANCE, plus what the machine's load took from the worker)."""
+    claim = make_claim(limits=[(0, None, 30)])
+    proc = claim.start("shim_probe", "duty", "400000", "4.0", "4", "graph4")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    share = share_of(out)
+    assert share.near(30), out
+    assert claim.region is not None
+    from tessera.shim.format import read_region
+
+    assert read_region(claim.region).gpus[0].launches == int(values(out)["launched"]), out
+
+
 def test_launches_into_a_capturing_stream_are_not_paced(make_claim: ClaimFactory) -> None:
     """Launches into a capturing stream are recorded into a graph, not run, so the controller
     neither gates nor charges them: of 200 captured and N plain launches the region counts the

@@ -19,7 +19,7 @@ CUDA_EXPORTS = {
     *["cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync"],
     *["cuMemAllocFromPoolAsync_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"],
     *["cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo"],
-    *["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap"],
+    *["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemImportFromShareableHandle"],
     *["cuArrayCreate", "cuArrayCreate_v2", "cuArray3DCreate", "cuArray3DCreate_v2", "cuArrayDestroy"],
     *["cuMemGetInfo", "cuMemGetInfo_v2", "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "cuCtxDestroy_v2"],
     *["cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"],

@@ -181,9 +181,7 @@ def test_log_level_and_summary(make_claim: ClaimFactory) -> None:
     assert "is not error|warn|info|debug" in noisy.run("shim_probe", "info").stderr
 
 
-def test_a_gpu_the_process_cannot_see_is_reported_once(
-    make_claim: ClaimFactory, simulated_only: None
-) -> None:
+def test_a_gpu_the_process_cannot_see_is_reported_once(make_claim: ClaimFactory) -> None:
     """A UUID in the limits file that matches no CUDA device of the process limits nothing there:
     at the default log level the shim says so once, naming the UUID; the GPU it does see stays
     limited, and a file whose GPUs are all visible draws no such line."""
@@ -202,9 +200,7 @@ def test_a_gpu_the_process_cannot_see_is_reported_once(
     assert "limits file names GPU" not in quiet.run("shim_probe", "alloc", "mem", str(MiB)).stderr
 
 
-def test_a_gpu_hidden_by_cuda_visible_devices_is_reported(
-    make_claim: ClaimFactory, simulated_only: None
-) -> None:
+def test_a_gpu_hidden_by_cuda_visible_devices_is_reported(make_claim: ClaimFactory) -> None:
     """A claim of two GPUs in a process that CUDA_VISIBLE_DEVICES shows one of: the hidden one is
     named once, with the variable's value."""
     claim = make_claim(limits=[(0, 256 * MiB, 0), (1, 256 * MiB, 0)], gpus=2)

@@ -75,6 +75,20 @@ def test_ring_in_one_claim_charges_each_rank_its_own(
     assert sorted(used_per_gpu(claim).values()) == [0] * n
 
 
+def test_ring_on_one_gpu_charges_each_rank_its_own(make_claim: ClaimFactory, tmp_path: Path) -> None:
+    """Four ranks of one claim on one GPU (the common single-GPU case, and what a one-GPU
+    machine runs): the GPU holds exactly the four ranks' own memory while they have each
+    other's open."""
+    claim = make_claim(limits=[(0, 4 * OWN + 4 * MiB, 0)])
+    ranks, opened = run_ring([claim] * 4, tmp_path)
+    try:
+        assert [o["ring_ok"] for o in opened] == ["1"] * 4
+        assert list(used_per_gpu(claim).values()) == [4 * OWN]
+    finally:
+        finish_ring(ranks)
+    assert list(used_per_gpu(claim).values()) == [0]
+
+
 def test_ring_across_claims_charges_the_allocating_claim(make_claim: ClaimFactory, tmp_path: Path) -> None:
     """Four ranks on one node, alternating between two claims (each rank's neighbours are the
     other claim's): each claim holds exactly its own two ranks' memory, none of what it opened."""

@@ -19,7 +19,8 @@
  *   shim_probe pooldestroy HOW             destroy a pool with allocations out, then free them;
  *                                          the last with HOW: async, sync (cuMemFree) or ctx
  *                                          (destroy their context)
- *   shim_probe duty NS SECONDS DEPTH [graph|coop|ex|capture]   keep the GPU busy with NS-long kernels;
+ *   shim_probe duty NS SECONDS DEPTH [graph|graph4|coop|ex|capture]   keep the GPU busy with NS-long kernels
+ *                                          (graph4: a graph of four NS/4 kernel nodes);
  *                                          reports the share of GPU time its kernels took and
  *                                          run_delay_ns, how long it waited for a CPU meanwhile
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live)
@@ -754,20 +755,28 @@ static int mode_duty(int argc, char **argv)
     CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     void *params[] = {&ns};
     CUgraphExec exec = NULL;
-    if (strcmp(how, "graph") == 0) {
+    /* graph: one kernel node of NS; graph4: a chain of four of NS/4 each. */
+    uint64_t quarter = ns / 4;
+    void *quarter_params[] = {&quarter};
+    if (strcmp(how, "graph") == 0 || strcmp(how, "graph4") == 0) {
         LOAD(lib, cuGraphCreate);
         LOAD(lib, cuGraphAddKernelNode_v2);
         LOAD(lib, cuGraphInstantiateWithFlags);
+        bool four = strcmp(how, "graph4") == 0;
         CUgraph g;
-        CUgraphNode node;
+        CUgraphNode node = NULL;
         CHECK(p_cuGraphCreate(&g, 0));
         CUDA_KERNEL_NODE_PARAMS_v2 kp;
         memset(&kp, 0, sizeof kp);
         kp.func = f;
         kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
         kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
-        kp.kernelParams = params;
-        CHECK(p_cuGraphAddKernelNode_v2(&node, g, NULL, 0, &kp));
+        kp.kernelParams = four ? quarter_params : params;
+        for (int i = 0; i < (four ? 4 : 1); i++) {
+            CUgraphNode prev = node;
+            CHECK(p_cuGraphAddKernelNode_v2(&node, g, prev != NULL ? &prev : NULL,
+                                            prev != NULL ? 1 : 0, &kp));
+        }
         CHECK(p_cuGraphInstantiateWithFlags(&exec, g, 0));
     }
     if (strcmp(how, "capture") == 0) {
