@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tessera.testbed.binaries import binary, ensure_built
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.versions import version_of
+from tests.chart_helm import helm
 
 pytestmark = pytest.mark.integration
 
@@ -28,19 +26,6 @@ def write_chart(root: Path, kube_version: str) -> Path:
     return chart
 
 
-def helm(cluster: LocalCluster, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the cached Helm against the cluster, with its cache and config kept under `home`."""
-    ensure_built("helm")
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.admin_kubeconfig),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-    return subprocess.run([str(binary("helm")), *args], env=env, capture_output=True, text=True, timeout=120)
-
-
 def test_chart_requiring_this_kubernetes_installs(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -48,11 +33,20 @@ def test_chart_requiring_this_kubernetes_installs(
     pinned = version_of("KUBERNETES_VERSION")
     minor = pinned.split(".")[1]
     chart = write_chart(tmp_path, f">= 1.{minor}.0-0")
-    result = helm(
-        cluster, tmp_path, "install", "probe", str(chart), "-n", namespace, "--wait", "--timeout", "60s"
+    kubeconfig = cluster.admin_kubeconfig
+    helm(
+        tmp_path,
+        "install",
+        "probe",
+        str(chart),
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "60s",
+        kubeconfig=kubeconfig,
     )
-    assert result.returncode == 0, result.stderr
-    rendered = helm(cluster, tmp_path, "get", "manifest", "probe", "-n", namespace)
+    rendered = helm(tmp_path, "get", "manifest", "probe", "-n", namespace, kubeconfig=kubeconfig)
     assert f'kube: "{pinned}"' in rendered.stdout
 
 
@@ -61,6 +55,15 @@ def test_chart_requiring_a_newer_kubernetes_is_refused(
 ) -> None:
     """Helm compares kubeVersion with the server's /version, so an unstamped v0.0.0 would fail here."""
     chart = write_chart(tmp_path, ">= 1.99.0-0")
-    result = helm(cluster, tmp_path, "install", "probe", str(chart), "-n", namespace)
+    result = helm(
+        tmp_path,
+        "install",
+        "probe",
+        str(chart),
+        "-n",
+        namespace,
+        kubeconfig=cluster.admin_kubeconfig,
+        check=False,
+    )
     assert result.returncode != 0
     assert "is incompatible with Kubernetes" in result.stderr
