@@ -138,52 +138,95 @@ def apply(free: Free, placements: Sequence[Placement]) -> Free:
     return out
 
 
+@dataclass(frozen=True)
+class _NodeSummary:
+    state: tuple[tuple[object, ...], ...]
+    total_memory: int
+    max_memory: int
+    max_cores: int
+
+
+def _pod_floor(group: PodGroup) -> tuple[int, int, int]:
+    """What any node must have to hold one pod: (largest share's memory, all shares' memory, largest
+    share's cores), counting only absolute memory (a percentage depends on the GPU)."""
+    largest = total = cores = 0
+    for request in group.requests:
+        memory = (
+            min((c.memory if c.memory is not None else 0) for c in request.choices) if request.choices else 0
+        )
+        core = min(c.cores for c in request.choices) if request.choices else 0
+        largest, cores = max(largest, memory), max(cores, core)
+        total += memory * request.count
+    return largest, total, cores
+
+
 class _Search:
+    """Depth-first search over pods (iterative: a plan may hold thousands of pods), each pod over
+    nodes (best fit first, one per distinct state) and layouts on the node."""
+
     def __init__(self, gpus: Sequence[Gpu], free: Free, budget: int, by_uuid: bool) -> None:
-        self.gpus = {g.key: g for g in gpus}
         self.nodes: dict[str, list[Gpu]] = {}
         for gpu in gpus:
             self.nodes.setdefault(gpu.node, []).append(gpu)
+        self.node_index = {node: i for i, node in enumerate(self.nodes)}
         self.free = dict(free)
         self.budget = budget
         self.steps = 0
         self.exhausted = False
         self.by_uuid = by_uuid
+        self._summaries: dict[str, _NodeSummary] = {}
 
     def _gpu_state(self, gpu: Gpu) -> tuple[object, ...]:
         """What makes two GPUs interchangeable for every share of this search."""
         memory, cores = self.free[gpu.key]
         return (memory, cores, gpu.memory, gpu.product, gpu.uuid if self.by_uuid else "")
 
-    def _node_state(self, node: str) -> tuple[object, ...]:
-        return tuple(sorted(self._gpu_state(g) for g in self.nodes[node]))
+    def _summary(self, node: str) -> _NodeSummary:
+        summary = self._summaries.get(node)
+        if summary is None:
+            gpus = self.nodes[node]
+            frees = [self.free[g.key] for g in gpus]
+            summary = _NodeSummary(
+                state=tuple(sorted(self._gpu_state(g) for g in gpus)),
+                total_memory=sum(m for m, _ in frees),
+                max_memory=max(m for m, _ in frees),
+                max_cores=max(c for _, c in frees),
+            )
+            self._summaries[node] = summary
+        return summary
 
-    def _node_order(self, group: PodGroup) -> list[str]:
-        """Nodes that could hold one pod on their own free totals, least free memory first (best fit),
-        one node per distinct state."""
-        seen: set[tuple[object, ...]] = set()
+    def _set_free(self, gpu: Gpu, value: tuple[int, int]) -> None:
+        self.free[gpu.key] = value
+        self._summaries.pop(gpu.node, None)
+
+    def _node_order(self, group: PodGroup, min_index: int) -> list[str]:
+        """Nodes that could hold one pod on their free totals, least free memory first (best fit),
+        one per distinct state, none before ``min_index`` (identical pods go in node order)."""
+        largest, total, cores = _pod_floor(group)
+        seen: set[tuple[tuple[object, ...], ...]] = set()
         candidates = []
-        for node, gpus in self.nodes.items():
-            state = self._node_state(node)
-            if state in seen:
+        for node, index in self.node_index.items():
+            if index < min_index:
                 continue
-            seen.add(state)
-            total = sum(self.free[g.key][0] for g in gpus)
-            candidates.append((total, node))
+            summary = self._summary(node)
+            if summary.max_memory < largest or summary.total_memory < total or summary.max_cores < cores:
+                continue
+            if summary.state in seen:
+                continue
+            seen.add(summary.state)
+            candidates.append((summary.total_memory, index, node))
         candidates.sort()
-        return [node for _, node in candidates]
+        return [node for _, _, node in candidates]
 
     def _place_shares(
-        self, node: str, shares: list[tuple[Choice, ...]], index: int, taken: list[tuple[GpuKey, int, int]]
+        self, node: str, shares: list[Choice], index: int, taken: list[tuple[GpuKey, int, int]]
     ) -> Iterator[None]:
-        """Yield once per distinct way of placing shares[index:] on ``node`` (the state is applied
-        while the caller runs and undone afterwards). A share is a tuple of choices (firstAvailable);
-        shares of one request come as consecutive entries that must use the same choice, which the
-        caller arranges by expanding one choice at a time."""
+        """Yield once per distinct way of placing shares[index:] on ``node``; the state is applied
+        while the caller runs and undone when the generator moves on."""
         if index == len(shares):
             yield
             return
-        (choice,) = shares[index]
+        choice = shares[index]
         seen: set[tuple[object, ...]] = set()
         options = []
         for gpu in self.nodes[node]:
@@ -205,11 +248,11 @@ class _Search:
                 self.exhausted = True
                 return
             memory, cores = self.free[gpu.key]
-            self.free[gpu.key] = (memory - need, cores - choice.cores)
+            self._set_free(gpu, (memory - need, cores - choice.cores))
             taken.append((gpu.key, need, choice.cores))
             yield from self._place_shares(node, shares, index + 1, taken)
             taken.pop()
-            self.free[gpu.key] = (memory, cores)
+            self._set_free(gpu, (memory, cores))
             if self.exhausted:
                 return
 
@@ -217,13 +260,13 @@ class _Search:
         """Every distinct placement of one pod of ``group`` on ``node``, trying each request's
         choices in order (all of a request's shares from one choice)."""
 
-        def expand(r: int, prefix: list[tuple[Choice, ...]]) -> Iterator[list[tuple[Choice, ...]]]:
+        def expand(r: int, prefix: list[Choice]) -> Iterator[list[Choice]]:
             if r == len(group.requests):
                 yield prefix
                 return
             request = group.requests[r]
             for choice in request.choices:
-                yield from expand(r + 1, prefix + [(choice,)] * request.count)
+                yield from expand(r + 1, prefix + [choice] * request.count)
 
         for shares in expand(0, []):
             taken: list[tuple[GpuKey, int, int]] = []
@@ -232,27 +275,40 @@ class _Search:
             if self.exhausted:
                 return
 
-    def run(self, pods: list[PodGroup], out: list[Placement]) -> bool:
-        if not pods:
-            return True
-        group, rest = pods[0], pods[1:]
-        if not group.requests or group.shares_per_pod == 0:
-            out.append(Placement(group.name, "", ()))
-            if self.run(rest, out):
-                return True
-            out.pop()
-            return False
-        for node in self._node_order(group):
+    def _options(self, group: PodGroup, min_index: int) -> Iterator[Placement]:
+        """Every placement of one pod of ``group`` (applied while the caller looks at it)."""
+        if group.shares_per_pod == 0:
+            yield Placement(group.name, "", ())
+            return
+        for node in self._node_order(group, min_index):
             for layout in self._pod_layouts(node, group):
-                out.append(Placement(group.name, node, layout))
-                if self.run(rest, out):
-                    return True
-                out.pop()
-                if self.exhausted:
-                    return False
+                yield Placement(group.name, node, layout)
             if self.exhausted:
-                return False
-        return False
+                return
+
+    def run(self, pods: list[PodGroup]) -> list[Placement] | None:
+        if not pods:
+            return []
+        out: list[Placement] = []
+        stack = [self._options(pods[0], 0)]
+        while stack:
+            level = len(stack) - 1
+            placement = next(stack[-1], None)
+            if level < len(out):
+                out.pop()  # the previous option of this level has been undone by next()
+            if placement is None:
+                stack.pop()
+                if self.exhausted:
+                    return None
+                continue
+            out.append(placement)
+            if len(out) == len(pods):
+                return out
+            following = pods[level + 1]
+            same = following.name == pods[level].name and following.requests == pods[level].requests
+            min_index = self.node_index.get(placement.node, 0) if same else 0
+            stack.append(self._options(following, min_index))
+        return None
 
 
 def _largest_need(group: PodGroup, biggest_gpu: int) -> tuple[int, int]:
@@ -277,14 +333,12 @@ def pack(
     """Place every pod of every group at once on ``free``; see the module docstring."""
     biggest = max((g.memory for g in gpus), default=0)
     pods = [PodGroup(g.name, 1, g.requests) for g in groups for _ in range(g.count)]
+    # Largest first; identical pods stay adjacent (stable sort), which the search relies on.
     pods.sort(key=lambda p: _largest_need(p, biggest), reverse=True)
     by_uuid = any(c.selection.names_uuids for g in groups for r in g.requests for c in r.choices)
     search = _Search(gpus, free, budget, by_uuid)
-    placements: list[Placement] = []
-    found = search.run(pods, placements)
-    return Packing(
-        placements if found else None, exhausted=search.exhausted and not found, steps=search.steps
-    )
+    placements = search.run(pods)
+    return Packing(placements, exhausted=search.exhausted and placements is None, steps=search.steps)
 
 
 # -- saying why ------------------------------------------------------------------------------------

@@ -203,13 +203,13 @@ class Decision:
 
 @dataclass
 class PassState:
-    """One decision pass: the GPUs, their free capacity after allocated claims, the reserved shares
-    of Workloads already Ready, and where those are planned to go (grown by each Ready decision)."""
+    """One decision pass: the GPUs, what is free once allocated claims and the planned places of
+    reserved shares are taken (less each Ready decision's placements as the pass goes), and the
+    reserved Workloads whose shares found no place (while there are any, nothing more is let in)."""
 
     gpus: list[Gpu]
-    base: Free
-    reserved: list[PodGroup]
-    plan: list[Placement]
+    free: Free
+    unplanned: list[str]
 
 
 @dataclass
@@ -245,8 +245,10 @@ class WorkloadController:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = Stats()
-        # Ready decisions not yet seen back through the watch: uid -> groups still to place.
-        self._approved: dict[str, list[PodGroup]] = {}
+        # Ready decisions not yet seen back through the watch: uid -> (name, groups to place).
+        self._approved: dict[str, tuple[str, list[PodGroup]]] = {}
+        # Where the reserved shares of each Ready Workload are planned to go.
+        self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
         self._told: dict[str, tuple[str, str]] = {}
 
@@ -255,21 +257,22 @@ class WorkloadController:
 
     # -- one pass ----------------------------------------------------------------------------
 
-    def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> list[PodGroup]:
-        """Shares of Workloads Ready on our check whose pods are not all placed yet."""
+    def _reserved_groups(
+        self, checks: set[str], workloads: Sequence[Mapping[str, Any]]
+    ) -> dict[str, tuple[str, list[PodGroup]]]:
+        """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
+        Ready on our check (and those this process just made Ready)."""
         inventory = self.inventory
         by_owner: dict[str, list[Any]] = {}
         for pod in inventory.pods.values():
             for owner in (*pod.owners, pod.uid):
                 by_owner.setdefault(owner, []).append(pod)
-        out: list[PodGroup] = []
-        seen: set[str] = set()
+        out: dict[str, tuple[str, list[PodGroup]]] = {}
         for workload in workloads:
             uid = workload["metadata"].get("uid", "")
             ready = any((check_state(workload, c) or {}).get("state") == READY for c in checks)
             if not (ready and live(workload) and not condition(workload, "Evicted")):
                 continue
-            seen.add(uid)
             owners = [o.get("uid", "") for o in workload["metadata"].get("ownerReferences") or []]
             pods = {p.uid: p for o in owners for p in by_owner.get(o, [])}
             placed = [p for p in pods.values() if p.placed]
@@ -277,14 +280,47 @@ class WorkloadController:
                 groups = pod_groups(workload, inventory.templates, [])
             except (Refusal, AnnotationError, Undecidable, ValueError):
                 continue
-            out.extend(_less_placed(groups, placed))
-        for uid, groups in list(self._approved.items()):
-            if uid not in seen:
-                out.extend(groups)
+            name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
+            out[uid] = (name, _less_placed(groups, placed))
+        for uid, (name, groups) in self._approved.items():
+            out.setdefault(uid, (name, groups))
         return out
 
+    def _replan(
+        self, gpus: list[Gpu], base: Free, reserved: Mapping[str, tuple[str, list[PodGroup]]]
+    ) -> PassState:
+        """Keep each reserved Workload's planned places that still fit (in the order planned),
+        place the rest on what is left, and drop plans of Workloads no longer reserved."""
+        free = dict(base)
+        plans: dict[str, list[Placement]] = {}
+        displaced: list[tuple[str, list[PodGroup]]] = []
+        for uid, (_, groups) in reserved.items():
+            wanted = {g.name: g.count for g in groups}
+            kept: list[Placement] = []
+            for placement in self._plans.get(uid, []):
+                if wanted.get(placement.group, 0) > 0 and _room(free, placement):
+                    free = apply(free, [placement])
+                    kept.append(placement)
+                    wanted[placement.group] -= 1
+            plans[uid] = kept
+            missing = [
+                PodGroup(g.name, wanted[g.name], g.requests) for g in groups if wanted.get(g.name, 0) > 0
+            ]
+            if missing:
+                displaced.append((uid, missing))
+        unplanned = []
+        for uid, missing in displaced:
+            packed = pack(missing, gpus, free, self.budget)
+            if packed.placements is None:
+                unplanned.append(reserved[uid][0])
+                continue
+            free = apply(free, packed.placements)
+            plans[uid].extend(packed.placements)
+        self._plans = plans
+        return PassState(gpus, free, unplanned)
+
     def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
-        """The decision for one waiting Workload, given this pass's free capacity and plan."""
+        """The decision for one waiting Workload, given this pass's free capacity."""
         unknown: list[str] = []
         try:
             groups = pod_groups(workload, self.inventory.templates, unknown)
@@ -296,19 +332,18 @@ class WorkloadController:
             return Decision(REJECTED, f"its GPU request cannot be read: {error}")
         if not any(g.shares_per_pod for g in groups):
             return Decision(READY, "asks for no GPU", groups=groups)
+        if state.unplanned:
+            names = ", ".join(sorted(state.unplanned)[:3])
+            return Decision(
+                PENDING,
+                f"waiting: GPU shares of Workloads already admitted ({names}) no longer fit on the free "
+                "GPUs; nothing more is admitted until they are placed or capacity returns",
+            )
         note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
-        after_plan = apply(state.base, state.plan)
-        fitted = pack(groups, state.gpus, after_plan, self.budget)
-        if fitted.fits and fitted.placements is not None:
-            state.plan = state.plan + fitted.placements
+        fitted = pack(groups, state.gpus, state.free, self.budget)
+        if fitted.placements is not None:
             return Decision(READY, f"fits: {_where(fitted.placements)}{note}", fitted.placements, groups)
-        exhausted = fitted.exhausted
-        if state.reserved and _totals_could_hold(groups, after_plan):
-            joint = pack([*state.reserved, *groups], state.gpus, state.base, self.budget)
-            if joint.fits and joint.placements is not None:
-                state.plan = joint.placements
-                return Decision(READY, f"fits after re-planning reserved shares{note}", [], groups)
-        return Decision(PENDING, no_fit_message(groups, state.gpus, after_plan, exhausted) + note)
+        return Decision(PENDING, no_fit_message(groups, state.gpus, state.free, fitted.exhausted) + note)
 
     def run_once(self) -> int:
         """Decide every waiting Workload once, highest priority first; returns how many were decided."""
@@ -340,16 +375,14 @@ class WorkloadController:
                 and w["metadata"].get("uid", "") not in self._approved
             ]
         planning = time.perf_counter()
-        planned = pack(reserved, gpus, base, self.budget)
+        state = self._replan(gpus, base, reserved)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
-        if not planned.fits:
+        if state.unplanned:
             log.warning(
-                "the %d reserved pods of Workloads already Ready no longer pack on the free GPUs "
-                "(capacity shrank?); deciding against the free capacity less their totals",
-                sum(g.count for g in reserved),
+                "GPU shares of admitted Workloads %s no longer fit on the free GPUs; holding the rest",
+                ", ".join(state.unplanned),
             )
-        state = PassState(gpus, base, reserved, planned.placements or [])
         waiting.sort(key=lambda wc: priority_order(wc[0]))
         decided = 0
         for workload, check in waiting:
@@ -365,10 +398,13 @@ class WorkloadController:
             if self._told.get(uid) != told:
                 log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
             if decision.state == READY:
-                self._approved[uid] = decision.groups
-                state.reserved = [*state.reserved, *decision.groups]
+                self._approved[uid] = (name, decision.groups)
+                self._plans[uid] = decision.placements
+                state.free = apply(state.free, decision.placements)
             if not self._write(workload, check, decision):
-                self._approved.pop(uid, None)
+                if self._approved.pop(uid, None) is not None:
+                    del self._plans[uid]
+                    state.free = _give_back(state.free, decision.placements)
                 continue
             self._told[uid] = told
         for uid in [u for u in self._told if u not in live_uids]:
@@ -475,13 +511,22 @@ def _less_placed(groups: list[PodGroup], placed: Sequence[Any]) -> list[PodGroup
     return [PodGroup(g.name, remaining[g.name], g.requests) for g in groups if remaining[g.name] > 0]
 
 
-def _totals_could_hold(groups: Sequence[PodGroup], free: Free) -> bool:
-    """A necessary condition only: the free memory and cores add up to the absolute shares' sums."""
-    memory = sum(
-        (r.choices[0].memory or 0) * r.count * g.count for g in groups for r in g.requests if r.choices
-    )
-    cores = sum(r.choices[0].cores * r.count * g.count for g in groups for r in g.requests if r.choices)
-    return memory <= sum(m for m, _ in free.values()) and cores <= sum(c for _, c in free.values())
+def _room(free: Free, placement: Placement) -> bool:
+    """Whether every share of ``placement`` still has room where it was planned."""
+    need: dict[Any, tuple[int, int]] = {}
+    for key, memory, cores in placement.shares:
+        m, c = need.get(key, (0, 0))
+        need[key] = (m + memory, c + cores)
+    return all(key in free and free[key][0] >= m and free[key][1] >= c for key, (m, c) in need.items())
+
+
+def _give_back(free: Free, placements: Sequence[Placement]) -> Free:
+    out = dict(free)
+    for placement in placements:
+        for key, memory, cores in placement.shares:
+            m, c = out[key]
+            out[key] = (m + memory, c + cores)
+    return out
 
 
 def _where(placements: Sequence[Placement]) -> str:
