@@ -52,6 +52,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
+# For releases beside others: the DeviceClass and NodePort 31995 exist once per cluster.
+NO_CLUSTER_SINGLETONS: dict[str, Any] = {
+    "deviceClass": {"enabled": False},
+    "exporter": {"service": {"type": "ClusterIP"}},
+}
+OWN_CA: dict[str, Any] = {"webhook": {"replicas": 1, "tls": {"source": "self"}}}
+
+
 @pytest.fixture
 def device_class_free(kube: client.ApiClient) -> Iterator[None]:
     """The chart owns the DeviceClass gpu.tessera.dev, which other tests make without Helm: take
@@ -177,6 +185,11 @@ def test_install_creates_every_object_and_uninstall_leaves_nothing(
             client.ResourceV1Api(kube).read_device_class(DEVICE_CLASS, _preload_content=False)
         )
         assert device_class["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        # NOTES.txt tells the user how to check the install and run a first workload.
+        notes = helm(tmp_path, "get", "notes", release, "-n", namespace, kubeconfig=cluster.admin_kubeconfig)
+        assert f"rollout status daemonset/{release}-kubeletplugin" in notes.stdout
+        assert f"helm test {release} -n {namespace}" in notes.stdout
+        assert "nvidia.com/gpumem: 8000" in notes.stdout
     finally:
         if installed:
             helm(
@@ -237,3 +250,32 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
         assert ca_bundle() == bundle, "the upgrade replaced the CA the API server trusts"
     finally:
         helm(tmp_path, "uninstall", release, *common, "--wait", kubeconfig=cluster.admin_kubeconfig)
+
+
+def test_an_upgrade_leaves_the_caBundle_the_webhook_keeps_itself(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """With webhook.tls.source self the webhook writes caBundle; Helm's three-way merge must keep it."""
+    release = unique_name("tessera")
+    admission = client.AdmissionregistrationV1Api(kube)
+    configuration = f"{release}-webhook"
+    values = ["-n", namespace, "-f", str(values_file(tmp_path, {**NO_CLUSTER_SINGLETONS, **OWN_CA}))]
+    helm(tmp_path, "install", release, str(CHART), *values, kubeconfig=cluster.admin_kubeconfig)
+    try:
+        written = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"  # what the webhook would write (any bytes do)
+        patch = {"webhooks": [{"name": "pods.gpu.tessera.dev", "clientConfig": {"caBundle": written}}]}
+        admission.patch_mutating_webhook_configuration(configuration, patch)
+        helm(
+            tmp_path,
+            "upgrade",
+            release,
+            str(CHART),
+            *values,
+            "--set",
+            "webhook.logLevel=debug",
+            kubeconfig=cluster.admin_kubeconfig,
+        )
+        body = raw_json(admission.read_mutating_webhook_configuration(configuration, _preload_content=False))
+        assert body["webhooks"][0]["clientConfig"]["caBundle"] == written
+    finally:
+        helm(tmp_path, "uninstall", release, "-n", namespace, "--wait", kubeconfig=cluster.admin_kubeconfig)
