@@ -233,6 +233,11 @@ void shim_pools_settle(int dev)
 {
     if (dev < 0 || dev >= SHIM_MAX_DEVICES)
         return;
+    /* No pool and nothing charged for one: nothing to settle (the common case, asked by every
+     * cuMemGetInfo). A pool being tracked meanwhile is settled by its own allocation. */
+    if (__atomic_load_n(&sets[dev].n, __ATOMIC_RELAXED) == 0 &&
+        __atomic_load_n(&sets[dev].cached, __ATOMIC_RELAXED) == 0)
+        return;
     pthread_mutex_lock(&mu);
     settle_locked(dev);
     pthread_mutex_unlock(&mu);

@@ -248,6 +248,16 @@ const struct shim_device *shim_device(int dev)
     return d->gpu >= 0 ? d : NULL;
 }
 
+/* The calling thread's last answer, valid while no context has been forgotten since (a
+ * destroyed context's handle can come back for another device). Spares the table's lock on the
+ * calls that ask often (cuMemGetInfo, every allocation). */
+static uint64_t contexts_forgotten;
+static __thread struct {
+    CUcontext ctx;
+    int device;
+    uint64_t forgotten;
+} last_context;
+
 bool shim_current_device(int *device, CUcontext *pctx)
 {
     CUcontext ctx = NULL;
@@ -255,9 +265,17 @@ bool shim_current_device(int *device, CUcontext *pctx)
         return false;
     if (pctx != NULL)
         *pctx = ctx;
+    uint64_t forgotten = __atomic_load_n(&contexts_forgotten, __ATOMIC_ACQUIRE);
+    if (ctx == last_context.ctx && forgotten == last_context.forgotten) {
+        *device = last_context.device;
+        return true;
+    }
     struct shim_entry e;
     if (shim_table_get(SHIM_KIND_CONTEXT, (uint64_t)(uintptr_t)ctx, &e)) {
         *device = e.device;
+        last_context.ctx = ctx;
+        last_context.device = e.device;
+        last_context.forgotten = forgotten;
         return true;
     }
     CUdevice dev = 0;
@@ -273,6 +291,7 @@ bool shim_current_device(int *device, CUcontext *pctx)
 void shim_forget_context(CUcontext ctx)
 {
     shim_table_take(SHIM_KIND_CONTEXT, (uint64_t)(uintptr_t)ctx, NULL);
+    __atomic_add_fetch(&contexts_forgotten, 1, __ATOMIC_RELEASE);
 }
 
 bool shim_slot(void)

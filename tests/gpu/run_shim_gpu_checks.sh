@@ -2,7 +2,10 @@
 # The shim's checks on a real NVIDIA GPU: builds the shim and its test programs against the
 # machine's libcuda, then runs the same pytest suite that CI runs against the simulated driver
 # (tests/shim, unchanged: the kernel is PTX loaded with cuModuleLoadData) with the real driver
-# libraries behind the shim, plus the overhead benchmark. Writes the results to
+# libraries behind the shim - the accounting stress and concurrent double free, IPC and exported
+# VMM handles in an NCCL-like ring, sleep mode, two GPUs per process where the machine has them,
+# a CUDA graph under a compute cap - plus the overhead benchmark (cuMemGetInfo_v2 and graph
+# launches included). Writes the results to
 # $RESULTS_DIR/shim-<date>.txt and $RESULTS_DIR/overhead.{md,json} (RESULTS_DIR defaults to
 # tests/gpu/results: commit them after a run on a real GPU). Exits 1 if the suite or the
 # benchmark failed (the results are written either way).
