@@ -10,8 +10,8 @@ VENV_STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
 # ruff does not follow the tessera/<part> links, so it is given the real folders; mypy is given the
 # import root (and must not see a module under two names), so it is not.
-RUFF_SOURCES := tessera testbed simgpu shim proto tests demo benchmarks setup.py driver webhook admissioncheck
-MYPY_SOURCES := tessera tests demo benchmarks setup.py
+RUFF_SOURCES := tessera testbed simgpu shim proto tests demo benchmarks setup.py driver webhook admissioncheck tools
+MYPY_SOURCES := tessera tests demo benchmarks setup.py tools
 
 .PHONY: help test demo venv host-packages binaries simgpu lint unit integration e2e clean
 

@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
         "--cleanup-interval",
         "TESSERA_CLEANUP_INTERVAL",
         60.0,
-        "seconds between sweeps for prepared claims the API has not",
+        "seconds between sweeps that unprepare claims the API no longer has for this node",
         float,
     )
     setting(
