@@ -29,6 +29,11 @@ Names, labels and values derived once, for every template. Component objects are
 {{- define "tessera.exporter.name" -}}{{ include "tessera.fullname" . | trunc 54 | trimSuffix "-" }}-exporter{{- end -}}
 {{- define "tessera.webhook.tlsSecret" -}}{{ include "tessera.webhook.name" . }}-tls{{- end -}}
 {{- define "tessera.webhook.host" -}}{{ include "tessera.webhook.name" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+{{- define "tessera.admissionCheck.name" -}}{{ include "tessera.fullname" . | trunc 48 | trimSuffix "-" }}-admissioncheck{{- end -}}
+{{/* The AdmissionCheck object (cluster-scoped): the name ClusterQueues list to use the check. */}}
+{{- define "tessera.admissionCheck.checkName" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-gpu-fit{{- end -}}
+{{/* Kueue's API the queue objects are written in; the chart refuses them where it is not served. */}}
+{{- define "tessera.kueueAPI" -}}kueue.x-k8s.io/v1beta2{{- end -}}
 {{- define "tessera.testNamespace" -}}{{ include "tessera.fullname" . | trunc 58 | trimSuffix "-" }}-test{{- end -}}
 
 {{- define "tessera.labels" -}}
@@ -101,4 +106,16 @@ so the result is remembered for the rest of the render).
 {{- $_ := set $memo "_material" $material -}}
 {{- end -}}
 {{- toYaml (get $memo "_material") -}}
+{{- end -}}
+
+{{/*
+A Kubernetes quantity from a value, as a string: Helm reads numbers as floats, which print as
+"1e+06"; whole numbers are written as integers, strings ("320Gi") as they are.
+*/}}
+{{- define "tessera.quantity" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
 {{- end -}}
