@@ -24,14 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
-from tessera.quantity import GiB
+from tessera.quantity import GiB, MiB, quantity_to_int
+from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 from tessera.simgpu.config import NodeSpec, library_dir, make_gpus, write_config
 from tessera.testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from tessera.testbed.kubectl import kubectl
 from tessera.testbed.names import unique_name
 from tessera.testbed.node import NodeFactory, RealNode
@@ -39,11 +42,9 @@ from tessera.testbed.node_runtime import node_root
 from tessera.testbed.polling import poll_until
 from tessera.testbed.product_images import load_manifest, product_images, project_version
 from tests.chart_helm import CHART, helm, values_file
-from tests.e2e.test_driver_node import PROBE_IMAGE, events, probe_image
+from tests.e2e.test_driver_node import events, sections
 
 pytestmark = pytest.mark.e2e
-
-__all__ = ["probe_image"]  # the fixture, shared with the driver's end-to-end tests
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -114,13 +115,12 @@ def simulated_gpus(node: RealNode) -> Path:
     return write_config(spec, folder / "simgpu.conf")
 
 
-def chart_values(probe_image_reference: str) -> dict[str, Any]:
+def chart_values() -> dict[str, Any]:
     """The values the test bed needs (see the module's docstring)."""
     manifest = load_manifest()
     images = {name: f"tessera.local/{image.repository}" for name, image in manifest.images.items()}
     node_folder = f"{node_root()}/$(NODE_NAME)"
     simgpu = f"{node_folder}/simgpu"
-    repository, _, tag = probe_image_reference.rpartition(":")
     return {
         "kubeletPlugin": {
             "image": {"repository": images["driver"], "tag": project_version(), "pullPolicy": "Never"},
@@ -136,6 +136,12 @@ def chart_values(probe_image_reference: str) -> dict[str, Any]:
             "env": [{"name": "SIMGPU_CONFIG", "value": f"{simgpu}/simgpu.conf"}],
             "containerEnv": [f"SIMGPU_CONFIG={simgpu}/simgpu.conf"],
             "containerMounts": [simgpu],
+            # In the host network the ports are the node's: a surge pod cannot be scheduled beside
+            # the old one (the scheduler's NodePorts filter), so replace each pod in place.
+            "updateStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
             "healthInterval": 1,
             "logLevel": "debug",
         },
@@ -143,7 +149,6 @@ def chart_values(probe_image_reference: str) -> dict[str, Any]:
             "image": {"repository": images["webhook"], "tag": project_version(), "pullPolicy": "Never"},
             "nodeSelector": {CHART_NODE_LABEL: "true"},
         },
-        "tests": {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}},
     }
 
 
@@ -174,16 +179,49 @@ def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
     )
 
 
+def example_documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def containers_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document.get("spec", {})
+    pod_spec = spec.get("template", {}).get("spec", spec) if document["kind"] != "Pod" else spec
+    return list(pod_spec.get("containers", [])) if document["kind"] in ("Pod", "Deployment", "Job") else []
+
+
+def example_images() -> set[str]:
+    """Every image the examples (and so the chart's `helm test`, by default) name."""
+    return {
+        c["image"]
+        for path in EXAMPLES.glob("*.yaml")
+        for d in example_documents(path)
+        for c in containers_of(d)
+    }
+
+
+@pytest.fixture(scope="module")
+def workload_images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The probe image's files (the tools, shim_probe) under each name the examples use: the nodes
+    have them, so with IfNotPresent the kubelet never pulls, and the manifests apply unchanged."""
+    programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
+    files = {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS}
+    files["/bin/shim_probe"] = programs / "shim_probe"
+    out = tmp_path_factory.mktemp("workload-images")
+    return [
+        build_image(ImageSpec(name, files, command=("/bin/sh",)), out) for name in sorted(example_images())
+    ]
+
+
 @pytest.fixture(scope="module")
 def chart_bed(
     cluster: LocalCluster,
     kube: client.ApiClient,
     node_factory: NodeFactory,
-    probe_image: Path,
+    workload_images: list[Path],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ChartBed]:
     archives = product_images()
-    nodes = node_factory.start(2, extra_images=[*archives.values(), probe_image])
+    nodes = node_factory.start(2, extra_images=[*archives.values(), *workload_images])
     for node in nodes:
         simulated_gpus(node)
         label_node(kube, node)
@@ -195,7 +233,7 @@ def chart_bed(
     )
     wait_effective(kube, namespace)
     home = tmp_path_factory.mktemp("helm")
-    values = chart_values(PROBE_IMAGE)
+    values = chart_values()
     bed = ChartBed(cluster, kube, home, release, namespace, nodes, values)
     try:
         bed.helm("install", release, str(CHART), "-f", str(values_file(home, values)))
@@ -242,7 +280,9 @@ def test_helm_install_runs_the_daemonset_and_the_webhook_as_pods_from_the_local_
 
 def test_helm_test_passes(chart_bed: ChartBed) -> None:
     wait_rolled_out(chart_bed)
-    out = chart_bed.helm("test", chart_bed.release, "--timeout", "5m", "--logs", timeout=400)
+    # Without --logs: helm looks for every test hook's logs as a pod's in the release namespace, and
+    # the chart's test pods run in a namespace of their own (and are deleted when they pass).
+    out = chart_bed.helm("test", chart_bed.release, "--timeout", "5m", timeout=400)
     assert "Phase:          Succeeded" in out, out
     assert "Phase:          Failed" not in out, out
 
@@ -259,3 +299,196 @@ def test_port_31995_on_each_node_answers_with_per_gpu_metrics(chart_bed: ChartBe
         assert "tessera_" in text
         for gpu in make_gpus(GPUS_PER_NODE, node.name, memory_bytes=GPU_MEMORY):
             assert gpu.uuid in text, f"{gpu.uuid} not in the metrics of {node.name}"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one example makes: how many pods, the share each pod's claim gets, and whether its pods
+    keep running (the Job's finish)."""
+
+    pods: int
+    memory: int
+    cores: int
+    keeps_running: bool = True
+
+
+EXAMPLE_SHARES = {
+    "hami-pod.yaml": Expected(1, 2000 * MiB, 25),
+    "claim-template-pod.yaml": Expected(1, 2 * GiB, 25),
+    "deployment.yaml": Expected(2, 1 * GiB, 10),
+    "job.yaml": Expected(2, 1024 * MiB, 20, keeps_running=False),
+    "shared-claim-pod.yaml": Expected(1, 4 * GiB, 50),
+}
+
+
+def test_every_example_has_its_expected_share_here() -> None:
+    """A new example needs its line in EXAMPLE_SHARES, so that it is run below."""
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_SHARES)
+
+
+def namespace_pods(kube: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    return list(
+        raw_json(client.CoreV1Api(kube).list_namespaced_pod(namespace, _preload_content=False))["items"]
+    )
+
+
+def pod_claim(kube: client.ApiClient, pod: dict[str, Any]) -> dict[str, Any]:
+    namespace = pod["metadata"]["namespace"]
+    [status] = pod["status"]["resourceClaimStatuses"]
+    resource = client.ResourceV1Api(kube)
+    return raw_json(
+        resource.read_namespaced_resource_claim(
+            status["resourceClaimName"], namespace, _preload_content=False
+        )
+    )
+
+
+def consumed(claim: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """The claim's one allocated share: (device, consumed capacity)."""
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    return result["device"], {k: quantity_to_int(v) for k, v in result["consumedCapacity"].items()}
+
+
+def enforcement_script(limit: int) -> str:
+    """What the container's own CUDA program sees and may do: total memory, an allocation past the
+    limit (CUDA_ERROR_OUT_OF_MEMORY, 2) and one of exactly the limit."""
+    return (
+        "echo '== info'; shim_probe info; "
+        f"echo '== over'; shim_probe alloc mem {limit + 64 * MiB}; "
+        f"echo '== fits'; shim_probe alloc mem {limit}"
+    )
+
+
+def wait_pods(kube: client.ApiClient, namespace: str, expected: Expected) -> list[dict[str, Any]]:
+    """The example's pods once they are all Running (or, for pods that finish, Succeeded)."""
+    phase = "Running" if expected.keeps_running else "Succeeded"
+
+    def ready() -> list[dict[str, Any]] | None:
+        pods = namespace_pods(kube, namespace)
+        failed = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Failed"]
+        if failed:
+            raise AssertionError(f"{failed} failed:\n{events(kube, namespace)}")
+        done = [p for p in pods if p["status"].get("phase") == phase]
+        return done if len(done) == expected.pods == len(pods) else None
+
+    try:
+        return poll_until(ready, ROLLOUT_TIMEOUT, f"{expected.pods} pods {phase} in {namespace}")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\nevents:\n{events(kube, namespace)}") from error
+
+
+def node_address(bed: ChartBed, node_name: str) -> str:
+    [node] = [n for n in bed.nodes if n.name == node_name]
+    return node.address
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_SHARES), ids=lambda name: name.removesuffix(".yaml"))
+def test_each_example_applied_unchanged_runs_with_its_share_placed_and_enforced(
+    chart_bed: ChartBed, namespace: str, example: str
+) -> None:
+    """kubectl apply of the file as it is; every pod's claim is allocated the example's share on a
+    GPU of the node the pod runs on; inside each container the limits file names that share and a
+    CUDA program sees exactly its memory and cannot allocate past it; the node's port 31995 shows
+    each container with its limit."""
+    bed, expected = chart_bed, EXAMPLE_SHARES[example]
+    wait_rolled_out(bed)
+    bed.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / example))
+    pods = wait_pods(bed.kube, namespace, expected)
+    core = client.CoreV1Api(bed.kube)
+    for pod in pods:
+        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+        assert node in {n.name for n in bed.nodes}
+        if expected.keeps_running:  # a finished pod's claim is deleted with it
+            claim = pod_claim(bed.kube, pod)
+            _, capacity = consumed(claim)
+            assert capacity == {"memory": expected.memory, "cores": expected.cores}, claim
+            [term] = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+            assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [node]}], (
+                claim
+            )
+        node_gpus = {gpu.uuid for gpu in make_gpus(GPUS_PER_NODE, node, memory_bytes=GPU_MEMORY)}
+        for container in pod["spec"]["containers"]:
+            log = str(core.read_namespaced_pod_log(name, namespace, container=container["name"]))
+            # The limits file the container printed: one line, "<uuid> memory=<bytes> cores=<n>",
+            # for a GPU of the pod's own node.
+            share = f"memory={expected.memory} cores={expected.cores}"
+            [limit] = [line.split() for line in log.splitlines() if line.endswith(share)]
+            assert limit[0] in node_gpus, log
+            if not expected.keeps_running:
+                continue
+            seen = sections(
+                bed.kubectl(
+                    "exec",
+                    "-n",
+                    namespace,
+                    name,
+                    "-c",
+                    container["name"],
+                    "--",
+                    "sh",
+                    "-c",
+                    enforcement_script(expected.memory),
+                )
+            )
+            assert int(seen["info"]["total"]) == expected.memory, seen
+            assert seen["over"]["rc"] == "2", seen
+            assert seen["fits"]["rc"] == "0", seen
+        if expected.keeps_running:
+            metrics = scrape(node_address(bed, node))
+            series = [
+                line
+                for line in metrics.splitlines()
+                if line.startswith("tessera_container_gpu_memory_limit_bytes{")
+                and f'namespace="{namespace}"' in line
+                and f'pod="{name}"' in line
+            ]
+            assert len(series) == len(pod["spec"]["containers"]), metrics
+            assert all(float(line.rsplit(" ", 1)[1]) == expected.memory for line in series), series
+
+
+def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(
+    chart_bed: ChartBed, namespace: str
+) -> None:
+    """A running pod's claim, prepared by the old daemon pods, stays enforced while the DaemonSet
+    rolls to the upgraded values; the new daemon pods unprepare it when the pod goes and prepare
+    new claims."""
+    bed = chart_bed
+    wait_rolled_out(bed)
+    old = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
+    bed.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "claim-template-pod.yaml"))
+    expected = EXAMPLE_SHARES["claim-template-pod.yaml"]
+    [pod] = wait_pods(bed.kube, namespace, expected)
+    name = pod["metadata"]["name"]
+    claim = pod_claim(bed.kube, pod)
+
+    values = {**bed.values, "kubeletPlugin": {**bed.values["kubeletPlugin"], "logLevel": "info"}}
+    bed.helm(
+        "upgrade", bed.release, str(CHART), "-f", str(values_file(bed.helm_home, values, "upgrade.yaml"))
+    )
+    try:
+        wait_rolled_out(bed)
+    except Exception as error:
+        raise AssertionError(f"{error}\nevents:\n{events(bed.kube, bed.namespace)}") from error
+    new = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
+    assert len(new) == len(bed.nodes) and not new & old, "every daemon pod replaced"
+
+    seen = sections(
+        bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", enforcement_script(expected.memory))
+    )
+    assert int(seen["info"]["total"]) == expected.memory, seen
+    assert seen["over"]["rc"] == "2", seen
+    assert pod_claim(bed.kube, pod)["metadata"]["uid"] == claim["metadata"]["uid"]
+
+    bed.kubectl(
+        "delete", "-n", namespace, "-f", str(EXAMPLES / "claim-template-pod.yaml"), "--wait", timeout=120
+    )
+    claims = client.ResourceV1Api(bed.kube)
+    poll_until(
+        lambda: (
+            not raw_json(claims.list_namespaced_resource_claim(namespace, _preload_content=False))["items"]
+        ),
+        120,
+        "the claim unprepared and deleted with its pod",
+    )
+    bed.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "hami-pod.yaml"))
+    wait_pods(bed.kube, namespace, EXAMPLE_SHARES["hami-pod.yaml"])
