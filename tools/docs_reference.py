@@ -186,6 +186,8 @@ STANDARD = {
     "enabled": "Whether the chart installs this part.",
     "labels": "Labels added to the object.",
     "annotations": "Annotations added to the object.",
+    "borrowWithinCohort.maxPriorityThreshold": "Kueue's threshold: a borrowing Workload may preempt only "
+    "Workloads of this priority or lower.",
     "issuerRef.name": "Name of the existing cert-manager issuer.",
     "issuerRef.kind": "Kind of the existing issuer: `Issuer` (in the release namespace) or `ClusterIssuer`.",
     "issuerRef.group": "API group of the existing issuer (cert-manager's own: `cert-manager.io`).",

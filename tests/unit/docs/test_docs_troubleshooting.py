@@ -1,0 +1,149 @@
+"""docs/troubleshooting.md quotes messages the code still emits.
+
+The page quotes each message in a code span on a line that starts with ``>``, writing ``<...>`` for
+whatever the program fills in. A quoted message passes when some message template in the sources —
+a Python string or f-string (names of module constants filled in), or a C string literal — produces
+it: the template's literal text must be there, in order, with nothing else between them but what the
+template fills in. So a reworded or deleted message fails here, naming the quote to update.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+PAGE = REPO / "docs" / "troubleshooting.md"
+PYTHON_SOURCES = ("webhook", "driver", "admissioncheck", "tessera")
+C_SOURCES = ("shim/src", "shim/include")
+SHIM_PREFIX = re.compile(r"^tessera-shim\[<pid>\]: (error|warn|info|debug): ")
+
+HOLE = "\x00"
+"""What a template fills in, in the template's text."""
+QUOTE_HOLE = "\x01"
+"""A ``<...>`` of the page, in the quote's text."""
+
+PRINTF = re.compile(r"%[-#0 +]*(\d+|\*)?(\.(\d+|\*))?(hh|h|ll|l|z|j|t|L)?[sdiouxXfFgGcpr]")
+
+
+def quoted_messages(text: str) -> list[str]:
+    """Every code span on a ``>`` line of the page."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(">"):
+            out += re.findall(r"`([^`]+)`", line)
+    return out
+
+
+def _python_constants(tree: ast.Module) -> dict[str, str]:
+    constants = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            constants[node.targets[0].id] = node.value.value
+    return constants
+
+
+def _python_files() -> Iterator[Path]:
+    for folder in PYTHON_SOURCES:
+        base = REPO / folder
+        # tessera/ holds links to the other parts; its own modules are the files directly in it.
+        yield from (base.glob("*.py") if folder == "tessera" else base.rglob("*.py"))
+
+
+def _c_literals(source: str) -> Iterator[str]:
+    """Adjacent C string literals joined (a macro between two, like PRIu64, is a hole)."""
+    source = re.sub(r"/\*.*?\*/", " ", source, flags=re.S)
+    literal = r'"(?:[^"\\\n]|\\.)*"'
+    for match in re.finditer(rf"{literal}(?:\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*)?{literal})*", source):
+        pieces = re.split(rf"({literal})", match.group(0))
+        text = ""
+        for piece in pieces:
+            if piece.startswith('"'):
+                text += bytes(piece[1:-1], "utf-8").decode("unicode_escape")
+            elif piece.strip():
+                text += HOLE
+        yield text.replace("%" + HOLE, HOLE)  # "%" PRIu64: one conversion
+
+
+@cache
+def templates() -> tuple[str, ...]:
+    """Every message template of the sources, holes marked with HOLE."""
+    trees = {path: ast.parse(path.read_text()) for path in _python_files()}
+    constants: dict[str, str] = {}
+    for tree in trees.values():
+        constants.update(_python_constants(tree))
+    out: list[str] = []
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                text = ""
+                for part in node.values:
+                    if isinstance(part, ast.Constant):
+                        text += str(part.value)
+                    elif (
+                        isinstance(part, ast.FormattedValue)
+                        and isinstance(part.value, ast.Name)
+                        and part.value.id in constants
+                        and part.conversion == -1
+                    ):
+                        text += constants[part.value.id]
+                    else:
+                        text += HOLE
+                out.append(text)
+    for folder in C_SOURCES:
+        for path in sorted((REPO / folder).glob("*.[ch]")):
+            out += _c_literals(path.read_text())
+    holes = re.compile(HOLE + "+")
+    out = [holes.sub(HOLE, PRINTF.sub(HOLE, t)).strip() for t in out]
+    return tuple(t for t in out if len(t.replace(HOLE, "").strip()) >= 4)
+
+
+@cache
+def _pattern(template: str) -> re.Pattern[str]:
+    return re.compile(".+?".join(re.escape(piece) for piece in template.split(HOLE)), re.S)
+
+
+def produced_by_some_template(quote: str) -> bool:
+    text = re.sub(r"<[^<>]+>", QUOTE_HOLE, quote)
+    for template in templates():
+        if max(template.split(HOLE), key=len) in text and _pattern(template).fullmatch(text):
+            return True
+    return False
+
+
+def test_the_page_quotes_messages() -> None:
+    assert len(quoted_messages(PAGE.read_text())) >= 20
+
+
+@pytest.mark.parametrize("quote", quoted_messages(PAGE.read_text()))
+def test_each_quoted_message_is_still_emitted(quote: str) -> None:
+    message = SHIM_PREFIX.sub("", quote)
+    if message != quote:  # the shim's log prefix, which shim/src/log.c writes before every line
+        assert f"tessera-shim[{HOLE}]: {HOLE}:" in templates()
+    assert produced_by_some_template(quote) or produced_by_some_template(message), (
+        f"{PAGE.name} quotes a message no source file produces any more: {quote!r}; "
+        "update the quote (and what the page says about it) to the current wording"
+    )
+
+
+def test_a_reworded_message_is_caught() -> None:
+    assert produced_by_some_template(
+        'container "<name>": nvidia.com/gpucores is <n>; it must be between 1 and 100.'
+    )
+    assert not produced_by_some_template(
+        'container "<name>": nvidia.com/gpucores is <n>; it must be between 0 and 100.'
+    )
+    assert not produced_by_some_template("<anything>")
