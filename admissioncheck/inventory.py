@@ -290,9 +290,9 @@ class Inventory:
             self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stop the watches. A watch thread notices within its server-side timeout; the threads are
+        daemons, so a process that is exiting does not wait for them."""
         self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
 
 
 def _key(obj: Mapping[str, Any]) -> Key:

@@ -26,10 +26,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.kube import api_client
+from tessera.kube import api_client, raw_json
 from tessera.testbed import pod_state, queue_bed
 from tessera.testbed.binaries import COMPONENTS
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.driver_node import ensure_device_class
 from tessera.testbed.kueue import KueueOptions
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
@@ -88,6 +89,7 @@ def bar() -> Iterator[Bar]:
         api = api_client(cluster.admin_kubeconfig)
         process, port = queue_bed.admission_check_process(cluster)
         process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 120, "caches synced")
+        ensure_device_class(api)
         queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
         queue_bed.create(api, queue_bed.admission_check(CHECK))
         for name, value in PRIORITIES.items():
@@ -185,7 +187,15 @@ def wait_running(bar: Bar, namespace: str, job: str, pods: int, timeout: float =
         found = [p.spec.node_name for p in job_pods(bar, namespace, job) if p.spec and p.spec.node_name]
         return found if len(found) == pods else None
 
-    nodes: list[str] = poll_until(bound, timeout, f"{pods} pods of {namespace}/{job} bound")
+    try:
+        nodes: list[str] = poll_until(bound, timeout, f"{pods} pods of {namespace}/{job} bound")
+    except TimeoutError as error:
+        found = [
+            (p.metadata and p.metadata.name, p.status and p.status.phase, p.status and p.status.conditions)
+            for p in job_pods(bar, namespace, job)
+        ]
+        job_status = client.BatchV1Api(bar.api).read_namespaced_job(job, namespace).status
+        raise AssertionError(f"{error}; pods: {found}; job status: {job_status}") from error
     return nodes
 
 
@@ -211,6 +221,15 @@ def finish(bar: Bar, namespace: str, job: str) -> None:
             }
         }
         core.patch_namespaced_pod_status(pod.metadata.name, namespace, status)
+
+
+def pending_in(bar: Bar, cluster_queue: str) -> int:
+    body = raw_json(
+        client.CustomObjectsApi(bar.api).get_cluster_custom_object(
+            queue_bed.GROUP, queue_bed.VERSION, "clusterqueues", cluster_queue, _preload_content=False
+        )
+    )
+    return int((body.get("status") or {}).get("pendingWorkloads") or 0)
 
 
 def admitted_set(bar: Bar, namespace: str, workloads: dict[str, str]) -> set[str]:
@@ -240,14 +259,7 @@ def test_jobs_beyond_the_memory_quota_wait_and_are_admitted_in_priority_then_fif
     # Over quota now: c (batch), then d (interactive), then e (batch) wait.
     for job, priority in (("c", "batch"), ("d", "interactive"), ("e", "batch")):
         workloads[job] = submit(bar, ns, job, 1, 20, priority)
-    poll_until(
-        lambda: all(
-            queue_bed.read_workload(bar.api, ns, workloads[j]).get("status", {}).get("conditions")
-            for j in "cde"
-        ),
-        60,
-        "c, d, e queued",
-    )
+    poll_until(lambda: pending_in(bar, "quota-cq") == 3, 60, "c, d and e pending in the ClusterQueue")
     assert admitted_set(bar, ns, workloads) == {"a", "b"}
 
     order = []
