@@ -86,14 +86,15 @@ void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key
                            .peer = (uint64_t)(uintptr_t)c->ctx, .pool = c->pool, .gpu = c->gpu,
                            .device = c->device, .kind = (uint8_t)kind, .refs = 1};
     struct shim_entry stale;
-    if (shim_table_take((enum shim_kind)kind, key, &stale)) {
+    int replaced = shim_table_put_replacing(&e, &stale);
+    if (replaced < 0)
+        SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
+                   (unsigned long long)e.bytes);
+    if (replaced > 0) { /* a record the driver's own free outlived (a context swept late) */
         SHIM_DEBUG("the driver handed out %#llx again: its old record is given back",
                    (unsigned long long)key);
         shim_uncharge(&stale);
     }
-    if (shim_table_put(&e) != 0)
-        SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
-                   (unsigned long long)e.bytes);
     leave_gate(c);
 }
 

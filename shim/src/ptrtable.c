@@ -86,7 +86,7 @@ static void erase(struct shard *s, uint64_t i)
     s->count--;
 }
 
-int shim_table_put(const struct shim_entry *e)
+int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
 {
     uint64_t h = mix(e->kind, e->key);
     struct shard *s = shard_of(h);
@@ -96,11 +96,19 @@ int shim_table_put(const struct shim_entry *e)
         return -1;
     }
     uint64_t i = find(s, e->kind, e->key, h);
-    if (s->slots[i].kind == 0)
+    int replaced = s->slots[i].kind != 0;
+    if (replaced && old != NULL)
+        *old = s->slots[i];
+    if (!replaced)
         s->count++;
     s->slots[i] = *e;
     pthread_mutex_unlock(&s->mu);
-    return 0;
+    return replaced;
+}
+
+int shim_table_put(const struct shim_entry *e)
+{
+    return shim_table_put_replacing(e, NULL) < 0 ? -1 : 0;
 }
 
 bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out)

@@ -34,6 +34,10 @@ struct shim_entry {
 /* Insert (or replace) the entry for (e->kind, e->key). Returns 0, or -1 if out of memory. */
 int shim_table_put(const struct shim_entry *e);
 
+/* Like shim_table_put, and the entry it replaced (if any) goes to `old`: 1 if there was one,
+ * 0 if not, -1 if out of memory. */
+int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old);
+
 /* Copy the entry for (kind, key) into `out`. Returns true if found. */
 bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out);
 
