@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-from tessera.admissioncheck.fit import Choice, PodGroup, Request
+from tessera.admissioncheck.fit import Choice, Placement, PodGroup, Request
 from tessera.admissioncheck.inventory import PodRecord
 from tessera.admissioncheck.workloads import (
     Undecidable,
+    _give_back,
     _less_placed,
+    _room,
     pod_groups,
     priority_order,
     requests_from_claim_spec,
@@ -175,3 +177,12 @@ def test_higher_priority_then_older_workloads_are_decided_first() -> None:
         key=priority_order,
     )
     assert [w["metadata"]["name"] for w in order] == ["prod", "batch-old", "batch-new"]
+
+
+def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
+    free = {("p", "g0"): (10 * GiB, 100)}
+    placement = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10), (("p", "g0"), 6 * GiB, 10)))
+    assert not _room(free, placement), "two 6Gi shares on one GPU with 10Gi free"
+    single = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10),))
+    assert _room(free, single)
+    assert _give_back({("p", "g0"): (4 * GiB, 90)}, [single]) == free
