@@ -28,6 +28,9 @@ from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.fake_nodes import create_ready_node
 from tessera.testbed.polling import poll_until
 from tessera.testbed.process import ManagedProcess, free_port
+from tessera.webhook.conversion import claim_spec, claim_template, read_request
+from tessera.webhook.fleet import Fleet
+from tessera.webhook.selectors import selectors_for
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -251,6 +254,42 @@ def gpu_job(
     }
 
 
+def plain_gpu_pod(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    queue: str,
+    limits: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+    memory_sizes_gi: Sequence[int] = (80,),
+) -> None:
+    """A plain pod in ``queue`` as the webhook leaves it: the HAMi ``limits`` converted by the
+    webhook's own code into a ResourceClaimTemplate (created here) and a claim reference."""
+    container = {"name": "work", "image": "tessera.local/none", "resources": {"limits": dict(limits)}}
+    request = read_request('container "work"', container)
+    assert request is not None
+    selectors = selectors_for(annotations or {})
+    fleet = Fleet(tuple(m * GiB for m in memory_sizes_gi), 8)
+    template = claim_template(namespace, claim_spec('container "work"', request, selectors, fleet))
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+        namespace, client.V1ResourceClaimTemplate.model_validate(template)
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}, "annotations": dict(annotations or {})},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}],
+            "containers": [
+                {"name": "work", "image": "tessera.local/none", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+    client.CoreV1Api(api).create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+
+
 # -- reading Workloads -----------------------------------------------------------------------------
 
 
@@ -263,17 +302,19 @@ def workloads(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
     return items
 
 
-def workload_of_job(api: client.ApiClient, namespace: str, job: str, timeout: float = 60) -> dict[str, Any]:
-    """The Workload Kueue made for ``job`` (its owner reference names the Job)."""
+def workload_of_job(
+    api: client.ApiClient, namespace: str, job: str, timeout: float = 60, kind: str = "Job"
+) -> dict[str, Any]:
+    """The Workload Kueue made for ``job`` (its owner reference names the Job, or the Pod)."""
 
     def find() -> dict[str, Any] | None:
         for item in workloads(api, namespace):
             owners = item["metadata"].get("ownerReferences") or []
-            if any(o.get("kind") == "Job" and o.get("name") == job for o in owners):
+            if any(o.get("kind") == kind and o.get("name") == job for o in owners):
                 return item
         return None
 
-    found: dict[str, Any] = poll_until(find, timeout, f"the Workload of Job {namespace}/{job}")
+    found: dict[str, Any] = poll_until(find, timeout, f"the Workload of {kind} {namespace}/{job}")
     return found
 
 

@@ -220,3 +220,36 @@ def test_an_invalid_gpu_request_is_rejected_with_the_webhooks_sentence(bed: Queu
     workload = submit(bed, team, job)
     rejected = wait_for_state(bed, team, workload, "Rejected")
     assert "gpucores is 250" in queue_bed.check_state(rejected, CHECK)["message"]
+
+
+def test_a_plain_pod_is_checked_from_its_claim_template_and_v017_without_its_dra_gate_charges_no_gpu(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    name, uuids = node(40)
+    queue_bed.plain_gpu_pod(
+        bed.api,
+        team,
+        "plain",
+        QUEUE,
+        {"nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "20"},
+        pinned(uuids),
+    )
+    workload = str(queue_bed.workload_of_job(bed.api, team, "plain", kind="Pod")["metadata"]["name"])
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert queue_bed.check_state(ready, CHECK)["message"] == f"fits: 1 pod on {name}"
+
+    def admitted() -> dict[str, Any] | None:
+        current = queue_bed.read_workload(bed.api, team, workload)
+        return current if queue_bed.has_condition(current, "Admitted") else None
+
+    done = poll_until(admitted, 60, "the plain pod's Workload admitted")
+    (assignment,) = done["status"]["admission"]["podSetAssignments"]
+    charged = set(assignment.get("resourceUsage") or {})
+    assert not charged & {"nvidia.com/gpu", queue_bed.GPU_MEMORY, queue_bed.GPU_CORES}, charged
+
+
+def test_sigterm_stops_the_command_cleanly(bed: QueueBed) -> None:
+    """Runs last in this module: the command exits 0 on SIGTERM."""
+    bed.check.stop(grace=30)
+    assert bed.check.returncode == 0
+    assert "stopped after" in bed.check.log_tail(5)
