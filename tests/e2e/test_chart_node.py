@@ -472,6 +472,9 @@ def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(
     new = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
     assert len(new) == len(bed.nodes) and not new & old, "every daemon pod replaced"
 
+    # The new daemon pod took the claim over from the checkpoint: its exporter shows the container.
+    address = node_address(bed, pod["spec"]["nodeName"])
+    poll_until(lambda: f'pod="{name}"' in scrape(address), 60, f"{name} in the new daemon's metrics")
     seen = sections(
         bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", enforcement_script(expected.memory))
     )
