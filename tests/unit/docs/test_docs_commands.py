@@ -1,7 +1,8 @@
 """Every command in the docs' shell blocks runs as written, or at least as far as can be checked here.
 
-Each fenced block names its language; ``sh``, ``bash``, ``shell`` and ``console`` blocks are commands.
-Every command in them is checked by what it runs:
+Each fenced block names its language; ``sh``, ``bash``, ``shell`` and ``console`` blocks are commands,
+and so is an inline code span in the prose that starts with ``kubectl``, ``helm``, ``make`` or one of
+Tessera's programs. Every command is checked by what it runs:
 
 - ``helm install``/``upgrade``/``template``/``lint`` of the repository's chart are run as ``helm
   template``/``helm lint`` (rendering needs no cluster), with a values file the page shows in a
@@ -32,7 +33,7 @@ import pytest
 
 from tessera.testbed.binaries import binary
 from tests.chart_helm import CHART, helm, kube_version
-from tests.unit.docs.docs_pages import REPO, Fence, fences_of, page_id, pages
+from tests.unit.docs.docs_pages import REPO, Fence, fences_of, page_id, pages, split
 
 SHELL = {"sh", "bash", "shell", "console"}
 PLACEHOLDER = re.compile(r"<([A-Za-z][A-Za-z0-9 _.-]*)>")
@@ -78,8 +79,22 @@ def all_fences() -> list[Fence]:
     return [fence for page in pages() for fence in fences_of(page)]
 
 
+INLINE = re.compile(r"`((?:kubectl|helm|make|\.venv/bin/[a-z-]+|tessera-[a-z-]+) [^`\n]+)`")
+"""An inline code span in the prose that is a command of a program the docs tests know."""
+
+
+def inline_commands(page: Path) -> list[Command]:
+    prose, _ = split(page.read_text())
+    out = []
+    for match in INLINE.finditer(prose):
+        line = prose.count("\n", 0, match.start()) + 1
+        out += commands_of(Fence(page, line, "inline", match.group(1)))
+    return out
+
+
 def all_commands() -> list[Command]:
-    return [c for f in all_fences() if f.language in SHELL for c in commands_of(f)]
+    blocks = [c for f in all_fences() if f.language in SHELL for c in commands_of(f)]
+    return blocks + [c for page in pages() for c in inline_commands(page)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -221,7 +236,9 @@ def check_own_program(command: Command, home: Path) -> None:
 
 def check_python(command: Command, home: Path) -> None:
     words = command.argv[1:]
-    assert words[:1] == ("-m",), f"{command}: run Python modules with -m"
+    if words[:1] != ("-m",):
+        assert (REPO / words[0]).is_file(), f"{command}: {words[0]} does not exist"
+        return
     module = words[1]
     result = subprocess.run(
         [
