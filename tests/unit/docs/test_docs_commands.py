@@ -85,7 +85,7 @@ INLINE = re.compile(r"`((?:kubectl|helm|make|\.venv/bin/[a-z-]+|tessera-[a-z-]+)
 
 def inline_commands(page: Path) -> list[Command]:
     prose, _ = split(page.read_text())
-    out = []
+    out: list[Command] = []
     for match in INLINE.finditer(prose):
         line = prose.count("\n", 0, match.start()) + 1
         out += commands_of(Fence(page, line, "inline", match.group(1)))
