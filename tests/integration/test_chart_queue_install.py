@@ -28,7 +28,7 @@ from tessera.testbed import queue_bed
 from tessera.testbed.accounts import token_kubeconfig
 from tessera.testbed.binaries import COMPONENTS
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kueue import KueueOptions
+from tessera.testbed.kueue import VALIDATING_CONFIGURATION, KueueOptions
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
 from tessera.testbed.process import ManagedProcess
@@ -92,6 +92,22 @@ def is_active(api: client.ApiClient, plural: str, name: str, namespace: str = ""
     return condition(read_kueue(api, plural, name, namespace), "Active").get("status") == "True"
 
 
+def kueue_validated(api: client.ApiClient) -> set[str]:
+    """The resources Kueue's validating webhooks judge, refusing what they cannot reach (Fail)."""
+    configuration = raw_json(
+        client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
+            VALIDATING_CONFIGURATION, _preload_content=False
+        )
+    )
+    return {
+        resource
+        for webhook in configuration["webhooks"]
+        if webhook.get("failurePolicy") == "Fail"
+        for rule in webhook["rules"]
+        for resource in rule["resources"]
+    }
+
+
 def check_under_chart_account(
     cluster: LocalCluster, api: client.ApiClient, release: Release, manifest: list[dict[str, Any]], home: Path
 ) -> ManagedProcess:
@@ -153,6 +169,8 @@ def test_kueue_accepts_every_queue_object_and_uninstall_leaves_nothing(
                 f"{kubectl_name(obj)} was not created"
             )
         assert {kubectl_name(o) for o in objects} <= labelled(kueue_cluster, release)
+        # The flavor and the ClusterQueues went through Kueue's own validation on the way in.
+        assert {"clusterqueues", "resourceflavors"} <= kueue_validated(api)
         tiers = {
             name: read_kueue(api, "workloadpriorityclasses", name)["value"]
             for name in ("production-inference", "interactive", "batch-training")
