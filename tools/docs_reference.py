@@ -163,7 +163,14 @@ def _merged(description: str, comment: str) -> list[str]:
         short, long = sorted(texts, key=len)
         if len(_words(short) - _words(long)) <= len(_words(short)) // 5:
             texts = [long]
-    return [t[:1].upper() + t[1:] + ("" if t.endswith(".") else ".") for t in texts]
+    return [_sentence(t) for t in texts]
+
+
+def _sentence(text: str) -> str:
+    """``text`` with a capital (unless it starts with a name like spec.field or a path) and a full stop."""
+    if re.match(r"[a-z]+\b(?![./])", text):
+        text = text[:1].upper() + text[1:]
+    return text + ("" if text.endswith(".") else ".")
 
 
 # What a key that neither the schema nor values.yaml describes means when it is one of the usual
@@ -186,6 +193,22 @@ STANDARD = {
     "enabled": "Whether the chart installs this part.",
     "labels": "Labels added to the object.",
     "annotations": "Annotations added to the object.",
+    "pullPolicy": "When the kubelet pulls the image (`imagePullPolicy`).",
+    "logLevel": "How much the daemon logs.",
+    "logFormat": "`text`: one readable line per message; `json`: one JSON object per line.",
+    "replicas": "Number of pods.",
+    "port": "Port the daemon serves on.",
+    "service.nodePort": "The port every node answers on when `type` is NodePort.",
+    "updateStrategy.type": "The DaemonSet's update strategy.",
+    "interval": "How often Prometheus scrapes.",
+    "certManager.duration": "Lifetime of the certificate cert-manager issues.",
+    "certManager.renewBefore": "How long before it expires cert-manager renews it.",
+    "tests.cores": "Percent of the GPU's time each test pod asks for.",
+    "resourceFlavor.name": "Name of the ResourceFlavor.",
+    "queueingStrategy": "Kueue's queueing strategy of each ClusterQueue.",
+    "preemption.withinClusterQueue": "Kueue's preemption policy inside a ClusterQueue.",
+    "preemption.reclaimWithinCohort": "Kueue's policy for reclaiming lent quota from the cohort.",
+    "borrowWithinCohort.policy": "Kueue's preemption policy while borrowing within the cohort.",
     "borrowWithinCohort.maxPriorityThreshold": "Kueue's threshold: a borrowing Workload may preempt only "
     "Workloads of this priority or lower.",
     "issuerRef.name": "Name of the existing cert-manager issuer.",
@@ -198,8 +221,15 @@ def _standard(path: Sequence[str]) -> str:
     return STANDARD.get(".".join(path[-2:])) or STANDARD.get(path[-1], "")
 
 
-def chart_values(schema: Mapping[str, Any], values: Any, comments: Mapping[str, str]) -> list[Value]:
-    """Every key the schema declares, depth first in the schema's order."""
+def chart_values(
+    schema: Mapping[str, Any],
+    values: Any,
+    comments: Mapping[str, str],
+    flags: Mapping[str, tuple[str, Flag]] | None = None,
+) -> list[Value]:
+    """Every key the schema declares, depth first in the schema's order; ``flags`` maps a value to the
+    daemon flag the chart passes it as (program, flag)."""
+    flags = flags or {}
     out: list[Value] = []
 
     def walk(node: Mapping[str, Any], path: list[str]) -> None:
@@ -209,7 +239,12 @@ def chart_values(schema: Mapping[str, Any], values: Any, comments: Mapping[str, 
             parts = _merged(str(child.get("description") or ""), comments.get(dotted, ""))
             if not parts and not child.get("properties"):
                 parts = _merged(_standard(here), "")
-            parts.extend(c[:1].upper() + c[1:] + "." for c in _constraints(child))
+            if dotted in flags:
+                program, flag = flags[dotted]
+                if not parts:
+                    parts = [_sentence(flag.description)]
+                parts.append(f"Passed as `{program} {flag.flags[0]}`.")
+            parts.extend(_sentence(c) for c in _constraints(child))
             has_children = bool(child.get("properties"))
             found, default = _default(values, here)
             shown = "" if has_children else (_show(default) if found else "unset")
@@ -218,6 +253,45 @@ def chart_values(schema: Mapping[str, Any], values: Any, comments: Mapping[str, 
                 walk(child, here)
 
     walk(schema, [])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which value becomes which flag
+
+TEMPLATES = {
+    "kubeletplugin.yaml": "tessera-driver",
+    "webhook-deployment.yaml": "tessera-webhook",
+    "admissioncheck-deployment.yaml": "tessera-admission-check",
+}
+"""The chart's template that runs each daemon."""
+
+
+def value_flags() -> dict[str, tuple[str, str]]:
+    """Chart value -> (program, flag), read from the templates' ``- --flag={{ $v.path }}`` arguments
+    (and ``{{- range $v.list }} - --flag={{ . }}``), with ``$v := .Values.x`` bindings followed."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, program in TEMPLATES.items():
+        path = CHART / "templates" / name
+        if not path.exists():
+            continue
+        text = path.read_text()
+        bound = {"": "", ".Values": ""}
+        for var, expression in re.findall(r"\{\{-?\s*\$(\w+)\s*:=\s*([$.\w]+)\s*-?\}\}", text):
+            head, _, rest = expression.partition(".") if expression.startswith("$") else ("", "", expression)
+            base = bound.get(head.lstrip("$")) if head else ""
+            if expression.startswith(".Values."):
+                bound[var] = expression[len(".Values.") :]
+            elif base is not None and head:
+                bound[var] = f"{base}.{rest}" if rest else base
+        arguments = r"-\s+(--[a-z][a-z-]*)=\{\{\s*(?:\w+\s+)?\$(\w+)\.([\w.]+)\s*\}\}"
+        for flag, var, rest in re.findall(arguments, text):
+            if var in bound:
+                out[f"{bound[var]}.{rest}"] = (program, flag)
+        ranges = r"range\s+\$(\w+)\.([\w.]+)\s*\}\}\s*-\s+(--[a-z][a-z-]*)=\{\{\s*\.\s*\}\}"
+        for var, rest, flag in re.findall(ranges, text):
+            if var in bound:
+                out[f"{bound[var]}.{rest}"] = (program, flag)
     return out
 
 
@@ -251,6 +325,13 @@ def _flag_default(value: Any) -> str:
     return f"`{value}`"
 
 
+FLAG_STANDARD = {
+    "--log-level": "how much the daemon logs",
+    "--log-format": "`text`: one readable line per message; `json`: one JSON object per line",
+}
+"""What a flag whose --help says nothing but its choices means."""
+
+
 def flags_of(make_parser: Callable[[], argparse.ArgumentParser]) -> tuple[str, list[Flag]]:
     """The parser's description and every flag but --help, with the programs' own defaults."""
     with mock.patch.dict(os.environ, {}, clear=True):
@@ -264,7 +345,7 @@ def flags_of(make_parser: Callable[[], argparse.ArgumentParser]) -> tuple[str, l
         env = match.group("env") if match else ""
         if match and match.group("list"):
             env += " (comma-separated)"
-        text = _ENV.sub("", help_text).strip()
+        text = _ENV.sub("", help_text).strip() or FLAG_STANDARD.get(action.option_strings[0], "")
         if action.choices:
             choices = ", ".join(f"`{c}`" for c in action.choices)
             text = f"{text}; one of {choices}" if text else f"One of {choices}"
@@ -275,9 +356,7 @@ def flags_of(make_parser: Callable[[], argparse.ArgumentParser]) -> tuple[str, l
             metavar = str(action.metavar or action.dest.upper())
             if action.choices and not action.metavar:
                 metavar = "{" + ",".join(map(str, action.choices)) + "}"
-        if re.match(r"[a-z]+\b(?![./])", text):
-            text = text[:1].upper() + text[1:]
-        text += "" if text.endswith(".") else "."
+        text = _sentence(text)
         flags = tuple(s for s in action.option_strings if s.startswith("--"))
         out.append(Flag(flags, metavar, env, _flag_default(action.default), text))
     return parser.description or "", out
@@ -326,7 +405,10 @@ def render() -> str:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values_text = (CHART / "values.yaml").read_text()
     values = yaml.safe_load(values_text)
-    rows = chart_values(schema, values, values_comments(values_text))
+    programs = {program: flags_of(make_parser) for program, make_parser in _parsers()}
+    by_flag = {(program, f.flags[0]): f for program, (_, flags) in programs.items() for f in flags}
+    value_to_flag = {value: (p, by_flag[(p, flag)]) for value, (p, flag) in value_flags().items()}
+    rows = chart_values(schema, values, values_comments(values_text), value_to_flag)
     lines = [
         "# Configuration reference",
         "",
@@ -358,8 +440,7 @@ def render() -> str:
         "The chart sets these from the values above; `extraArgs` and `env` of `kubeletPlugin` reach the "
         "ones it does not set.",
     ]
-    for program, make_parser in _parsers():
-        description, flags = flags_of(make_parser)
+    for program, (description, flags) in programs.items():
         lines += ["", f"### {program}", "", _cell(description), ""]
         lines += ["| flag | environment variable | default | description |", "|---|---|---|---|"]
         for f in flags:

@@ -47,6 +47,16 @@ def _schema_paths(node: dict[str, object], prefix: str = "") -> list[tuple[str, 
     return out
 
 
+CONSTRAINT = re.compile(
+    r"(One of|At least|At most|More than|Matches|Each matches|Not empty|Passed as)\b[^|]*?\.(?=\s|$)"
+)
+
+
+def _says_something(description: str) -> bool:
+    """Whether a description says more than the value's constraints and the flag it becomes."""
+    return bool(CONSTRAINT.sub("", description).strip())
+
+
 def test_every_chart_value_is_on_the_page_with_its_default_and_a_description() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -62,7 +72,7 @@ def test_every_chart_value_is_on_the_page_with_its_default_and_a_description() -
             current = current.get(key, None) if isinstance(current, dict) else None
         if current is not None:
             assert row.group(2) == f"`{json.dumps(current, separators=(', ', ': '))}`", path
-        if not row.group(3).strip():
+        if not _says_something(row.group(3)):
             undescribed.append(path)
     assert not undescribed, (
         f"chart values without a description: {undescribed}; write a comment above each in values.yaml "
@@ -85,6 +95,8 @@ def test_every_flag_of_help_is_on_the_page_with_its_variable(program: str) -> No
     assert flags, help_text
     for flag in sorted(flags):
         assert f"`{flag}" in section, f"{program} {flag} is missing from {PAGE.name}"
+    for row in re.findall(r"^\| `(--[^`]*)`.*\| (.*) \|$", section, re.M):
+        assert _says_something(row[1]), f"{program} {row[0]} has no help text beyond its choices"
     for env in re.findall(r"\[env ([A-Z_][A-Z0-9_]*)", help_text):
         assert f"`{env}`" in section, f"{program}'s variable {env} is missing from {PAGE.name}"
 
@@ -131,3 +143,34 @@ def test_a_shim_variable_without_a_description_stops_the_generator(
     monkeypatch.setattr(docs_reference, "SHIM_HEADER", header)
     with pytest.raises(KeyError, match="TESSERA_NEW_ENV"):
         docs_reference.shim_env()
+
+
+def test_each_value_passed_as_a_flag_reaches_that_flag_in_the_rendered_chart(tmp_path: Path) -> None:
+    """The page's "Passed as" comes from reading the templates; rendering them must agree."""
+    from tests.chart_helm import render
+
+    mapping = docs_reference.value_flags()
+    assert mapping["kubeletPlugin.cleanupInterval"] == ("tessera-driver", "--cleanup-interval")
+    assert mapping["webhook.templateTTL"] == ("tessera-webhook", "--template-ttl")
+    assert mapping["queue.admissionCheck.searchBudget"] == ("tessera-admission-check", "--search-budget")
+    values = {
+        "kubeletPlugin": {"containerEnv": ["A=1"], "containerMounts": ["/x"]},
+        "queue": {"admissionCheck": {"enabled": True}},
+    }
+    objects = render(tmp_path, values, extra=["--api-versions=kueue.x-k8s.io/v1beta2"])
+    args = [
+        argument
+        for o in objects
+        if o["kind"] in ("DaemonSet", "Deployment")
+        for container in o["spec"]["template"]["spec"]["containers"]
+        for argument in container.get("args") or []
+    ]
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for value, (_, flag) in mapping.items():
+        current = defaults
+        for key in value.split("."):
+            current = current[key]
+        given = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+        assert given, f"{value}: no {flag}=... in the rendered chart's arguments"
+        if not isinstance(current, list):
+            assert str(current) in given, (value, flag, given)
