@@ -110,9 +110,10 @@ def kueue_validated(api: client.ApiClient) -> set[str]:
 
 def check_under_chart_account(
     cluster: LocalCluster, api: client.ApiClient, release: Release, manifest: list[dict[str, Any]], home: Path
-) -> ManagedProcess:
+) -> tuple[ManagedProcess, int]:
     """tessera-admission-check with the flags of the release's Deployment (but on a free loopback
-    port) and a token of the release's own service account, so it has exactly the chart's RBAC."""
+    port) and a token of the release's own service account, so it has exactly the chart's RBAC;
+    returns the process and its health port."""
     account = release.object_name("admissioncheck")
     request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"expirationSeconds": 7200}})
     status = (
@@ -129,7 +130,7 @@ def check_under_chart_account(
     # The test bed's own --kubeconfig (the admin's) comes first; the last one given wins.
     process, port = queue_bed.admission_check_process(cluster, *chart_args, f"--kubeconfig={kubeconfig}")
     process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 180, "caches synced")
-    return process
+    return process, port
 
 
 # -------------------------------------------------------------------------- install and uninstall
@@ -181,7 +182,7 @@ def test_kueue_accepts_every_queue_object_and_uninstall_leaves_nothing(
         # the account the chart made for it, marks it so, and then every queue is usable.
         check = f"{release}-gpu-fit"
         assert read_kueue(api, "admissionchecks", check)["spec"]["controllerName"] == "tessera.dev/gpu-fit"
-        process = check_under_chart_account(
+        process, port = check_under_chart_account(
             kueue_cluster, api, Release(release, namespace), objects, tmp_path
         )
         poll_until(lambda: is_active(api, "admissionchecks", check), 90, f"AdmissionCheck {check} Active")
@@ -194,6 +195,14 @@ def test_kueue_accepts_every_queue_object_and_uninstall_leaves_nothing(
 
         poll_until(queues_active, 90, "ClusterQueues team-a, team-b and their LocalQueues Active")
         assert read_kueue(api, "clusterqueues", "team-a")["spec"]["cohortName"] == "tessera-gpus"
+        # What the Deployment's probes ask answers; SIGTERM, as the kubelet sends it, ends the check
+        # by itself within the pod's grace period.
+        assert queue_bed.http_status(port, "/healthz") == queue_bed.http_status(port, "/readyz") == 200
+        [deployment] = [
+            o for o in objects if o["kind"] == "Deployment" and "admissioncheck" in o["metadata"]["name"]
+        ]
+        process.stop(grace=deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+        assert process.returncode == 0, process.log_tail()
 
         notes = helm(tmp_path, "get", "notes", release, "-n", namespace, kubeconfig=kubeconfig).stdout
         assert f"kubectl get admissionchecks.kueue.x-k8s.io {check}" in notes
@@ -266,7 +275,7 @@ def queues(
     home = tmp_path_factory.mktemp("queues")
     with installed(kueue_cluster, api, home, values) as release:
         manifest = manifest_objects(kueue_cluster, home, release.name, release.namespace)
-        process = check_under_chart_account(kueue_cluster, api, release, manifest, home)
+        process, _ = check_under_chart_account(kueue_cluster, api, release, manifest, home)
         check = f"{release.name}-gpu-fit"
         poll_until(
             lambda: all(is_active(api, "clusterqueues", cq) for cq in teams), 120, "ClusterQueues Active"
