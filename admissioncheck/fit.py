@@ -18,7 +18,7 @@ says the budget ran out first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera.quantity import GiB, MiB, round_down
@@ -26,6 +26,9 @@ from tessera.webhook.selectors import Selection
 
 DEFAULT_BUDGET = 20_000
 """Share placements tried before the search gives up (each is a few microseconds)."""
+
+_QUICK_STEPS = 200
+"""Steps of the first, short search (see :func:`pack`)."""
 
 GpuKey = tuple[str, str]
 """(pool, device name): how a DRA allocation result names a device."""
@@ -164,7 +167,9 @@ class _Search:
     """Depth-first search over pods (iterative: a plan may hold thousands of pods), each pod over
     nodes (best fit first, one per distinct state) and layouts on the node."""
 
-    def __init__(self, gpus: Sequence[Gpu], free: Free, budget: int, by_uuid: bool) -> None:
+    def __init__(
+        self, gpus: Sequence[Gpu], free: Free, budget: int, by_uuid: bool, known: SummaryCache | None = None
+    ) -> None:
         self.nodes: dict[str, list[Gpu]] = {}
         for gpu in gpus:
             self.nodes.setdefault(gpu.node, []).append(gpu)
@@ -174,7 +179,8 @@ class _Search:
         self.steps = 0
         self.exhausted = False
         self.by_uuid = by_uuid
-        self._summaries: dict[str, _NodeSummary] = {}
+        # Node summaries of ``free`` computed by earlier searches on the same free capacity.
+        self._summaries: dict[str, _NodeSummary] = dict(known.get(by_uuid, {})) if known is not None else {}
 
     def _gpu_state(self, gpu: Gpu) -> tuple[object, ...]:
         """What makes two GPUs interchangeable for every share of this search."""
@@ -327,18 +333,76 @@ def _largest_need(group: PodGroup, biggest_gpu: int) -> tuple[int, int]:
     return memory, cores
 
 
+def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) -> bool:
+    """A necessary condition, checked before searching: every request with one choice needs as many
+    places for its shares as the group has pods times its count, counting each GPU's free memory and
+    cores in whole shares. (For pods of a single share it is also sufficient.)"""
+    for group in groups:
+        for request in group.requests:
+            if len(request.choices) != 1 or group.count == 0:
+                continue
+            choice = request.choices[0]
+            slots = 0
+            wanted = group.count * request.count
+            for gpu in gpus:
+                if not choice.matches(gpu):
+                    continue
+                memory, cores = free[gpu.key]
+                need = choice.memory_on(gpu)
+                fit = memory // need if need else wanted
+                if choice.cores:
+                    fit = min(fit, cores // choice.cores)
+                slots += fit
+                if slots >= wanted:
+                    break
+            if slots < wanted:
+                return True
+    return False
+
+
+SummaryCache = dict[bool, dict[str, _NodeSummary]]
+"""Node summaries of one free-capacity mapping, kept between searches on it by a caller that
+invalidates a node's entry (``forget``) whenever it changes that node's free capacity."""
+
+
+def forget(cache: SummaryCache, nodes: Iterable[str]) -> None:
+    for summaries in cache.values():
+        for node in nodes:
+            summaries.pop(node, None)
+
+
 def pack(
-    groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, budget: int = DEFAULT_BUDGET
+    groups: Sequence[PodGroup],
+    gpus: Sequence[Gpu],
+    free: Free,
+    budget: int = DEFAULT_BUDGET,
+    cache: SummaryCache | None = None,
 ) -> Packing:
-    """Place every pod of every group at once on ``free``; see the module docstring."""
+    """Place every pod of every group at once on ``free``; see the module docstring. ``cache``
+    carries node summaries of ``free`` from one call to the next."""
     biggest = max((g.memory for g in gpus), default=0)
     pods = [PodGroup(g.name, 1, g.requests) for g in groups for _ in range(g.count)]
     # Largest first; identical pods stay adjacent (stable sort), which the search relies on.
     pods.sort(key=lambda p: _largest_need(p, biggest), reverse=True)
     by_uuid = any(c.selection.names_uuids for g in groups for r in g.requests for c in r.choices)
-    search = _Search(gpus, free, budget, by_uuid)
+    # A short search first: most answers come within it. Only a search that runs long pays for the
+    # slot count, which proves most hopeless cases hopeless at once.
+    search = _Search(gpus, free, min(budget, _QUICK_STEPS), by_uuid, cache)
+    if cache is not None:
+        # Fill the cache with the summaries of the unchanged start state (taken before any share
+        # is placed), so the next search on the same capacity does not recompute them.
+        for node in search.nodes:
+            search._summary(node)
+        cache[by_uuid] = dict(search._summaries)
     placements = search.run(pods)
-    return Packing(placements, exhausted=search.exhausted and placements is None, steps=search.steps)
+    steps = search.steps
+    if placements is None and search.exhausted and budget > _QUICK_STEPS:
+        if _too_few_slots(groups, gpus, free):
+            return Packing(None, steps=steps)
+        search = _Search(gpus, free, budget, by_uuid, cache)
+        placements = search.run(pods)
+        steps += search.steps
+    return Packing(placements, exhausted=search.exhausted and placements is None, steps=steps)
 
 
 # -- saying why ------------------------------------------------------------------------------------

@@ -41,7 +41,9 @@ from tessera.admissioncheck.fit import (
     Placement,
     PodGroup,
     Request,
+    SummaryCache,
     apply,
+    forget,
     free_capacity,
     no_fit_message,
     pack,
@@ -210,6 +212,15 @@ class PassState:
     gpus: list[Gpu]
     free: Free
     unplanned: list[str]
+    summaries: SummaryCache = field(default_factory=dict)
+
+    def take(self, placements: Sequence[Placement]) -> None:
+        self.free = apply(self.free, placements)
+        forget(self.summaries, {p.node for p in placements})
+
+    def give_back(self, placements: Sequence[Placement]) -> None:
+        self.free = _give_back(self.free, placements)
+        forget(self.summaries, {p.node for p in placements})
 
 
 @dataclass
@@ -340,7 +351,7 @@ class WorkloadController:
                 "GPUs; nothing more is admitted until they are placed or capacity returns",
             )
         note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
-        fitted = pack(groups, state.gpus, state.free, self.budget)
+        fitted = pack(groups, state.gpus, state.free, self.budget, state.summaries)
         if fitted.placements is not None:
             return Decision(READY, f"fits: {_where(fitted.placements)}{note}", fitted.placements, groups)
         return Decision(PENDING, no_fit_message(groups, state.gpus, state.free, fitted.exhausted) + note)
@@ -400,11 +411,11 @@ class WorkloadController:
             if decision.state == READY:
                 self._approved[uid] = (name, decision.groups)
                 self._plans[uid] = decision.placements
-                state.free = apply(state.free, decision.placements)
+                state.take(decision.placements)
             if not self._write(workload, check, decision):
                 if self._approved.pop(uid, None) is not None:
                     del self._plans[uid]
-                    state.free = _give_back(state.free, decision.placements)
+                    state.give_back(decision.placements)
                 continue
             self._told[uid] = told
         for uid in [u for u in self._told if u not in live_uids]:

@@ -15,15 +15,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.driver.devices import device
 from tessera.driver.discovery import Gpu
 from tessera.driver.slices import slice_object
-from tessera.kube import raw_json
+from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
+from tessera.testbed.accounts import service_account_token, token_kubeconfig
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.fake_nodes import create_ready_node
 from tessera.testbed.polling import poll_until
@@ -355,15 +357,32 @@ def http_status(port: int, path: str) -> int:
 # -- the admission check as a command --------------------------------------------------------------
 
 
+RULES_FILE = Path(__file__).resolve().parents[1] / "charts/tessera/files/admissioncheck-rules.yaml"
+ACCOUNT = "tessera-admission-check"
+
+
+def admission_check_kubeconfig(cluster: LocalCluster) -> Path:
+    """A kubeconfig holding exactly the chart's ClusterRole rules for the check (its service account
+    in the ``tessera`` namespace), as the check's pod would have."""
+    api = api_client(cluster.admin_kubeconfig)
+    try:
+        rules = yaml.safe_load(RULES_FILE.read_text())
+        token = service_account_token(api, "tessera", ACCOUNT, rules, expiration_seconds=86400)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    return token_kubeconfig(cluster, token, ACCOUNT, cluster.state_dir / "admission-check.kubeconfig")
+
+
 def admission_check_process(cluster: LocalCluster, *extra: str) -> tuple[ManagedProcess, int]:
-    """``tessera-admission-check`` against the cluster, logging into the cluster's log folder; the
-    cluster stops it with its own processes. Returns the process and its health port."""
+    """``tessera-admission-check`` against the cluster under the chart's RBAC, logging into the
+    cluster's log folder; the cluster stops it with its own processes. Returns the process and its
+    health port."""
     port = free_port()
     argv: list[str | Path] = [
         sys.executable,
         "-m",
         "tessera.admissioncheck.cli",
-        f"--kubeconfig={cluster.admin_kubeconfig}",
+        f"--kubeconfig={admission_check_kubeconfig(cluster)}",
         "--bind-address=127.0.0.1",
         f"--health-port={port}",
         "--log-level=debug",

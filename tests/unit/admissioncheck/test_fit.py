@@ -15,6 +15,7 @@ from tessera.admissioncheck.fit import (
     Request,
     apply,
     describe_need,
+    forget,
     free_capacity,
     no_fit_message,
     pack,
@@ -158,17 +159,32 @@ def test_a_pod_group_without_gpu_shares_always_fits() -> None:
 
 
 def test_the_budget_stops_a_hopeless_search_and_says_so() -> None:
-    # 20 GPUs that all differ (20..39Gi), 21 pods of 20Gi: one per GPU at most, so no packing, and
-    # no two GPUs are alike, so nothing prunes the 20! orders but the budget.
-    gpus = gpus_on("node-a", *range(20, 40))
+    # Ten nodes, each with a GPU of 20+i Gi and one of 30+i Gi: one pod of two ~20Gi shares per node.
+    # Eleven pods that all differ: every count of places says yes, only the node rule says no, and
+    # nothing prunes the 10! orders but the budget.
+    gpus = [g for i in range(10) for g in gpus_on(f"node-{i}", 20 + i, 30 + i)]
     free = all_free(gpus)
-    groups = [pods("many", 21, (20, 0))]
+    groups = [
+        PodGroup(
+            f"p{j}",
+            1,
+            (Request(1, (Choice(memory=20 * GiB + j * 2**20),)), Request(1, (Choice(memory=20 * GiB),))),
+        )
+        for j in range(11)
+    ]
     result = pack(groups, gpus, free, budget=500)
     assert not result.fits and result.exhausted
-    assert result.steps <= 501
     assert no_fit_message(groups, gpus, free, result.exhausted).endswith(
         "no packing was found within the search limit"
     )
+
+
+def test_too_few_places_for_a_share_is_proved_without_a_long_search() -> None:
+    # 20 GPUs that all differ, 21 pods of one 20Gi share: at most one per GPU.
+    gpus = gpus_on("node-a", *range(20, 40))
+    result = pack([pods("many", 21, (20, 0))], gpus, all_free(gpus), budget=100_000)
+    assert not result.fits and not result.exhausted
+    assert result.steps < 1000
 
 
 def test_placements_applied_leave_no_gpu_below_zero() -> None:
@@ -207,3 +223,17 @@ def test_the_search_agrees_with_brute_force_on_small_cases(sizes: list[int], cap
     result = pack(groups, gpus, all_free(gpus))
     assert not result.exhausted
     assert result.fits == brute_force_fits(sizes, capacities)
+
+
+def test_a_summary_cache_kept_across_searches_changes_no_answer() -> None:
+    gpus = [g for n in range(6) for g in gpus_on(f"node-{n}", 24, 40, 80)]
+    groups = [pods(f"w{i}", 1 + i % 3, (8 + 4 * (i % 5), 10 * (i % 4))) for i in range(25)]
+    with_cache, without = all_free(gpus), all_free(gpus)
+    cache: dict[bool, dict[str, object]] = {}
+    for group in groups:
+        cached = pack([group], gpus, with_cache, cache=cache)  # type: ignore[arg-type]
+        plain = pack([group], gpus, without)
+        assert cached.placements == plain.placements
+        if cached.placements:
+            with_cache, without = apply(with_cache, cached.placements), apply(without, plain.placements or [])
+            forget(cache, {p.node for p in cached.placements})  # type: ignore[arg-type]
