@@ -262,6 +262,32 @@ class WorkloadController:
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
         self._told: dict[str, tuple[str, str]] = {}
+        # PodSets read once per Workload version (podSets are immutable; admission sets the counts).
+        self._read: dict[str, tuple[object, list[PodGroup] | Exception, list[str]]] = {}
+
+    def _groups(self, workload: Mapping[str, Any], unknown: list[str]) -> list[PodGroup]:
+        """``pod_groups`` of the Workload, remembered until its generation or admitted counts
+        change; a template not known yet is looked for again on every call."""
+        metadata = workload["metadata"]
+        admission = (workload.get("status") or {}).get("admission") or {}
+        counts = tuple((a.get("name"), a.get("count")) for a in admission.get("podSetAssignments") or [])
+        version = (metadata.get("generation"), counts)
+        uid = metadata.get("uid", "")
+        cached = self._read.get(uid)
+        if cached is None or cached[0] != version:
+            found: list[str] = []
+            try:
+                result: list[PodGroup] | Exception = pod_groups(workload, self.inventory.templates, found)
+            except Undecidable:
+                raise
+            except (Refusal, AnnotationError, ValueError) as error:
+                result = error
+            cached = (version, result, found)
+            self._read[uid] = cached
+        unknown.extend(cached[2])
+        if isinstance(cached[1], Exception):
+            raise type(cached[1])(*cached[1].args)  # a fresh one: no traceback grows across passes
+        return cached[1]
 
     def wake(self, what: str = "") -> None:
         self._wake.set()
@@ -288,7 +314,7 @@ class WorkloadController:
             pods = {p.uid: p for o in owners for p in by_owner.get(o, [])}
             placed = [p for p in pods.values() if p.placed]
             try:
-                groups = pod_groups(workload, inventory.templates, [])
+                groups = self._groups(workload, [])
             except (Refusal, AnnotationError, Undecidable, ValueError):
                 continue
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
@@ -334,7 +360,7 @@ class WorkloadController:
         """The decision for one waiting Workload, given this pass's free capacity."""
         unknown: list[str] = []
         try:
-            groups = pod_groups(workload, self.inventory.templates, unknown)
+            groups = self._groups(workload, unknown)
         except (Refusal, AnnotationError) as error:
             return Decision(REJECTED, f"its GPU request can never be met: {error}")
         except Undecidable as error:
@@ -420,6 +446,8 @@ class WorkloadController:
             self._told[uid] = told
         for uid in [u for u in self._told if u not in live_uids]:
             del self._told[uid]
+        for uid in [u for u in self._read if u not in live_uids]:
+            del self._read[uid]
         return decided
 
     def _write(self, workload: Mapping[str, Any], check: str, decision: Decision) -> bool:
