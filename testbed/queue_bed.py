@@ -219,6 +219,7 @@ def gpu_job(
     annotations: Mapping[str, str] | None = None,
     image: str = "tessera.local/none",
     command: Sequence[str] = (),
+    node_selector: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A batch/v1 Job of ``pods`` parallel pods, each asking HAMi resources (None leaves one out,
     and gpumem_mib=None with gpus=0 asks no GPU at all)."""
@@ -235,6 +236,15 @@ def gpu_job(
     container: dict[str, Any] = {"name": "work", "image": image, "resources": {"limits": limits}}
     if command:
         container["command"] = list(command)
+    if image.startswith("tessera.local/"):
+        container["imagePullPolicy"] = "Never"  # built and imported by the test bed, never pulled
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [container],
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -244,14 +254,7 @@ def gpu_job(
             "completions": pods,
             "completionMode": "Indexed",
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": dict(annotations or {})},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [container],
-                },
-            },
+            "template": {"metadata": {"annotations": dict(annotations or {})}, "spec": pod_spec},
         },
     }
 
@@ -290,6 +293,18 @@ def plain_gpu_pod(
         },
     }
     client.CoreV1Api(api).create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+
+
+def published_uuids(api: client.ApiClient, node: str) -> list[str]:
+    """The UUIDs of the GPUs the driver publishes for ``node``, in device index order."""
+    listed = raw_json(
+        client.ResourceV1Api(api).list_resource_slice(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+    )
+    devices = [d for item in listed["items"] for d in item["spec"].get("devices") or []]
+    devices.sort(key=lambda d: d["attributes"].get("index", {}).get("int", 0))
+    return [d["attributes"]["uuid"]["string"] for d in devices]
 
 
 # -- reading Workloads -----------------------------------------------------------------------------
