@@ -107,12 +107,21 @@ def image_spec(manifest: Manifest, image: ProductImage, files: Mapping[str, Path
 # -- the root folder --------------------------------------------------------------------------
 
 
+def ignored_folders(repo: Path = REPO) -> set[str]:
+    """The top-level names .dockerignore leaves out of the build context (its lines without a
+    slash or a wildcard; the others name what git ignores too)."""
+    lines = (line.strip() for line in (repo / ".dockerignore").read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("#") and not set(line) & set("/*?![")}
+
+
 def context_files(repo: Path = REPO) -> list[str]:
-    """The build context: every file git tracks or would track (not ignored), as repository paths."""
+    """The build context: every file git tracks or would track (not ignored) outside the folders
+    .dockerignore leaves out, as repository paths."""
     listed = run_checked(
         ["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60
     )
-    names = sorted({name for name in listed.split("\0") if name})
+    left_out = ignored_folders(repo)
+    names = sorted({name for name in listed.split("\0") if name and name.split("/", 1)[0] not in left_out})
     return [name for name in names if (repo / name).is_symlink() or (repo / name).is_file()]
 
 

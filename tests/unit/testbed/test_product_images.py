@@ -187,3 +187,15 @@ def test_the_local_venv_takes_the_images_path_in_its_scripts_and_configuration(
     assert f"command = {manifest.python} -m venv --copies {manifest.venv}\n" in config
     assert (venv / "bin" / "tessera-driver").read_text().startswith(f"#!{manifest.venv}/bin/python\n")
     assert (venv / "bin" / "python").read_bytes() == b"\x7fELF" + str(venv).encode()
+
+
+def test_the_local_build_context_leaves_out_what_dockerignore_does() -> None:
+    """Top-level folders .dockerignore names are not copied (nor part of the cache digest), and the
+    folders the package links (tessera/<part> -> ../<part>) are not among them."""
+    left_out = product_images.ignored_folders()
+    assert {"tests", "docs", "charts", "examples"} <= left_out
+    files = product_images.context_files()
+    assert not [name for name in files if name.split("/", 1)[0] in left_out]
+    linked = {p.name for p in (product_images.REPO / "tessera").iterdir() if p.is_symlink()}
+    assert linked and not linked & left_out
+    assert {"setup.py", "pyproject.toml", "README.md", "MANIFEST.in"} <= set(files)
