@@ -5,6 +5,11 @@ whatever the program fills in. A quoted message passes when some message templat
 a Python string or f-string (names of module constants filled in), or a C string literal — produces
 it: the template's literal text must be there, in order, with nothing else between them but what the
 template fills in. So a reworded or deleted message fails here, naming the quote to update.
+
+And the other way round: every message a user meets — the webhook's denials, the node daemon's
+prepare errors (pod events, the claim's Ready condition), the admission check's reasons, and what the
+shim writes at warn and error level or stops a process with — must be quoted on the page, so a new
+message fails here until the page explains it.
 """
 
 from __future__ import annotations
@@ -111,17 +116,146 @@ def templates() -> tuple[str, ...]:
     return tuple(t for t in out if len(t.replace(HOLE, "").strip()) >= 4)
 
 
+def _literal(piece: str) -> str:
+    """A template's literal text as a pattern; a ``<...>`` the template itself writes (a format
+    description like ``<bytes|none>``) also matches the page's placeholder."""
+    parts = re.split(r"(<[^<>]+>)", piece)
+    return "".join(
+        f"(?:{re.escape(p)}|{QUOTE_HOLE})" if p.startswith("<") else re.escape(p) for p in parts if p
+    )
+
+
 @cache
 def _pattern(template: str) -> re.Pattern[str]:
-    return re.compile(".+?".join(re.escape(piece) for piece in template.split(HOLE)), re.S)
+    return re.compile(".+?".join(_literal(piece) for piece in template.split(HOLE)), re.S)
 
 
 def produced_by_some_template(quote: str) -> bool:
     text = re.sub(r"<[^<>]+>", QUOTE_HOLE, quote)
     for template in templates():
-        if max(template.split(HOLE), key=len) in text and _pattern(template).fullmatch(text):
+        longest = re.sub(r"<[^<>]+>", QUOTE_HOLE, max(template.split(HOLE), key=len))
+        if longest.split(QUOTE_HOLE)[0] in text and _pattern(template).fullmatch(text):
             return True
     return False
+
+
+# ---------------------------------------------------------------------------------------------------
+# The other way round: every message a user meets is on the page
+
+USER_FACING_EXCEPTIONS = {
+    "Refusal",  # the webhook's denials (and the admission check's Rejected reasons)
+    "AnnotationError",
+    "AllocationError",  # the node daemon's prepare errors: pod events and the claim's Ready condition
+    "ClaimNotFound",
+    "DriverSourceError",
+    "Undecidable",  # the admission check's waiting reasons
+}
+C_CALLS = re.compile(
+    r"\b(SHIM_WARN|SHIM_ERROR|stop_process|limits_fail|region_fail)\(\s*(?:err\s*,\s*errlen\s*,\s*)?"
+    r'("(?:[^"\\\n]|\\.)*"(?:\s*(?:[A-Za-z_]\w*\s*)?"(?:[^"\\\n]|\\.)*")*)'
+)
+NOT_FOR_USERS = {
+    # The limits-file writer's checks (tessera_limits_format): on what the driver writes, never on
+    # a file a user could hand the shim.
+    "buffer too small",
+    f"GPU {HOLE}: '{HOLE}' is not a GPU UUID",
+    f"GPU {HOLE}: cores must be 0-100",
+    f"GPU {HOLE} listed twice",
+    f"more than {HOLE} GPUs",
+    "out of memory",
+}
+
+
+def _render(node: ast.expr, constants: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    text = ""
+    for part in node.values:
+        if isinstance(part, ast.Constant):
+            text += str(part.value)
+        elif (
+            isinstance(part, ast.FormattedValue)
+            and isinstance(part.value, ast.Name)
+            and part.value.id in constants
+            and part.conversion == -1
+        ):
+            text += constants[part.value.id]
+        else:
+            text += HOLE
+    return text
+
+
+def user_facing_messages() -> list[tuple[str, str]]:
+    """(file, template) of every message a user of the webhook, the node daemon, the admission check
+    or the shim meets: what the webhook denies with, what a prepare fails with, what the admission
+    check tells a Workload, and what the shim writes at warn and error level or stops a process with."""
+    trees = {path: ast.parse(path.read_text()) for path in _python_files()}
+    constants: dict[str, str] = {}
+    for tree in trees.values():
+        constants.update(_python_constants(tree))
+    found: list[tuple[str, str | None]] = []
+    for path, tree in trees.items():
+        where = str(path.relative_to(REPO))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and node.args:
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+                if name in USER_FACING_EXCEPTIONS:
+                    found.append((where, _render(node.args[0], constants)))
+                elif name == "Decision" and len(node.args) > 1 and path.parent.name == "admissioncheck":
+                    found.append((where, _render(node.args[1], constants)))
+                elif name in ("_failed", "deny") and len(node.args) > 1:
+                    found.append((where, _render(node.args[-1], constants)))
+            elif (
+                isinstance(node, ast.Assign)
+                and path.parent.name == "webhook"
+                and any(isinstance(t, ast.Name) and t.id == "message" for t in node.targets)
+            ):
+                found.append((where, _render(node.value, constants)))
+    for folder in C_SOURCES:
+        for path in sorted((REPO / folder).glob("*.c")):
+            source = re.sub(r"/\*.*?\*/", " ", path.read_text(), flags=re.S)
+            for match in C_CALLS.finditer(source):
+                found += [(str(path.relative_to(REPO)), t) for t in _c_literals(match.group(2))]
+    holes = re.compile(HOLE + "+")
+    out = []
+    for where, template in found:
+        if template is None:
+            continue
+        template = holes.sub(HOLE, PRINTF.sub(HOLE, template)).strip()
+        if template.replace(HOLE, "").strip() and template not in NOT_FOR_USERS:
+            out.append((where, template))
+    return out
+
+
+def undocumented(page_text: str) -> list[str]:
+    """The user-facing messages that no quote of ``page_text`` stands for."""
+    quotes = [re.sub(r"<[^<>]+>", QUOTE_HOLE, SHIM_PREFIX.sub("", q)) for q in quoted_messages(page_text)]
+    return [
+        f"{where}: {template.replace(HOLE, '<...>')}"
+        for where, template in user_facing_messages()
+        if not any(_pattern(template).fullmatch(q) for q in quotes)
+    ]
+
+
+def test_every_message_a_user_meets_is_on_the_page() -> None:
+    assert len(user_facing_messages()) >= 40
+    missing = undocumented(PAGE.read_text())
+    assert not missing, (
+        f"messages users meet that {PAGE.name} does not explain; quote each (in a `code span` on a `>` "
+        "line, <...> for what the program fills in) and say what it means and what to do:\n"
+        + "\n".join(missing)
+    )
+
+
+def test_a_message_left_off_the_page_is_caught() -> None:
+    quote = '> `container "<name>": nvidia.com/gpucores is <n>; it must be between 1 and 100.`\n'
+    page = PAGE.read_text()
+    assert quote in page
+    assert undocumented(page.replace(quote, "")) == [
+        "webhook/conversion.py: <...>: nvidia.com/gpucores is <...>; it must be between 1 and 100."
+    ]
 
 
 def test_the_page_quotes_messages() -> None:
