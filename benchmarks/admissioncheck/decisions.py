@@ -8,8 +8,9 @@ It starts a local control plane with Kueue v0.17, creates kubelet-less Nodes pub
 ResourceSlices (80 GiB GPUs, memory and cores consumable), one ClusterQueue with quota for
 everything and the gpu-fit check, and runs the controller (inventory watches and decision loop, the
 code ``tessera-admission-check`` runs) in this process so its decision timings can be read. Then it
-creates the Workloads at once (each 1-4 pods of 10-40 GiB and 0-50 cores, seeded), which is more than
-the GPUs hold, so the tail stays Pending and is decided again on every pass. A decision is one
+creates the Workloads at once (each 1-4 pods of 10-40 GiB and 0-50 cores, seeded; about what the GPUs
+hold); with ``--sizes 10,20,30,40,50,60`` they ask more than the GPUs hold, so a tail stays Pending and
+is decided again on every pass. A decision is one
 Workload read, packed on the free capacity and written; the figure is its time in the controller
 (``decide``), plus, separately, each pass's planning of the shares already reserved.
 """
@@ -85,12 +86,18 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--sizes",
+        default="10,20,30,40",
+        help="GiB per pod to choose from; larger sizes ask more than the GPUs hold, so a tail waits",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     info = RunInfo.start(
         ["admissioncheck", "webhook/conversion.py", "webhook/selectors.py", "tessera/watching.py"]
     )
     rng = random.Random(args.seed)
+    sizes = tuple(int(size) for size in args.sizes.split(","))
     figures: dict[str, Any] = {"workloads": args.workloads, "nodes": args.nodes, "gpus_per_node": args.gpus}
     with LocalCluster(kueue=True) as cluster:
         api = api_client(cluster.admin_kubeconfig)
@@ -125,7 +132,7 @@ def main() -> int:
         demand = 0
         started = time.monotonic()
         for index in range(args.workloads):
-            pods, memory, cores = rng.randint(1, 4), rng.choice((10, 20, 30, 40)), rng.choice((0, 10, 25, 50))
+            pods, memory, cores = rng.randint(1, 4), rng.choice(sizes), rng.choice((0, 10, 25, 50))
             demand += pods * memory
             custom.create_namespaced_custom_object(
                 "kueue.x-k8s.io",
@@ -181,7 +188,8 @@ def main() -> int:
         "max": round(max(passes) * 1000, 1) if passes else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decisions.json").write_text(
+    stem = "decisions" if args.sizes == "10,20,30,40" else f"decisions-sizes-{args.sizes.replace(',', '-')}"
+    (args.out / f"{stem}.json").write_text(
         json.dumps({"run": info.as_json(), "figures": figures}, indent=2) + "\n"
     )
     target = "met" if figures["decision_ms"]["p99"] <= 50 else "NOT met"
@@ -191,8 +199,8 @@ def main() -> int:
         "",
         *info.markdown(),
         "",
-        f"- {args.workloads} Workloads (1-4 pods of 10-40 GiB, 0-50 cores, seed {args.seed}) created at "
-        f"once on {args.nodes} nodes x {args.gpus} GPUs of 80 GiB: demand {demand} GiB, capacity "
+        f"- {args.workloads} Workloads (1-4 pods of {args.sizes} GiB, 0-50 cores, seed {args.seed}) "
+        f"created at once on {args.nodes} nodes x {args.gpus} GPUs of 80 GiB: demand {demand} GiB, capacity "
         f"{figures['capacity_gi']} GiB.",
         f"- Every Workload decided after {figures['all_decided_s']} s: {states}.",
         f"- {len(ms)} decisions (a Pending Workload is decided again on every pass): per decision "
@@ -201,7 +209,7 @@ def main() -> int:
         f"- {len(passes)} passes; planning the reserved shares at the start of a pass: "
         f"p50 {planning['p50']} ms, max {planning['max']} ms (not in the per-decision figure).",
     ]
-    (args.out / "decisions.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
