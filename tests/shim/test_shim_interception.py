@@ -93,9 +93,11 @@ def test_simulator_conformance_unchanged_under_the_shim(
 ) -> None:
     """The simulator's own conformance programs pass unchanged under the shim: every unhooked
     symbol resolves to the real driver, and cuGetProcAddress answers every (name, version,
-    flags) with exactly what dlsym gives for that ABI (hooked or not)."""
-    claim = make_claim(limits=[(0, 900 * MiB, 0)] if limited else [])
-    for program in ("cuda_api", "nvml_api"):
+    flags) with exactly what dlsym gives for that ABI (hooked or not); the sharing program's
+    IPC, export/import and peer calls (its errors included: failed imports, releases and
+    unmaps of what the shim did not record, frees of imported pointers) answer as without it."""
+    claim = make_claim(limits=[(0, 900 * MiB, 0), (1, 900 * MiB, 0)] if limited else [], gpus=2)
+    for program in ("cuda_api", "nvml_api", "sharing_api"):
         done = subprocess.run(
             [str(SIMGPU_BUILD / "tests" / program)],
             env=claim.env(),
