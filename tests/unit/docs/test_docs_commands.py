@@ -224,12 +224,17 @@ def check_helm(command: Command, home: Path) -> None:
     assert result.returncode == 0, f"{command}: helm {sub} as helm template failed:\n{result.stderr}"
 
 
+@cache
+def _own_help(program: Path, sub: tuple[str, ...]) -> str:
+    return _run([str(program), *sub, "--help"])
+
+
 def check_own_program(command: Command, home: Path) -> None:
     name = Path(command.argv[0]).name
     program = VENV_BIN / name
     assert program.exists(), f"{command}: {name} is not a command of this project"
-    sub = [w for w in command.argv[1:2] if not w.startswith("-")]
-    text = _run([str(program), *sub, "--help"])
+    sub = tuple(w for w in command.argv[1:2] if not w.startswith("-"))
+    text = _own_help(program, sub)
     assert "usage:" in text, f"{command}: {shlex.join([name, *sub])} --help failed:\n{text}"
     check_flags(command, command.argv[1:], help_flags(text))
 
