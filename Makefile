@@ -13,12 +13,12 @@ PY := $(VENV)/bin/python
 RUFF_SOURCES := tessera testbed simgpu shim proto tests demo benchmarks setup.py driver webhook admissioncheck tools
 MYPY_SOURCES := tessera tests demo benchmarks setup.py tools
 
-.PHONY: help test demo venv host-packages binaries simgpu lint unit integration e2e clean
+.PHONY: help test demo venv host-packages binaries simgpu images lint unit integration e2e clean
 
 help:
 	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
 	@echo "make demo   set everything up and run the demo"
-	@echo "make host-packages | binaries | simgpu | venv | lint | unit | integration | e2e | clean"
+	@echo "make host-packages | binaries | simgpu | images | venv | lint | unit | integration | e2e | clean"
 
 # Reinstall when the dependency list changes; pip does nothing for what is already there. The install
 # also regenerates the gRPC stubs, so a changed .proto file triggers it too.
@@ -40,6 +40,11 @@ binaries: host-packages
 
 simgpu:
 	$(MAKE) -C simgpu -j2
+
+# Tessera's driver and webhook images as OCI archives, with no container engine or registry
+# (images/README.md); the end-to-end tests build them on demand, into the same cache.
+images: venv
+	$(PY) -m tessera.testbed.product_images
 
 lint: venv
 	$(VENV)/bin/ruff check $(RUFF_SOURCES)
