@@ -194,7 +194,10 @@ static CUresult free_kind(uintptr_t ptr, bool host)
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_alloc_rec *rec = sim_find_alloc(ptr);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (rec != NULL && rec->kind != ALLOC_IPC && (rec->kind == ALLOC_HOST) == host) {
+    if (rec != NULL && rec->kind == ALLOC_POOL && !host) {
+        sim_pool_return_block(rec); /* a stream-ordered allocation: to its pool, as CUDA does */
+        rc = CUDA_SUCCESS;
+    } else if (rec != NULL && rec->kind != ALLOC_IPC && (rec->kind == ALLOC_HOST) == host) {
         sim_free_rec(rec);
         rc = CUDA_SUCCESS;
     }

@@ -54,6 +54,10 @@ void sim_free_rec(struct sim_alloc_rec *rec);
 void sim_link_alloc(struct sim_alloc_rec *rec);
 void sim_unlink_alloc(struct sim_alloc_rec *rec);
 
+/* A pool allocation freed (cuMemFreeAsync, or cuMemFree, which CUDA allows for it): back to its
+ * pool's cache, unlinked from the registry. Needs mu. */
+void sim_pool_return_block(struct sim_alloc_rec *rec);
+
 /* A pool allocation freed with its context: drop it from the pool's statistics (its memory
  * stays reserved in the pool). Needs mu; call before sim_free_rec. */
 void sim_pool_forget(const struct sim_alloc_rec *rec);

@@ -279,6 +279,20 @@ SIMGPU_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes
     return alloc_from_pool(dptr, bytesize, pool, stream, SIM_PER_THREAD);
 }
 
+void sim_pool_return_block(struct sim_alloc_rec *rec)
+{
+    CUmemoryPool pool = rec->pool;
+    sim_unlink_alloc(rec);
+    rec->next = pool->free_list;
+    pool->free_list = rec;
+    pool->used -= rec->size;
+    pool->cached += rec->size;
+    rec->chunk->used -= block_bytes(rec->size);
+    rec->chunk->cached += block_bytes(rec->size);
+    if (!pool_valid(pool)) /* destroyed: what it still held goes once unused */
+        trim(pool, 0);
+}
+
 static CUresult free_async(CUdeviceptr dptr, CUstream stream, enum sim_default_stream mode)
 {
     SIM_ENTER();
@@ -290,16 +304,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, enum sim_default_s
     struct sim_alloc_rec *rec = sim_find_alloc((uintptr_t)dptr);
     rc = CUDA_ERROR_INVALID_VALUE;
     if (rec != NULL && rec->kind == ALLOC_POOL) {
-        CUmemoryPool pool = rec->pool;
-        sim_unlink_alloc(rec);
-        rec->next = pool->free_list;
-        pool->free_list = rec;
-        pool->used -= rec->size;
-        pool->cached += rec->size;
-        rec->chunk->used -= block_bytes(rec->size);
-        rec->chunk->cached += block_bytes(rec->size);
-        if (!pool_valid(pool)) /* destroyed: what it still held goes once unused */
-            trim(pool, 0);
+        sim_pool_return_block(rec);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.mu);

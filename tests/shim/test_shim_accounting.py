@@ -48,7 +48,8 @@ def test_random_concurrent_stress_matches_the_driver(
     make_claim: ClaimFactory, simulated: bool, seed: int
 ) -> None:
     """3 processes x 4 threads, 12 rounds of 150 random operations each (allocations, frees,
-    double frees, frees of stale and unknown pointers, frees from another context, VMM
+    double frees, frees of stale and unknown pointers, frees from another context,
+    stream-ordered allocations and (double) frees whose memory the pools cache, VMM
     create/map/unmap/release with double releases and unmaps): at every quiescent point the
     shim's usage equals the driver's own, the limit is never passed, and at the end nothing is
     held and the whole limit can be allocated. On a real GPU, whose memory info rounds and

@@ -10,8 +10,10 @@
  *   shim_stress stress PROCS THREADS ROUNDS OPS SEED
  *       PROCS processes of THREADS threads each, every thread OPS random operations a round
  *       (allocations, frees, double frees, frees of stale pointers that another thread's
- *       allocation may have reused, frees of unknown pointers, frees from another context, VMM
- *       create/map/unmap/release). The operations follow from SEED (the schedule does not).
+ *       allocation may have reused - stream-ordered ones included -, frees of unknown pointers,
+ *       frees from another context, stream-ordered allocations and (double) frees whose memory
+ *       the pool caches, VMM create/map/unmap/release). The operations follow from SEED (the
+ *       schedule does not). At the end each process trims its pool.
  *       After each round every thread of every process waits at a barrier; then the first
  *       process prints "round=R shim=S driver=D" (the claim's usage as the shim reports it, and
  *       the GPU's as the driver itself reports it, both in bytes, the driver's less what it
@@ -59,6 +61,11 @@ static struct {
     __typeof__(&cuMemMap) map;
     __typeof__(&cuMemUnmap) unmap;
     __typeof__(&cuMemGetAllocationGranularity) granularity;
+    __typeof__(&cuMemAllocAsync) alloc_async;
+    __typeof__(&cuMemFreeAsync) free_async;
+    __typeof__(&cuDeviceGetMemPool) get_pool;
+    __typeof__(&cuMemPoolTrimTo) trim;
+    __typeof__(&cuCtxSynchronize) sync;
 } cu;
 
 static CUcontext primary, other;
@@ -81,6 +88,11 @@ static void load(void)
     cu.unmap = (__typeof__(cu.unmap))test_sym(lib, "cuMemUnmap");
     cu.granularity =
         (__typeof__(cu.granularity))test_sym(lib, "cuMemGetAllocationGranularity");
+    cu.alloc_async = (__typeof__(cu.alloc_async))test_sym(lib, "cuMemAllocAsync");
+    cu.free_async = (__typeof__(cu.free_async))test_sym(lib, "cuMemFreeAsync");
+    cu.get_pool = (__typeof__(cu.get_pool))test_sym(lib, "cuDeviceGetMemPool");
+    cu.trim = (__typeof__(cu.trim))test_sym(lib, "cuMemPoolTrimTo");
+    cu.sync = (__typeof__(cu.sync))test_sym(lib, "cuCtxSynchronize");
     void *real = dlopen("libcuda-real.so.1", RTLD_NOW | RTLD_NOLOAD);
     cu.driver_info = (__typeof__(cu.info))test_sym(real != NULL ? real : lib, "cuMemGetInfo_v2");
 }
@@ -183,6 +195,7 @@ static int ops_per_round, rounds, nthreads;
 static uint64_t seed;
 static int proc_index;
 static _Atomic CUdeviceptr slots[SLOTS];
+static _Atomic CUdeviceptr async_slots[SLOTS]; /* stream-ordered allocations */
 static CUdeviceptr *allocated; /* every pointer the driver handed out, to free at the end */
 static atomic_size_t nallocated;
 static size_t max_allocated;
@@ -266,6 +279,22 @@ static void op(uint64_t *rs, CUdeviceptr *recent, int *nrecent, struct vmm *v)
     } else if (kind < 84) { /* free pointers that were never allocated */
         CUdeviceptr p = atomic_load(slot);
         cu.free(p != 0 ? p + 4096 : (CUdeviceptr)0x10000);
+    } else if (kind < 88) { /* stream-ordered: allocate into a slot, or free one (maybe twice) */
+        _Atomic CUdeviceptr *aslot = &async_slots[(r >> 8) % SLOTS];
+        if (r & (1u << 30)) {
+            CUdeviceptr p = 0;
+            if (cu.alloc_async(&p, (size_t)MiB * (1 + (r >> 20) % 4), NULL) != CUDA_SUCCESS)
+                return;
+            CUdeviceptr old = atomic_exchange(aslot, p);
+            if (old != 0)
+                cu.free_async(old, NULL);
+        } else {
+            CUdeviceptr p = atomic_load(aslot);
+            if (p != 0 && cu.free_async(p, NULL) == CUDA_SUCCESS)
+                atomic_compare_exchange_strong(aslot, &p, 0);
+            if (p != 0 && (r & (1u << 31)))
+                cu.free_async(p, NULL);
+        }
     } else if (kind < 92) { /* free from another context */
         CUdeviceptr p = atomic_load(slot);
         CHECK(cu.set_current(other));
@@ -331,6 +360,13 @@ static void *stress_thread(void *arg)
         size_t n = atomic_load(&nallocated);
         for (size_t i = 0; i < n && i < max_allocated; i++)
             cu.free(allocated[i]);
+        for (int i = 0; i < SLOTS; i++)
+            if (async_slots[i] != 0)
+                cu.free_async(async_slots[i], NULL);
+        CUmemoryPool pool = NULL; /* what the pool caches goes back to the device */
+        CHECK(cu.sync());
+        CHECK(cu.get_pool(&pool, 0));
+        CHECK(cu.trim(pool, 0));
     }
     quiescent(w->index, "end");
     return NULL;

@@ -331,6 +331,22 @@ static void pool_cache(void)
     EXPECT_EQ(reserved, 0);
     EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
     EXPECT_EQ(free1, free0);
+    /* cuMemFree of a stream-ordered allocation (CUDA allows it) gives it back to its pool: no
+     * longer used, cached until trimmed; a second free is refused. */
+    LOAD(lib, cuMemFree_v2);
+    EXPECT_EQ(p_cuMemAllocAsync(&a, 2 * mib, s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+              CUDA_SUCCESS);
+    EXPECT_EQ(used, 0);
+    EXPECT_EQ(p_cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+              CUDA_SUCCESS);
+    EXPECT_EQ(reserved, 0);
+    EXPECT_EQ(p_cuMemGetInfo_v2(&free1, &total), CUDA_SUCCESS);
+    EXPECT_EQ(free1, free0);
     EXPECT_EQ(p_cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
