@@ -48,3 +48,9 @@ def test_real_nodes_without_root_are_refused(
         cli.main(["up", "--nodes", "1"])
     assert exited.value.code == 2
     assert "real nodes (--nodes) need root" in capsys.readouterr().err
+
+
+def test_up_offers_kueue() -> None:
+    result = run_cli("up", "--help")
+    assert result.returncode == 0
+    assert "--kueue" in result.stdout
