@@ -110,7 +110,9 @@ def _kept(webhook: Mapping[str, Any]) -> bool:
     return False
 
 
-def loopback_webhooks(manifest: list[Mapping[str, Any]], port: int, ca_bundle: str) -> list[dict[str, Any]]:
+def loopback_webhooks(
+    manifest: Sequence[Mapping[str, Any]], port: int, ca_bundle: str
+) -> list[dict[str, Any]]:
     """The module's webhook configurations rewritten for loopback; pure (see the module docstring)."""
     names = {
         "MutatingWebhookConfiguration": MUTATING_CONFIGURATION,
