@@ -157,6 +157,14 @@ static void errors(CUcontext ctx0)
     OK(SYM(cuMemCreate)(&plain, 2 * MiB, &no_types, 0));
     OK(SYM(cuMemCreate)(&released, 2 * MiB, &fd_prop, 0));
     OK(SYM(cuMemRelease)(released));
+    /* Forged from a real handle (the simulator's layout: magic, pad, size, name): a size that
+     * is not the memory's, and a name without its terminator. */
+    CUipcMemHandle wrong_size, unterminated;
+    OK(SYM(cuIpcGetMemHandle)(&wrong_size, p));
+    unterminated = wrong_size;
+    uint64_t bigger = 2 * MiB;
+    memcpy(wrong_size.reserved + 8, &bigger, sizeof bigger);
+    memset(unterminated.reserved + 16, 'x', sizeof unterminated.reserved - 16);
     int fd = -1, devnull = open("/dev/null", O_RDONLY);
     int can = -1;
     CUdeviceptr a = 0;
@@ -171,6 +179,8 @@ static void errors(CUcontext ctx0)
         ROW(SYM(cuIpcGetMemHandle)(&h, p), CUDA_SUCCESS),
         ROW(SYM(cuIpcGetMemHandle)(&h, p), CUDA_SUCCESS), /* exported once, asked twice */
         ROW(SYM(cuIpcOpenMemHandle_v2)(&q, h, 2), CUDA_ERROR_INVALID_VALUE),
+        ROW(SYM(cuIpcOpenMemHandle_v2)(&q, wrong_size, 0), CUDA_ERROR_MAP_FAILED),
+        ROW(SYM(cuIpcOpenMemHandle_v2)(&q, unterminated, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(SYM(cuIpcCloseMemHandle)(p), CUDA_ERROR_INVALID_VALUE), /* not an import */
         ROW(SYM(cuIpcCloseMemHandle)(0), CUDA_ERROR_INVALID_VALUE),
         ROW(SYM(cuMemExportToShareableHandle)(NULL, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
