@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tessera.shim.testing import ClaimFactory, values
+from tessera.shim.testing import ClaimFactory, prefixed, values
 
 MiB = 1 << 20
 LIMIT = 256 * MiB
@@ -79,3 +79,20 @@ def test_stress_without_limits_leaves_the_driver_as_it_found_it(make_claim: Clai
     v = values(done.stdout)
     assert v["children_failed"] == "0"
     assert rounds_of(done.stdout)[-1][0] == "end"
+
+
+def test_a_free_the_shim_did_not_see_is_settled_when_the_address_returns(
+    make_claim: ClaimFactory, simulated_only: None
+) -> None:
+    """The driver frees 16 MiB behind the shim's back (its context destroyed through the real
+    library): the claim is still charged for it, until the driver hands the same address out
+    again - then the stale record is replaced and its charge given back, so the claim again
+    holds what the driver holds. (The simulator reuses the address at once.)"""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    done = claim.run("shim_stress", "unseen", str(16 * MiB))
+    assert done.returncode == 0, done.stderr
+    assert prefixed(done.stdout, "before") == {"shim": str(16 * MiB), "driver": "0"}
+    after = prefixed(done.stdout, "same=")
+    assert done.stdout.count("same=1") == 1
+    assert after["shim"] == after["driver"] == str(16 * MiB)
+    assert prefixed(done.stdout, "freed") == {"shim": "0", "driver": "0"}

@@ -20,6 +20,12 @@
  *       held before the first round). At the end everything is freed, the last round is
  *       printed as "end", and allocating the whole limit is tried (full_rc=).
  *
+ *   shim_stress unseen BYTES
+ *       The driver frees an allocation behind the shim's back (its context destroyed through the
+ *       real library, which the shim does not see), then hands the address out again: the new
+ *       allocation's record replaces the stale one and the stale charge is given back. Reports
+ *       whether the address came back (same=), and the shim's and the driver's usage.
+ *
  * "The driver itself" is the real library behind the shim (libcuda-real.so.1, which the shim
  * loads), or the one library when run without the shim.
  */
@@ -432,6 +438,41 @@ static int stress(int procs, int threads, int nrounds, int ops, uint64_t s)
     return 0;
 }
 
+/* ------------------------------------------------------------------ unseen free -------- */
+
+static int unseen(size_t bytes)
+{
+    setup();
+    void *real = dlopen("libcuda-real.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (real == NULL) {
+        fprintf(stderr, "needs the shim (libcuda-real.so.1)\n");
+        return 2;
+    }
+    __typeof__(&cuCtxDestroy_v2) destroy_unseen =
+        (__typeof__(&cuCtxDestroy_v2))test_sym(real, "cuCtxDestroy_v2");
+    uint64_t base_s = 0, base_d = 0;
+    usage(&base_s, &base_d, NULL);
+    CHECK(cu.set_current(other));
+    CUdeviceptr gone = 0;
+    CHECK(cu.alloc(&gone, bytes));
+    CHECK(cu.set_current(primary));
+    CHECK(destroy_unseen(other)); /* the driver frees `gone`; the shim still charges it */
+    uint64_t s = 0, d = 0;
+    usage(&s, &d, NULL);
+    printf("before shim=%llu driver=%llu\n", (unsigned long long)(s - base_s),
+           (unsigned long long)(d - base_d));
+    CUdeviceptr again = 0;
+    CHECK(cu.alloc(&again, bytes));
+    usage(&s, &d, NULL);
+    printf("same=%d after shim=%llu driver=%llu\n", again == gone,
+           (unsigned long long)(s - base_s), (unsigned long long)(d - base_d));
+    CHECK(cu.free(again));
+    usage(&s, &d, NULL);
+    printf("freed shim=%llu driver=%llu\n", (unsigned long long)(s - base_s),
+           (unsigned long long)(d - base_d));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -443,6 +484,8 @@ int main(int argc, char **argv)
         setup();
         return double_free(atoi(argv[2]), strtoull(argv[3], NULL, 0), atoi(argv[4]));
     }
+    if (strcmp(argv[1], "unseen") == 0 && argc == 3)
+        return unseen(strtoull(argv[2], NULL, 0));
     if (strcmp(argv[1], "stress") == 0 && argc == 7)
         return stress(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                       strtoull(argv[6], NULL, 0));
