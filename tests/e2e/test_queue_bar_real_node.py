@@ -349,7 +349,9 @@ def test_the_lender_reclaims_its_quota_by_preempting_the_borrower(
         )
     lender, borrower = team("lender-cq"), team("borrower-cq")
     two_gpus = free_gpus[:2]  # 2 x 48 GiB: room for exactly two 40 GiB Jobs
-    own = submit(bed, borrower, "own", 40, "batch", two_gpus)
+    # The borrower's own Job outranks its borrowing one, so Kueue's choice of victim is by priority
+    # (between equal priorities it goes by admission time, which Kueue records to the second).
+    own = submit(bed, borrower, "own", 40, "interactive", two_gpus)
     running_pod(bed, borrower, "own")
     borrowed = submit(bed, borrower, "borrowed", 40, "batch", two_gpus)
     borrowed_pod = running_pod(bed, borrower, "borrowed")

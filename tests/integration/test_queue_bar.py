@@ -291,7 +291,9 @@ def test_a_borrower_is_preempted_when_the_lender_reclaims_its_quota(
             ),
         )
     lender, borrower = namespaces("lender-cq"), namespaces("borrower-cq")
-    own = submit(bar, borrower, "own", 1, 40, "batch")
+    # The borrower's own Job outranks its borrowing one, so Kueue's choice of victim is by priority
+    # (between equal priorities it goes by admission time, which Kueue records to the second).
+    own = submit(bar, borrower, "own", 1, 40, "interactive")
     borrowed = submit(bar, borrower, "borrowed", 1, 40, "batch")
     poll_until(
         lambda: admitted(bar, borrower, own) and admitted(bar, borrower, borrowed), 90, "both admitted"
