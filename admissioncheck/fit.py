@@ -410,7 +410,9 @@ def pack(
 
 def format_bytes(value: int) -> str:
     """20Gi, 1536Mi, 0: the way a user wrote it."""
-    if value and value % GiB == 0:
+    if value == 0:
+        return "0"
+    if value % GiB == 0:
         return f"{value // GiB}Gi"
     if value % MiB == 0:
         return f"{value // MiB}Mi"

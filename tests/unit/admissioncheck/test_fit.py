@@ -16,6 +16,7 @@ from tessera.admissioncheck.fit import (
     apply,
     describe_need,
     forget,
+    format_bytes,
     free_capacity,
     no_fit_message,
     pack,
@@ -237,3 +238,7 @@ def test_a_summary_cache_kept_across_searches_changes_no_answer() -> None:
         if cached.placements:
             with_cache, without = apply(with_cache, cached.placements), apply(without, plain.placements or [])
             forget(cache, {p.node for p in cached.placements})  # type: ignore[arg-type]
+
+
+def test_sizes_are_written_as_a_user_writes_them() -> None:
+    assert [format_bytes(v) for v in (0, 20 * GiB, 1536 * 2**20, 1000)] == ["0", "20Gi", "1536Mi", "1000"]
