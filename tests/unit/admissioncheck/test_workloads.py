@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes import client
 
-from tessera.admissioncheck.fit import Choice, Placement, PodGroup, Request
+from tessera.admissioncheck.fit import Choice, Gpu, Placement, PodGroup, Request, free_capacity
 from tessera.admissioncheck.inventory import PodRecord
 from tessera.admissioncheck.workloads import (
     Undecidable,
+    WorkloadController,
     _give_back,
     _less_placed,
     _room,
@@ -186,3 +188,28 @@ def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
     single = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10),))
     assert _room(free, single)
     assert _give_back({("p", "g0"): (4 * GiB, 90)}, [single]) == free
+
+
+def replanner() -> WorkloadController:
+    return WorkloadController(client.ApiClient(), None, "test")  # type: ignore[arg-type]
+
+
+def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_block_when_none_is_left() -> None:
+    gpus = [Gpu("n", "n", f"g{i}", f"U{i}", "A100", 40 * GiB, 100) for i in range(2)]
+    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
+    controller = replanner()
+    first = controller._replan(gpus, free_capacity(gpus, {}), {"w1": ("ns/w1", [group])})
+    (planned,) = controller._plans["w1"]
+    assert first.unplanned == []
+    # The scheduler put someone else's 30Gi on the planned GPU: the reserved share moves to the other.
+    taken = free_capacity(gpus, {planned.shares[0][0]: (30 * GiB, 0)})
+    second = controller._replan(gpus, taken, {"w1": ("ns/w1", [group])})
+    (moved,) = controller._plans["w1"]
+    assert moved.shares[0][0] != planned.shares[0][0] and second.unplanned == []
+    # Both GPUs taken: the reserved share has no place, and the pass says whose.
+    full = free_capacity(gpus, {g.key: (30 * GiB, 0) for g in gpus})
+    third = controller._replan(gpus, full, {"w1": ("ns/w1", [group])})
+    assert third.unplanned == ["ns/w1"]
+    # A Workload no longer reserved leaves no plan behind.
+    controller._replan(gpus, free_capacity(gpus, {}), {})
+    assert controller._plans == {}
