@@ -16,6 +16,9 @@ one host; images are never pulled. Pods of the release reach the API server at t
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -495,3 +498,60 @@ def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(
     )
     bed.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "hami-pod.yaml"))
     wait_pods(bed.kube, namespace, EXAMPLE_SHARES["hami-pod.yaml"])
+
+
+def read_archive(archive: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """An image archive's configuration and its (one) layer's files: path -> contents, for files
+    up to 64 KiB (larger ones map to b"")."""
+    with tarfile.open(archive) as outer:
+        blobs = {m.name: m for m in outer.getmembers() if m.isfile()}
+
+        def blob(name: str) -> bytes:
+            extracted = outer.extractfile(blobs[name])
+            assert extracted is not None
+            return extracted.read()
+
+        def by_digest(digest: str) -> bytes:
+            return blob(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+
+        [descriptor] = json.loads(blob("index.json"))["manifests"]
+        manifest = json.loads(by_digest(descriptor["digest"]))
+        [layer] = manifest["layers"]
+        config = json.loads(by_digest(manifest["config"]["digest"]))
+        files: dict[str, bytes] = {}
+        with tarfile.open(fileobj=io.BytesIO(by_digest(layer["digest"]))) as tar:
+            for member in tar.getmembers():
+                small = member.isfile() and member.size <= 65536
+                extracted = tar.extractfile(member) if small else None
+                files[member.name] = extracted.read() if extracted is not None else b""
+    return config, files
+
+
+def test_the_local_images_hold_the_manifests_runtime_at_the_images_paths() -> None:
+    """What the nodes run: Debian's interpreter, the venv with its commands pointing at the venv's
+    interpreter, Tessera with its preload shim, the configuration of images.toml; nothing names the
+    folder the build ran in, and pip is gone."""
+    manifest = load_manifest()
+    venv = manifest.venv.lstrip("/")
+    site = f"{venv}/lib/python3.11/site-packages"
+    for name, archive in product_images().items():
+        config, files = read_archive(archive)
+        image = manifest.images[name]
+        assert config["config"]["Entrypoint"] == list(image.entrypoint)
+        assert config["config"]["User"] == image.user
+        for path in (
+            manifest.python.lstrip("/"),
+            "usr/lib/python3.11/os.py",
+            f"{venv}/bin/python3.11",
+            f"{venv}/pyvenv.cfg",
+            f"{site}/tessera/shim/lib/libtessera-cuda.so",
+            f"{site}/tessera/shim/lib/libtessera-nvml.so",
+            *(e.lstrip("/") for e in image.entrypoint),
+        ):
+            assert path in files, f"{path} not in {name}"
+        assert files[image.entrypoint[0].lstrip("/")].startswith(f"#!{manifest.venv}/bin/python".encode())
+        assert f"home = {Path(manifest.python).parent}\n".encode() in files[f"{venv}/pyvenv.cfg"]
+        assert not [p for p in files if p.startswith((f"{site}/pip/", f"{site}/setuptools/"))]
+        assert not [
+            p for p, data in files.items() if p.startswith(f"{venv}/bin/") and b"product-images" in data
+        ]
