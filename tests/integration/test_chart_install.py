@@ -37,6 +37,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "kubeletPlugin": {
             "driverSource": "own",
             "hostNetwork": True,
+            # The host network's ports are the old pod's until it goes: replace each node's in turn.
+            "updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "hostPaths": {
                 "nodeRoot": NODE_ROOT,
                 "kubeletRoot": f"{NODE_ROOT}/$(NODE_NAME)/kubelet",

@@ -22,6 +22,8 @@ TEST_BED_VALUES: dict[str, Any] = {
     "kubeletPlugin": {
         "driverSource": "own",
         "hostNetwork": True,
+        # The host network's ports are the old pod's until it goes: replace each node's in turn.
+        "updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "hostPaths": {
             "nodeRoot": NODE_ROOT,
             "kubeletRoot": f"{NODE_ROOT}/$(NODE_NAME)/kubelet",
@@ -440,7 +442,11 @@ def test_the_exporter_answers_on_node_port_31995(default: list[dict[str, Any]]) 
 
 def test_the_exporter_can_use_a_host_port_instead(home: Path) -> None:
     objects = render(
-        home / "host-port", {"exporter": {"hostPort": {"enabled": True}, "service": {"enabled": False}}}
+        home / "host-port",
+        {
+            "exporter": {"hostPort": {"enabled": True}, "service": {"enabled": False}},
+            "kubeletPlugin": {"updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}},
+        },
     )
     ports = plugin_container(objects)["ports"]
     assert {"name": "metrics", "containerPort": 31995, "protocol": "TCP", "hostPort": 31995} in ports
@@ -510,3 +516,21 @@ def test_helm_test_runs_a_claim_pod_and_a_hami_pod_outside_the_release_namespace
     assert "TESSERA_LIMITS_FILE" in hami["command"][2]
     for hook in hooks:
         assert "hook-succeeded" in hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+
+
+@pytest.mark.parametrize(
+    "ports",
+    [{"kubeletPlugin": {"hostNetwork": True}}, {"exporter": {"hostPort": {"enabled": True}}}],
+    ids=["host-network", "exporter-host-port"],
+)
+def test_a_surge_rollout_that_could_never_place_its_new_pod_is_refused(
+    home: Path, ports: dict[str, Any]
+) -> None:
+    """On the host network or with a hostPort, the surge pod asks for the ports the old pod holds:
+    the scheduler never places it and the rollout stops, so the chart refuses before installing."""
+    message = refusal(home, ports)
+    assert "kubeletPlugin.updateStrategy.rollingUpdate.maxSurge is 1" in message
+    replace_in_turn = {"updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}
+    values = {**ports, "kubeletPlugin": {**ports.get("kubeletPlugin", {}), **replace_in_turn}}
+    strategy = find(render(home / "in-turn", values), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
