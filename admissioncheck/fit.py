@@ -3,8 +3,11 @@
 The model is the scheduler's (DRA consumable capacity on ``allowMultipleAllocations`` devices):
 
 - a pod's shares all land on one node, since a pod runs on one node;
-- each share takes ``memory`` and ``cores`` from one GPU; shares of one pod, even of one request,
-  may land on the same GPU, as the scheduler allows, as long as the GPU's free capacity holds them;
+- each share takes ``memory`` and ``cores`` from one GPU; shares of different requests (a pod's
+  containers, or a claim's requests) may land on the same GPU as long as its free capacity holds them,
+  but the ``count`` shares of one request go to ``count`` different GPUs: the scheduler picks a
+  request's devices in order, each after the one before, and the webhook's claims say so too with a
+  distinct-UUID constraint (``nvidia.com/gpu: 2`` is two GPUs, as in HAMi);
 - a request with ``firstAvailable`` choices takes all its ``count`` shares from the first choice
   that can be met (a percentage is a choice per GPU memory size, as the webhook writes it).
 
@@ -209,10 +212,12 @@ class _Search:
         """Nodes that could hold one pod on their free totals, least free memory first (best fit),
         one per distinct state, none before ``min_index`` (identical pods go in node order)."""
         largest, total, cores = _pod_floor(group)
+        # A request's shares take as many GPUs of one node as its count.
+        widest = max((r.count for r in group.requests), default=0)
         seen: set[tuple[tuple[object, ...], ...]] = set()
         candidates = []
         for node, index in self.node_index.items():
-            if index < min_index:
+            if index < min_index or len(self.nodes[node]) < widest:
                 continue
             summary = self._summary(node)
             if summary.max_memory < largest or summary.total_memory < total or summary.max_cores < cores:
@@ -225,18 +230,20 @@ class _Search:
         return [node for _, _, node in candidates]
 
     def _place_shares(
-        self, node: str, shares: list[Choice], index: int, taken: list[tuple[GpuKey, int, int]]
+        self, node: str, shares: list[tuple[int, Choice]], index: int, taken: list[tuple[GpuKey, int, int]]
     ) -> Iterator[None]:
-        """Yield once per distinct way of placing shares[index:] on ``node``; the state is applied
+        """Yield once per distinct way of placing shares[index:] on ``node`` (each a request's index
+        in the pod and its choice; shares of one request on different GPUs); the state is applied
         while the caller runs and undone when the generator moves on."""
         if index == len(shares):
             yield
             return
-        choice = shares[index]
+        request, choice = shares[index]
+        same_request = {taken[i][0] for i in range(index) if shares[i][0] == request}
         seen: set[tuple[object, ...]] = set()
         options = []
         for gpu in self.nodes[node]:
-            if not choice.matches(gpu):
+            if gpu.key in same_request or not choice.matches(gpu):
                 continue
             free_memory, free_cores = self.free[gpu.key]
             need = choice.memory_on(gpu)
@@ -266,13 +273,13 @@ class _Search:
         """Every distinct placement of one pod of ``group`` on ``node``, trying each request's
         choices in order (all of a request's shares from one choice)."""
 
-        def expand(r: int, prefix: list[Choice]) -> Iterator[list[Choice]]:
+        def expand(r: int, prefix: list[tuple[int, Choice]]) -> Iterator[list[tuple[int, Choice]]]:
             if r == len(group.requests):
                 yield prefix
                 return
             request = group.requests[r]
             for choice in request.choices:
-                yield from expand(r + 1, prefix + [choice] * request.count)
+                yield from expand(r + 1, prefix + [(r, choice)] * request.count)
 
         for shares in expand(0, []):
             taken: list[tuple[GpuKey, int, int]] = []
@@ -336,14 +343,18 @@ def _largest_need(group: PodGroup, biggest_gpu: int) -> tuple[int, int]:
 def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) -> bool:
     """A necessary condition, checked before searching: every request with one choice needs as many
     places for its shares as the group has pods times its count, counting each GPU's free memory and
-    cores in whole shares. (For pods of a single share it is also sufficient.)"""
+    cores in whole shares, and at most one place per pod on each GPU (a request's shares go to
+    different GPUs); and one node with a place on as many GPUs as the count. (For pods of a single
+    share it is also sufficient.)"""
     for group in groups:
         for request in group.requests:
-            if len(request.choices) != 1 or group.count == 0:
+            if len(request.choices) != 1 or group.count == 0 or request.count == 0:
                 continue
             choice = request.choices[0]
             slots = 0
             wanted = group.count * request.count
+            usable: dict[str, int] = {}
+            widest = 0
             for gpu in gpus:
                 if not choice.matches(gpu):
                     continue
@@ -352,10 +363,13 @@ def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) 
                 fit = memory // need if need else wanted
                 if choice.cores:
                     fit = min(fit, cores // choice.cores)
-                slots += fit
-                if slots >= wanted:
+                if fit > 0:
+                    usable[gpu.node] = usable.get(gpu.node, 0) + 1
+                    widest = max(widest, usable[gpu.node])
+                slots += min(fit, group.count)
+                if slots >= wanted and widest >= request.count:
                     break
-            if slots < wanted:
+            if slots < wanted or widest < request.count:
                 return True
     return False
 
@@ -450,8 +464,14 @@ def largest_free(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) ->
 
 
 def no_fit_message(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, exhausted: bool) -> str:
-    """'needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on node-b (gpu-1)'."""
+    """'needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on node-b (gpu-1)';
+    where a request asks for more than one share, the need says those go to different GPUs."""
     need = describe_need(groups)
+    widest = max((r.count for g in groups for r in g.requests), default=0)
+    if widest > 1:
+        need += f" at once, a request's {widest} shares on {widest} different GPUs of one node"
+    else:
+        need += " at once"
     best = largest_free(groups, gpus, free)
     if best is None:
         where = "no published GPU matches its selectors"
@@ -459,4 +479,4 @@ def no_fit_message(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, 
         gpu, memory, cores = best
         where = f"the largest free share is {format_bytes(memory)}/{cores} on {gpu.node} ({gpu.name})"
     suffix = "; no packing was found within the search limit" if exhausted else ""
-    return f"needs {need} at once; {where}{suffix}"
+    return f"needs {need}; {where}{suffix}"

@@ -26,6 +26,7 @@ from kubernetes.utils import parse_quantity
 from tessera.names import (
     CORES_CAPACITY,
     DEVICE_CLASS,
+    DRIVER_NAME,
     HAMI_GPU,
     HAMI_GPUCORES,
     HAMI_GPUMEM,
@@ -39,6 +40,10 @@ from tessera.webhook.fleet import Fleet
 
 REQUEST_NAME = "gpu"
 """The one request of every claim the webhook writes."""
+
+DISTINCT_GPU_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
+"""The attribute a claim's constraint keeps distinct so that the shares of one request go to different
+GPUs (the driver publishes ``uuid`` in its own domain), as ``nvidia.com/gpu: N`` means in HAMi."""
 
 MAX_SUBREQUESTS = 8
 """DRA allows at most 8 ``firstAvailable`` entries per request."""
@@ -173,10 +178,12 @@ def claim_spec(where: str, request: GpuRequest, selectors: list[str], fleet: Fle
     An absolute gpumem becomes one request with ``capacity.requests.memory``. A percentage becomes a
     ``firstAvailable`` list with one subrequest per distinct GPU memory size the fleet publishes
     (largest first), each selecting only GPUs of that size and asking that size's share, so the
-    scheduler takes whichever fits the node it picks."""
+    scheduler takes whichever fits the node it picks. A count above 1 adds a constraint that the
+    request's shares (of whichever subrequest) have distinct GPU UUIDs: N GPUs, as in HAMi, never N
+    shares of one GPU (the devices allow multiple allocations)."""
     if request.memory_mib is not None:
         body = _device_request(request.count, selectors, request.memory_mib * MiB, request.cores)
-        return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": body}]}}
+        return _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "exactly": body})
     percent = request.memory_percent or DEFAULT_MEMORY_PERCENT
     if not fleet.memory_sizes:
         raise Refusal(
@@ -195,7 +202,18 @@ def claim_spec(where: str, request: GpuRequest, selectors: list[str], fleet: Fle
             continue
         body = _device_request(request.count, [size_selector(size), *selectors], share, request.cores)
         subrequests.append({"name": f"m{size // MiB}mi", **body})
-    return {"devices": {"requests": [{"name": REQUEST_NAME, "firstAvailable": subrequests}]}}
+    return _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "firstAvailable": subrequests})
+
+
+def _with_distinct_gpus(count: int, request: dict[str, Any]) -> dict[str, Any]:
+    """The claim spec of ``request``; for a count above 1, with the constraint that its devices (those
+    of any of its subrequests too: the constraint names the parent request) differ in UUID."""
+    devices: dict[str, Any] = {"requests": [request]}
+    if count > 1:
+        devices["constraints"] = [
+            {"requests": [request["name"]], "distinctAttribute": DISTINCT_GPU_ATTRIBUTE}
+        ]
+    return {"devices": devices}
 
 
 def template_name(spec: Mapping[str, Any]) -> str:

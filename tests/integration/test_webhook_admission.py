@@ -313,3 +313,69 @@ def test_a_template_that_already_exists_counts_as_made(bed: Bed, kube: client.Ap
     [still] = templates_in(kube, ns)
     assert still["metadata"]["uid"] == made["metadata"]["uid"]
     assert still["metadata"]["resourceVersion"] == made["metadata"]["resourceVersion"]
+
+
+def test_nvidia_gpu_2_gets_two_different_gpus_or_waits_for_a_node_with_two(
+    bed: Bed, kube: client.ApiClient, ns: str
+) -> None:
+    """As in HAMi, ``nvidia.com/gpu: 2`` is two GPUs: both shares of the claim's one request on
+    different devices, whether the request is plain (gpumem) or a firstAvailable list (a percentage);
+    a node with one GPU does not place it even though that GPU has room for both shares."""
+    two = {"nvidia.com/gpu": "2", "nvidia.com/gpucores": "30"}
+    create_pod(kube, ns, gpu_pod("plain", {**two, "nvidia.com/gpumem": "8000"}, bed.big.node_name))
+    create_pod(kube, ns, gpu_pod("percent", {**two, "nvidia.com/gpumem-percentage": "25"}, bed.big.node_name))
+    for name, memory in (("plain", 8000 * 2**20), ("percent", 20 * GiB)):
+        results = allocated_claim_of(kube, ns, name)["status"]["allocation"]["devices"]["results"]
+        assert len(results) == 2
+        assert {r["pool"] for r in results} == {bed.big.node_name}
+        assert len({r["device"] for r in results}) == 2, results
+        assert [quantity_to_int(r["consumedCapacity"]["memory"]) for r in results] == [memory, memory]
+
+    # The small node's one GPU holds two 8000Mi shares of one pod's two containers (two claims)...
+    sharing = gpu_pod("two-containers", {"nvidia.com/gpumem": "8000"}, bed.small.node_name)
+    main = sharing["spec"]["containers"][0]
+    sharing["spec"]["containers"].append({**main, "name": "side"})
+    create_pod(kube, ns, sharing)
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+
+    def allocated_claims() -> list[dict[str, Any]] | None:
+        pod = raw_json(core.read_namespaced_pod("two-containers", ns, _preload_content=False))
+        names = [
+            s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        ]
+        if len(names) != 2 or not all(names):
+            return None
+        claims = [
+            raw_json(resource.read_namespaced_resource_claim(n, ns, _preload_content=False)) for n in names
+        ]
+        return claims if all((c.get("status") or {}).get("allocation") for c in claims) else None
+
+    devices = {
+        r["device"]
+        for c in poll_until(allocated_claims, 60, "both containers' claims allocated")
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    assert len(devices) == 1
+    # ... and still has room for two more (40Gi less 16000Mi), but not for nvidia.com/gpu: 2.
+    create_pod(kube, ns, gpu_pod("needs-two", {**two, "nvidia.com/gpumem": "8000"}, bed.small.node_name))
+
+    def unschedulable() -> dict[str, Any] | None:
+        """The pod once the scheduler tried its claim on the node and could not allocate it."""
+        pod = raw_json(core.read_namespaced_pod("needs-two", ns, _preload_content=False))
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("reason") == "Unschedulable"
+                and "cannot allocate all claims" in condition.get("message", "")
+            ):
+                return pod
+        return None
+
+    pod = poll_until(unschedulable, 60, "needs-two unschedulable for its claim")
+    assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
+    [name] = [s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"]]
+    claim = raw_json(resource.read_namespaced_resource_claim(name, ns, _preload_content=False))
+    assert not (claim.get("status") or {}).get("allocation")
+    assert claim["spec"]["devices"]["constraints"] == [
+        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}
+    ]

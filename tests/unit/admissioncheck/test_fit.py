@@ -13,6 +13,7 @@ from tessera.admissioncheck.fit import (
     Gpu,
     PodGroup,
     Request,
+    _too_few_slots,
     apply,
     describe_need,
     forget,
@@ -115,9 +116,55 @@ def test_all_shares_of_one_pod_must_be_on_one_node() -> None:
     assert pack([pods("p", 2, (10, 0))], gpus, all_free(gpus)).fits
 
 
-def test_two_shares_of_one_request_may_share_a_gpu_as_the_scheduler_allows() -> None:
+def test_two_shares_of_one_request_need_two_gpus_though_one_gpu_has_room_for_both() -> None:
+    # nvidia.com/gpu: 2 is two GPUs: the scheduler gives a request's shares distinct devices.
     gpus = gpus_on("node-a", 40)
-    assert pack([pods("p", 1, (15, 30), per_request=2)], gpus, all_free(gpus)).fits
+    group = [pods("p", 1, (15, 30), per_request=2)]
+    result = pack(group, gpus, all_free(gpus))
+    assert not result.fits and not result.exhausted
+    assert no_fit_message(group, gpus, all_free(gpus), result.exhausted).startswith(
+        "needs 2 shares of 15Gi/30 at once, a request's 2 shares on 2 different GPUs of one node; "
+        "the largest free share is 40Gi/100 on node-a (gpu-0)"
+    )
+    # A second GPU without room for a share does not help either.
+    gpus = gpus_on("node-a", 40, 40)
+    assert not pack(group, gpus, used_by(gpus, {"node-a/gpu-1": 10})).fits
+    # Nor does a second GPU with room on another node: a pod runs on one node.
+    gpus = gpus_on("node-a", 40) + gpus_on("node-b", 40)
+    assert not pack(group, gpus, all_free(gpus)).fits
+
+
+def test_two_shares_of_one_request_fit_when_two_gpus_have_room_one_share_on_each() -> None:
+    gpus = gpus_on("node-a", 40, 40)
+    result = pack([pods("p", 1, (15, 30), per_request=2)], gpus, used_by(gpus, {"node-a/gpu-1": 20}))
+    assert result.fits and result.placements is not None
+    [placement] = result.placements
+    assert sorted(key[1] for key, _, _ in placement.shares) == ["gpu-0", "gpu-1"]
+
+
+def test_shares_of_different_requests_of_one_pod_may_share_a_gpu() -> None:
+    # Two containers (two claims) of one pod, each one share: the scheduler may put both on one GPU.
+    gpus = gpus_on("node-a", 40)
+    result = pack([pods("p", 1, (15, 30), (15, 30))], gpus, all_free(gpus))
+    assert result.fits and result.placements is not None
+    assert {key for key, _, _ in result.placements[0].shares} == {("node-a", "gpu-0")}
+
+
+def test_the_slot_count_gives_each_pod_one_place_per_gpu_for_a_request() -> None:
+    gpus = gpus_on("node-a", 80)
+    # Eight 10Gi places on the GPU, but one pod's two shares of one request need two GPUs.
+    assert _too_few_slots([pods("p", 1, (10, 0), per_request=2)], gpus, all_free(gpus))
+    # Two pods of three shares each on three GPUs: six places, one per pod per GPU.
+    gpus = gpus_on("node-a", 80, 80, 80)
+    assert not _too_few_slots([pods("p", 2, (10, 0), per_request=3)], gpus, all_free(gpus))
+    # Two pods of two shares on an 80Gi GPU and one with 10Gi free: nine 10Gi places, but the big
+    # GPU holds one share of each pod, so three places for four shares.
+    two = gpus[:2]
+    assert _too_few_slots([pods("p", 2, (10, 0), per_request=2)], two, used_by(two, {"node-a/gpu-1": 10}))
+    assert not _too_few_slots([pods("p", 2, (10, 0), per_request=2)], two, used_by(two, {"node-a/gpu-1": 20}))
+    # The places of one request must be on one node.
+    gpus = gpus_on("node-a", 80) + gpus_on("node-b", 80)
+    assert _too_few_slots([pods("p", 1, (10, 0), per_request=2)], gpus, all_free(gpus))
 
 
 def test_selectors_restrict_the_gpus_a_share_may_use() -> None:
@@ -149,8 +196,9 @@ def test_first_available_uses_one_choice_for_all_shares_of_a_request() -> None:
         Choice(memory=60 * GiB, memory_size=80 * GiB),
         Choice(memory=30 * GiB, memory_size=40 * GiB),
     )
-    # Two shares: both 60Gi on the 80Gi GPU cannot be, both 30Gi on the 40Gi GPU cannot be; mixing
-    # choices within a request is not what the scheduler does, so it does not fit.
+    # Two shares: both 60Gi on 80Gi GPUs cannot be, both 30Gi on 40Gi GPUs cannot be (one of each
+    # size, and a request's shares go to different GPUs); mixing choices within a request is not
+    # what the scheduler does, so it does not fit.
     assert not pack([PodGroup("p", 1, (Request(2, choices),))], gpus, all_free(gpus)).fits
     assert pack([PodGroup("p", 1, (Request(1, choices),))], gpus, all_free(gpus)).fits
 
@@ -211,6 +259,39 @@ def brute_force_fits(sizes: list[int], capacities: list[int]) -> bool:
         if all(load[i] <= capacities[i] for i in range(len(capacities))):
             return True
     return False
+
+
+def brute_force_fits_distinct(pod_shares: list[tuple[int, int]], capacities: list[int]) -> bool:
+    """Single-node pods of one request each, (share size, count): every share on a GPU, a pod's
+    shares on different GPUs."""
+    shares = [(p, size) for p, (size, count) in enumerate(pod_shares) for _ in range(count)]
+    for assignment in itertools.product(range(len(capacities)), repeat=len(shares)):
+        load = [0] * len(capacities)
+        used: set[tuple[int, int]] = set()
+        for (pod, size), gpu in zip(shares, assignment, strict=True):
+            if (pod, gpu) in used:
+                break
+            used.add((pod, gpu))
+            load[gpu] += size
+        else:
+            if all(load[i] <= capacities[i] for i in range(len(capacities))):
+                return True
+    return False
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    pod_shares=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 3)), min_size=1, max_size=3),
+    capacities=st.lists(st.integers(1, 16), min_size=1, max_size=3),
+)
+def test_the_search_agrees_with_brute_force_on_requests_of_several_shares(
+    pod_shares: list[tuple[int, int]], capacities: list[int]
+) -> None:
+    gpus = gpus_on("node-a", *capacities)
+    groups = [pods(f"p{i}", 1, (s, 0), per_request=n) for i, (s, n) in enumerate(pod_shares)]
+    result = pack(groups, gpus, all_free(gpus))
+    assert not result.exhausted
+    assert result.fits == brute_force_fits_distinct(pod_shares, capacities)
 
 
 @settings(max_examples=150, deadline=None)

@@ -6,8 +6,11 @@ from typing import Any
 
 import pytest
 
+from tessera.driver.devices import device
+from tessera.names import DRIVER_NAME
 from tessera.quantity import GiB, MiB
 from tessera.webhook.conversion import (
+    DISTINCT_GPU_ATTRIBUTE,
     GpuRequest,
     Refusal,
     claim_spec,
@@ -17,6 +20,7 @@ from tessera.webhook.conversion import (
     template_name,
 )
 from tessera.webhook.fleet import Fleet
+from tests.unit.driver.driver_samples import gpu
 from tests.unit.webhook.webhook_samples import FLEET
 
 G, MEM, PCT, CORES = (
@@ -112,9 +116,34 @@ def test_absolute_gpumem_becomes_one_request_with_memory_and_cores_per_gpu() -> 
                         "capacity": {"requests": {"memory": "8000Mi", "cores": "30"}},
                     },
                 }
-            ]
+            ],
+            # nvidia.com/gpu: 2 is two GPUs, as in HAMi, not two shares of one.
+            "constraints": [{"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}],
         }
     }
+
+
+def test_one_gpu_needs_no_distinct_constraint() -> None:
+    spec = claim_spec("c", GpuRequest(1, 8000, None, 30), [], FLEET)
+    assert "constraints" not in spec["devices"]
+    spec = claim_spec("c", GpuRequest(1, None, 50, None), [], FLEET)
+    assert "constraints" not in spec["devices"]
+
+
+def test_a_percentage_for_several_gpus_keeps_them_distinct_whichever_subrequest_is_taken() -> None:
+    spec = claim_spec("c", GpuRequest(3, None, 50, 20), [], FLEET)
+    [request] = spec["devices"]["requests"]
+    assert [c["count"] for c in request["firstAvailable"]] == [3, 3]
+    # Named by the parent request, the constraint covers all of its subrequests.
+    assert spec["devices"]["constraints"] == [
+        {"requests": ["gpu"], "distinctAttribute": "gpu.tessera.dev/uuid"}
+    ]
+
+
+def test_the_distinct_attribute_is_the_uuid_the_driver_publishes() -> None:
+    domain, name = DISTINCT_GPU_ATTRIBUTE.split("/")
+    assert domain == DRIVER_NAME
+    assert name in device(gpu())["attributes"]
 
 
 def test_uncapped_request_names_no_cores() -> None:
