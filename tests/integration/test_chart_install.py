@@ -224,6 +224,13 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
             apps.read_namespaced_daemon_set(f"{name}-kubeletplugin", namespace, _preload_content=False)
         )
 
+    def webhook_pod_template() -> dict[str, Any]:
+        deployment = raw_json(
+            apps.read_namespaced_deployment(f"{name}-webhook", namespace, _preload_content=False)
+        )
+        template: dict[str, Any] = deployment["spec"]["template"]
+        return template
+
     def ca_bundle() -> str:
         configuration = raw_json(
             admission.read_mutating_webhook_configuration(f"{name}-webhook", _preload_content=False)
@@ -232,7 +239,7 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
 
     helm(tmp_path, "install", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
     try:
-        before, bundle = daemonset(), ca_bundle()
+        before, bundle, webhook_before = daemonset(), ca_bundle(), webhook_pod_template()
         assert bundle
         helm(
             tmp_path,
@@ -250,6 +257,8 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
         # New pod first, old pod after: the node's plugin stays registered throughout.
         assert after["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
         assert ca_bundle() == bundle, "the upgrade replaced the CA the API server trusts"
+        # Nothing of the webhook's changed, so its pods must not roll (their certificate included).
+        assert webhook_pod_template() == webhook_before
     finally:
         helm(tmp_path, "uninstall", release, *common, "--wait", kubeconfig=cluster.admin_kubeconfig)
 
