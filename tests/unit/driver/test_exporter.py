@@ -31,6 +31,8 @@ from tessera.driver.exporter import (
 from tessera.driver.metrics import DaemonMetrics
 from tessera.quantity import GiB
 from tessera.shim import format as shim_format
+from tessera.shim._format import ffi as _ffi
+from tessera.shim._format import lib as _lib
 from tests.unit.driver.driver_samples import gpu
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -64,6 +66,7 @@ class Bed:
         self.problems: dict[str, object] = {}
         self.records: dict[str, ClaimRecord] = {}
         self.pods: dict[tuple[str, str], list[ContainerRef]] = {}
+        self.now = 1000.0
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics("node-a")
         self.registry.register(
@@ -77,6 +80,7 @@ class Bed:
                     records=lambda: self.records,
                     containers=lambda ns, name: self.pods.get((ns, name), []),
                     proc=self.proc,
+                    clock=lambda: self.now,
                 ),
                 self.metrics,
             )
@@ -308,6 +312,41 @@ def test_utilisation_and_processes_count_only_processes_that_map_the_claims_regi
         container("ns", "p1", "main", "c1", g): 2,
         container("ns", "p2", "main", "c2", g): 1,
     }
+
+
+def charge(region: Path, uuid: str, charged_ns: int) -> None:
+    """Set the GPU time the shim has charged the claim on ``uuid``, as its compute controller does."""
+    handle = _ffi.new("struct tessera_region_handle *")
+    assert _lib.tessera_region_open(str(region).encode(), handle, _ffi.NULL, 0) == 0
+    try:
+        index = _lib.tessera_region_gpu(handle.map, uuid.encode())
+        assert index >= 0
+        handle.map.gpus[index].charged_ns = charged_ns
+    finally:
+        _lib.tessera_region_close(handle)
+
+
+def test_without_per_process_samples_utilisation_is_the_charged_gpu_time_since_the_last_scrape(
+    bed: Bed,
+) -> None:
+    """A driver that gives no per-process utilisation: the claim's share is the GPU time its compute
+    controller charged between two scrapes over the time between them (none on the first scrape,
+    which has nothing to compare with), held to 0-1."""
+    g = bed.gpus[0]
+    folder = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    bed.samples[g.uuid] = GpuSample(80 * GiB, 0, 40, 61, 250_000, None, None)
+    labels = container("ns", "p1", "main", "c1", g)
+    charge(folder / "usage", g.uuid, 5_000_000_000)
+    assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {}
+    bed.now += 10.0
+    charge(folder / "usage", g.uuid, 8_000_000_000)  # 3 s of GPU time in 10 s
+    assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: pytest.approx(0.3)}
+    bed.now += 1.0
+    charge(folder / "usage", g.uuid, 10_000_000_000)  # 2 s in 1 s: more than the GPU has
+    assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: 1.0}
+    bed.now += 5.0  # nothing charged
+    assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: 0.0}
 
 
 def test_a_process_is_known_by_its_innermost_pid_and_start_time_whatever_its_name(
