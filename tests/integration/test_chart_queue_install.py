@@ -385,13 +385,15 @@ def wait_admitted(queues: QueueRelease, team: str, name: str, timeout: float = 1
 def test_the_example_queues_admit_by_quota_borrow_and_give_back_to_a_higher_tier(
     queues: QueueRelease,
 ) -> None:
-    """Team a fills its 20Gi, borrows team b's idle 20Gi, and waits beyond that; when team b asks
+    """Team a fills its 20Gi (interactive), borrows team b's idle 20Gi (batch), and waits beyond; when b asks
     for its quota at production priority, Kueue preempts team a's borrowed batch Job and admits b's,
     each admission after the check found the share a GPU."""
     a, b = list(queues.teams)
     queue_bed.gpu_node(queues.api, unique_name("gpu-node"), [80, 80])
 
-    own = submit(queues, a, "own", 20, "batch-training")
+    # Within its own quota at the interactive tier: Kueue records admission times to the second, so
+    # two batch Jobs admitted together would tie, and the reclaim's victim must be the borrowed one.
+    own = submit(queues, a, "own", 20, "interactive")
     assert wait_admitted(queues, a, own) == a
     assert queue_bed.check_state(workload(queues, a, own), queues.check)["state"] == "Ready"
     usage = workload(queues, a, own)["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
