@@ -1,91 +1,62 @@
-"""The Tessera demo: `make demo`.
+"""The Tessera demo: `make demo` (and its short CI form, `python -m demo --ci`).
 
-Today it shows the foundation every later part stands on: a real control plane on loopback that
-shares one GPU between pods through DRA consumable capacity. It starts the cluster, publishes one
-80Gi/100-core GPU on a node, asks for three 30Gi/40-core shares, shows what the real scheduler did
-(two shares placed with distinct shareIDs, the third Pending with its reason), and stops.
+On this machine, without a GPU: a local control plane with Kueue, two real nodes (containerd,
+kubelet) with two simulated 80 GiB GPUs each, and Tessera installed with its Helm chart. Then a pod
+written for HAMi, a native ResourceClaimTemplate pod and a gang Job in a Kueue queue run, and the
+demo shows where each share landed, a memory limit biting while the neighbour on the same GPU is
+unaffected, a compute cap holding, the Job waiting with the fit check's reason and then admitted,
+and the metrics on each node's port 31995 (demo/story.py). Then it stops everything, unless --keep.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import logging
+import os
 import sys
+import tempfile
+import threading
+from pathlib import Path
 
-from kubernetes import client
-
-from tessera.kube import api_client
-from tessera.names import DEVICE_CLASS
-from tessera.testbed import dra_objects, pod_state
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.fake_nodes import create_ready_node
+from demo import story
+from tessera.testbed.binaries import binary
 from tessera.testbed.interrupts import interrupt_on_sigterm
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.polling import poll_until
-
-NAMESPACE = "demo"
-# What kubectl shows of slices and claims: the share each claim got, on which device.
-SLICE_COLUMNS = (
-    "NODE:.spec.nodeName,DEVICE:.spec.devices[0].name,MEMORY:.spec.devices[0].capacity.memory.value,"
-    "CORES:.spec.devices[0].capacity.cores.value,SHAREABLE:.spec.devices[0].allowMultipleAllocations"
-)
-_RESULT = ".status.allocation.devices.results[0]"
-CLAIM_COLUMNS = (
-    f"CLAIM:.metadata.name,DEVICE:{_RESULT}.device,SHARE:{_RESULT}.shareID,"
-    f"MEMORY:{_RESULT}.consumedCapacity.memory,CORES:{_RESULT}.consumedCapacity.cores"
-)
-CONDITIONS = '{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\\n"}{end}'
-NODE = "gpu-node-1"
 
 
-def show(cluster: LocalCluster, *args: str) -> None:
-    """Run the real kubectl against the demo cluster, echoing the command and its output."""
-    print(f"\n$ kubectl {' '.join(args)}", flush=True)
-    print(kubectl(cluster.admin_kubeconfig, *args), end="", flush=True)
-
-
-def run_story(cluster: LocalCluster) -> None:
-    """Publish one GPU, ask for three shares, and check the scheduler did what the demo says."""
-    kube = api_client(cluster.admin_kubeconfig)
-    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
-    show(cluster, "version")
-
-    create_ready_node(kube, NODE)
-    resource.create_device_class(dra_objects.device_class(DEVICE_CLASS))
-    resource.create_resource_slice(dra_objects.shareable_gpu_slice(f"{NODE}-gpus", NODE))
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-    poll_until(lambda: core.read_namespaced_service_account("default", NAMESPACE), 30, "service account")
-    share = {"memory": "30Gi", "cores": "40"}
-    resource.create_namespaced_resource_claim_template(
-        NAMESPACE, dra_objects.share_claim_template("gpu-share", DEVICE_CLASS, share)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the cluster up afterwards, until Ctrl-C, for exploration"
     )
-    # One at a time, so the story reads the same on every run: two fit, the third does not.
-    share_ids = []
-    for pod in ("train-a", "train-b"):
-        core.create_namespaced_pod(NAMESPACE, dra_objects.pod_with_claim(pod, "gpu-share"))
-        claim = pod_state.wait_until_claim_allocated(resource, core, NAMESPACE, pod, "gpu")
-        share_ids.append(pod_state.single_allocation_result(claim).share_id)
-        pod_state.wait_until_bound(core, NAMESPACE, pod)
-    if len(set(share_ids)) != 2:
-        raise RuntimeError(f"the two shares did not get distinct share IDs: {share_ids}")
-    core.create_namespaced_pod(NAMESPACE, dra_objects.pod_with_claim("train-c", "gpu-share"))
-    pod_state.wait_until_unschedulable(core, NAMESPACE, "train-c")
-
-    show(cluster, "get", "resourceslices", "-o", f"custom-columns={SLICE_COLUMNS}")
-    show(cluster, "get", "pods", "-n", NAMESPACE, "-o", "wide")
-    show(cluster, "get", "resourceclaims", "-n", NAMESPACE, "-o", f"custom-columns={CLAIM_COLUMNS}")
-    show(cluster, "get", "pod", "train-c", "-n", NAMESPACE, "-o", f"jsonpath={CONDITIONS}")
-    print("\nTwo 30Gi/40-core shares fit on the 80Gi GPU; the third does not, and says why.")
-
-
-def main() -> int:
+    parser.add_argument(
+        "--ci", action="store_true", help="the short CI form: exit 1 unless every claim of the output holds"
+    )
+    args = parser.parse_args(argv)
+    if args.ci and args.keep:
+        parser.error("--ci stops everything at the end; --keep keeps it up")
+    if os.geteuid() != 0:
+        print("the demo runs real nodes (containerd, kubelet): run it as root", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING)
     interrupt_on_sigterm()
-    print("Starting a local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)...")
-    with LocalCluster() as cluster:
-        try:
-            run_story(cluster)
-        finally:
-            print("Stopping the control plane and removing its state.")
+    with tempfile.TemporaryDirectory(prefix="tessera-demo-") as work, story.demo_bed(Path(work)) as bed:
+        shown = story.run(bed)
+        story.step("Checking each claim above against the figures read back")
+        failed = 0
+        for claim, holds in story.claims(shown):
+            failed += not holds
+            story.say(f"    {'ok    ' if holds else 'FAILED'} {claim}")
+        if args.keep:
+            story.step("The cluster stays up until Ctrl-C. In another shell:")
+            story.say(f"    export KUBECONFIG={bed.cluster.admin_kubeconfig}")
+            story.say(f"    {binary('kubectl')} get pods -A -o wide")
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    if failed:
+        print(f"\n{failed} claim(s) did not hold", file=sys.stderr)
+        return 1
+    print("\nDone: everything the demo started is stopped.")
     return 0
 
 

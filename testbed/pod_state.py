@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
+from tessera.kube import raw_json
 from tessera.testbed.polling import poll_until
 
 
@@ -84,3 +85,25 @@ def single_allocation_result(claim: client.ResourceV1ResourceClaim) -> client.V1
         raise AssertionError(f"expected one allocation result, got {len(results)}")
     result: client.V1DeviceRequestAllocationResult = results[0]
     return result
+
+
+def events(kube: client.ApiClient, namespace: str) -> str:
+    """The namespace's events, one "<object>: <reason>: <message>" line each (for failure reports)."""
+    items = raw_json(client.CoreV1Api(kube).list_namespaced_event(namespace, _preload_content=False))["items"]
+    return "\n".join(f"{e['involvedObject']['name']}: {e['reason']}: {e['message']}" for e in items)
+
+
+def sections(log: str) -> dict[str, dict[str, str]]:
+    """A script's "== name" sections (tests/shim/programs/shim_probe.c prints key=value pairs), each
+    as its key=value pairs; the first value of a key in a section wins."""
+    out: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in log.splitlines():
+        if line.startswith("== "):
+            current = out.setdefault(line[3:].strip(), {})
+            continue
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                current.setdefault(key, value)
+    return out

@@ -5,13 +5,7 @@ examples/, applied with kubectl unchanged, run with their shares placed and thei
 inside the containers; `helm test` passes; port 31995 on each node answers with the examples'
 metrics; `helm upgrade` with changed values rolls the DaemonSet and a prepared claim survives it.
 
-What the test bed sets through values, and why: each node's kubelet root, CDI folder and claim
-state live in its own folder (hostPaths.nodeRoot plus $(NODE_NAME)); the simulated driver's
-libraries and configuration stand where NVIDIA's would (driverSource own, driverLibraryDir,
-SIMGPU_CONFIG); the daemon runs in the host network, bound to its node's address, because the test
-bed has neither kube-proxy (NodePort) nor the CNI portmap plugin (hostPort), and several nodes share
-one host; images are never pulled. Pods of the release reach the API server at their node's address
-(testbed/apiserver_access.py), as they would through the kubernetes Service on a real cluster.
+What the test bed sets through values, and why: testbed/chart_bed.py.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -27,192 +20,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
 from tessera.quantity import GiB, MiB, quantity_to_int
-from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
-from tessera.simgpu.config import NodeSpec, library_dir, make_gpus, write_config
-from tessera.testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
+from tessera.simgpu.config import make_gpus
+from tessera.testbed import chart_bed as charts
+from tessera.testbed.chart_bed import (
+    EXAMPLES,
+    GPU_MEMORY,
+    GPUS_PER_NODE,
+    ROLLOUT_TIMEOUT,
+    ChartBed,
+    scrape,
+    wait_rolled_out,
+)
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.names import unique_name
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.node_runtime import node_root
+from tessera.testbed.node import NodeFactory
+from tessera.testbed.pod_state import events, sections
 from tessera.testbed.polling import poll_until
 from tessera.testbed.product_images import load_manifest, product_images, project_version
-from tests.chart_helm import CHART, helm, values_file
-from tests.e2e.test_driver_node import events, sections
+from tests.chart_helm import CHART, values_file
 
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
-GPU_LABEL = "nvidia.com/gpu.present"
-# Only this module's nodes get the webhook (other modules' nodes lack the images).
-CHART_NODE_LABEL = "testbed.tessera.dev/chart-node"
-GPUS_PER_NODE = 2
-GPU_MEMORY = 80 * GiB
-ROLLOUT_TIMEOUT = 300.0
-
-
-@dataclass
-class ChartBed:
-    """The release and the nodes it runs on."""
-
-    cluster: LocalCluster
-    kube: client.ApiClient
-    helm_home: Path
-    release: str
-    namespace: str
-    nodes: list[RealNode]
-    values: dict[str, Any]
-
-    def helm(self, *args: str, timeout: float = 600) -> str:
-        return helm(
-            self.helm_home,
-            *args,
-            "-n",
-            self.namespace,
-            kubeconfig=self.cluster.admin_kubeconfig,
-            timeout=timeout,
-        ).stdout
-
-    def kubectl(self, *args: str, timeout: float = 60) -> str:
-        return kubectl(self.cluster.admin_kubeconfig, *args, timeout=timeout)
-
-    def pods(self, component: str) -> list[dict[str, Any]]:
-        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component={component}"
-        core = client.CoreV1Api(self.kube)
-        response = core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
-        return list(raw_json(response)["items"])
-
-    def log_tails(self) -> dict[str, str]:
-        """The nodes' and the release's pods' log tails, for a failing test's report."""
-        core = client.CoreV1Api(self.kube)
-        tails: dict[str, str] = {}
-        for node in self.nodes:
-            tails.update(node.log_tails())
-        for component in ("kubeletplugin", "webhook"):
-            for pod in self.pods(component):
-                name = pod["metadata"]["name"]
-                try:
-                    tails[f"pod {name}"] = str(
-                        core.read_namespaced_pod_log(name, self.namespace, tail_lines=60)
-                    )
-                except client.ApiException as error:
-                    tails[f"pod {name}"] = f"(no log: {error.reason})"
-        return tails
-
-
-def simulated_gpus(node: RealNode) -> Path:
-    """The node's simulated GPUs: their configuration under the node's own folder."""
-    folder = node.paths.root / "simgpu"
-    folder.mkdir(exist_ok=True)
-    spec = NodeSpec(
-        state_file=folder / "state", gpus=make_gpus(GPUS_PER_NODE, node.name, memory_bytes=GPU_MEMORY)
-    )
-    return write_config(spec, folder / "simgpu.conf")
-
-
-def chart_values() -> dict[str, Any]:
-    """The values the test bed needs (see the module's docstring)."""
-    manifest = load_manifest()
-    images = {name: f"tessera.local/{image.repository}" for name, image in manifest.images.items()}
-    node_folder = f"{node_root()}/$(NODE_NAME)"
-    simgpu = f"{node_folder}/simgpu"
-    return {
-        "kubeletPlugin": {
-            "image": {"repository": images["driver"], "tag": project_version(), "pullPolicy": "Never"},
-            "driverSource": "own",
-            "hostNetwork": True,
-            "hostPaths": {
-                "nodeRoot": str(node_root()),
-                "kubeletRoot": f"{node_folder}/kubelet",
-                "cdiDir": f"{node_folder}/cdi",
-                "stateDir": f"{node_folder}/tessera",
-                "driverLibraryDir": str(library_dir()),
-            },
-            "env": [{"name": "SIMGPU_CONFIG", "value": f"{simgpu}/simgpu.conf"}],
-            "containerEnv": [f"SIMGPU_CONFIG={simgpu}/simgpu.conf"],
-            "containerMounts": [simgpu],
-            # In the host network the ports are the node's: a surge pod cannot be scheduled beside
-            # the old one (the scheduler's NodePorts filter), so replace each pod in place.
-            "updateStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
-            "healthInterval": 1,
-            "logLevel": "debug",
-        },
-        "webhook": {
-            "image": {"repository": images["webhook"], "tag": project_version(), "pullPolicy": "Never"},
-            "nodeSelector": {CHART_NODE_LABEL: "true"},
-        },
-    }
-
-
-def label_node(kube: client.ApiClient, node: RealNode) -> None:
-    labels = {GPU_LABEL: "true", CHART_NODE_LABEL: "true"}
-    client.CoreV1Api(kube).patch_node(node.name, {"metadata": {"labels": labels}})
-
-
-def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
-    """Until the DaemonSet has one ready, current pod on each node and the webhook all its replicas."""
-    bed.kubectl(
-        "rollout",
-        "status",
-        "-n",
-        bed.namespace,
-        f"daemonset/{bed.release}-kubeletplugin",
-        f"--timeout={int(timeout)}s",
-        timeout=timeout + 30,
-    )
-    bed.kubectl(
-        "rollout",
-        "status",
-        "-n",
-        bed.namespace,
-        f"deployment/{bed.release}-webhook",
-        f"--timeout={int(timeout)}s",
-        timeout=timeout + 30,
-    )
-
-
-def example_documents(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def containers_of(document: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = document.get("spec", {})
-    pod_spec = spec.get("template", {}).get("spec", spec) if document["kind"] != "Pod" else spec
-    return list(pod_spec.get("containers", [])) if document["kind"] in ("Pod", "Deployment", "Job") else []
-
-
-def example_images() -> set[str]:
-    """Every image the examples (and so the chart's `helm test`, by default) name."""
-    return {
-        c["image"]
-        for path in EXAMPLES.glob("*.yaml")
-        for d in example_documents(path)
-        for c in containers_of(d)
-    }
 
 
 @pytest.fixture(scope="module")
 def workload_images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The probe image's files (the tools, shim_probe) under each name the examples use: the nodes
-    have them, so with IfNotPresent the kubelet never pulls, and the manifests apply unchanged."""
-    programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
-    files = {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS}
-    files["/bin/shim_probe"] = programs / "shim_probe"
-    out = tmp_path_factory.mktemp("workload-images")
-    return [
-        build_image(ImageSpec(name, files, command=("/bin/sh",)), out) for name in sorted(example_images())
-    ]
+    return charts.workload_images(tmp_path_factory.mktemp("workload-images"))
 
 
 @pytest.fixture(scope="module")
@@ -225,27 +61,10 @@ def chart_bed(
 ) -> Iterator[ChartBed]:
     archives = product_images()
     nodes = node_factory.start(2, extra_images=[*archives.values(), *workload_images])
-    for node in nodes:
-        simulated_gpus(node)
-        label_node(kube, node)
-    let_pods_reach_apiserver(kube, cluster)
-    release, namespace = unique_name("tessera"), unique_name("tessera-system")
-    core = client.CoreV1Api(kube)
-    core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={LABEL: "true"}))
-    )
-    wait_effective(kube, namespace)
+    charts.prepare_nodes(cluster, kube, nodes)
     home = tmp_path_factory.mktemp("helm")
-    values = chart_values()
-    bed = ChartBed(cluster, kube, home, release, namespace, nodes, values)
-    try:
-        bed.helm("install", release, str(CHART), "-f", str(values_file(home, values)))
+    with charts.installed_release(cluster, kube, nodes, home, charts.chart_values()) as bed:
         yield bed
-    finally:
-        try:
-            bed.helm("uninstall", release, "--wait", "--timeout", "5m")
-        finally:
-            core.delete_namespace(namespace)
 
 
 def test_helm_install_runs_the_daemonset_and_the_webhook_as_pods_from_the_local_images(
@@ -288,11 +107,6 @@ def test_helm_test_passes(chart_bed: ChartBed) -> None:
     out = chart_bed.helm("test", chart_bed.release, "--timeout", "5m", timeout=400)
     assert "Phase:          Succeeded" in out, out
     assert "Phase:          Failed" not in out, out
-
-
-def scrape(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}:{METRICS_PORT}/metrics", timeout=10) as response:
-        return str(response.read().decode())
 
 
 def test_port_31995_on_each_node_answers_with_per_gpu_metrics(chart_bed: ChartBed) -> None:

@@ -23,10 +23,12 @@ from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.pod_state import generated_claim_name
+from tessera.testbed.pod_state import events, generated_claim_name, sections
 from tessera.testbed.polling import poll_until
 
 pytestmark = pytest.mark.e2e
+
+__all__ = ["events", "sections"]
 
 PROBE_IMAGE = "tessera.local/cuda-probe:v1"
 
@@ -165,26 +167,6 @@ def wait_done(kube: client.ApiClient, namespace: str, name: str, timeout: float 
         return str(poll_until(done, timeout, f"{namespace}/{name} to print {DONE!r}"))
     except TimeoutError as error:
         raise AssertionError(f"{error}\nevents:\n{events(kube, namespace)}") from error
-
-
-def events(kube: client.ApiClient, namespace: str) -> str:
-    items = raw_json(client.CoreV1Api(kube).list_namespaced_event(namespace, _preload_content=False))["items"]
-    return "\n".join(f"{e['involvedObject']['name']}: {e['reason']}: {e['message']}" for e in items)
-
-
-def sections(log: str) -> dict[str, dict[str, str]]:
-    """The probe's "== name" sections, each as its key=value pairs."""
-    out: dict[str, dict[str, str]] = {}
-    current: dict[str, str] = {}
-    for line in log.splitlines():
-        if line.startswith("== "):
-            current = out.setdefault(line[3:].strip(), {})
-            continue
-        for word in line.split():
-            key, sep, value = word.partition("=")
-            if sep:
-                current.setdefault(key, value)
-    return out
 
 
 def limit_script(limit: int) -> str:

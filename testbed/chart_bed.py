@@ -1,0 +1,251 @@
+"""The chart on real nodes: `helm install` of charts/tessera runs the node daemon (DaemonSet), the
+webhook (Deployment) and, with the queue values, the admission check as pods from the locally built
+images (testbed/product_images.py, the same images images/Dockerfile builds) on test-bed nodes with
+simulated GPUs. The chart's end-to-end tests (tests/e2e/test_chart_node.py) and the demo
+(demo/story.py) both install through here.
+
+What the test bed sets through values, and why: each node's kubelet root, CDI folder and claim
+state live in its own folder (hostPaths.nodeRoot plus $(NODE_NAME)); the simulated driver's
+libraries and configuration stand where NVIDIA's would (driverSource own, driverLibraryDir,
+SIMGPU_CONFIG); the daemon runs in the host network, bound to its node's address, because the test
+bed has neither kube-proxy (NodePort) nor the CNI portmap plugin (hostPort), and several nodes share
+one host; images are never pulled. Pods of the release reach the API server at their node's address
+(testbed/apiserver_access.py), as they would through the kubernetes Service on a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from tessera.kube import raw_json
+from tessera.names import METRICS_PORT
+from tessera.quantity import GiB
+from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
+from tessera.simgpu.config import NodeSpec, library_dir, make_gpus, write_config
+from tessera.testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.helm import CHART, REPO, helm, values_file
+from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
+from tessera.testbed.kubectl import kubectl
+from tessera.testbed.names import unique_name
+from tessera.testbed.node import RealNode
+from tessera.testbed.node_runtime import node_root
+from tessera.testbed.product_images import load_manifest, project_version
+
+EXAMPLES = REPO / "examples"
+GPU_LABEL = "nvidia.com/gpu.present"
+# Only these nodes get the webhook and the admission check (other nodes lack the images).
+CHART_NODE_LABEL = "testbed.tessera.dev/chart-node"
+GPUS_PER_NODE = 2
+GPU_MEMORY = 80 * GiB
+ROLLOUT_TIMEOUT = 300.0
+
+
+@dataclass
+class ChartBed:
+    """The release and the nodes it runs on."""
+
+    cluster: LocalCluster
+    kube: client.ApiClient
+    helm_home: Path
+    release: str
+    namespace: str
+    nodes: list[RealNode]
+    values: dict[str, Any]
+
+    def helm(self, *args: str, timeout: float = 600) -> str:
+        return helm(
+            self.helm_home,
+            *args,
+            "-n",
+            self.namespace,
+            kubeconfig=self.cluster.admin_kubeconfig,
+            timeout=timeout,
+        ).stdout
+
+    def kubectl(self, *args: str, timeout: float = 60) -> str:
+        return kubectl(self.cluster.admin_kubeconfig, *args, timeout=timeout)
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component={component}"
+        core = client.CoreV1Api(self.kube)
+        response = core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
+        return list(raw_json(response)["items"])
+
+    def log_tails(self) -> dict[str, str]:
+        """The nodes' and the release's pods' log tails, for a failing run's report."""
+        core = client.CoreV1Api(self.kube)
+        tails: dict[str, str] = {}
+        for node in self.nodes:
+            tails.update(node.log_tails())
+        for component in ("kubeletplugin", "webhook", "admissioncheck"):
+            for pod in self.pods(component):
+                name = pod["metadata"]["name"]
+                try:
+                    tails[f"pod {name}"] = str(
+                        core.read_namespaced_pod_log(name, self.namespace, tail_lines=60)
+                    )
+                except client.ApiException as error:
+                    tails[f"pod {name}"] = f"(no log: {error.reason})"
+        return tails
+
+
+def simulated_gpus(node: RealNode) -> Path:
+    """The node's simulated GPUs: their configuration under the node's own folder."""
+    folder = node.paths.root / "simgpu"
+    folder.mkdir(exist_ok=True)
+    spec = NodeSpec(
+        state_file=folder / "state", gpus=make_gpus(GPUS_PER_NODE, node.name, memory_bytes=GPU_MEMORY)
+    )
+    return write_config(spec, folder / "simgpu.conf")
+
+
+def local_image(name: str) -> dict[str, str]:
+    """The values of a product image (``driver`` or ``webhook``) built and imported locally."""
+    image = load_manifest().images[name]
+    return {
+        "repository": f"tessera.local/{image.repository}",
+        "tag": project_version(),
+        "pullPolicy": "Never",
+    }
+
+
+def chart_values() -> dict[str, Any]:
+    """The values the test bed needs (see the module's docstring)."""
+    node_folder = f"{node_root()}/$(NODE_NAME)"
+    simgpu = f"{node_folder}/simgpu"
+    return {
+        "kubeletPlugin": {
+            "image": local_image("driver"),
+            "driverSource": "own",
+            "hostNetwork": True,
+            "hostPaths": {
+                "nodeRoot": str(node_root()),
+                "kubeletRoot": f"{node_folder}/kubelet",
+                "cdiDir": f"{node_folder}/cdi",
+                "stateDir": f"{node_folder}/tessera",
+                "driverLibraryDir": str(library_dir()),
+            },
+            "env": [{"name": "SIMGPU_CONFIG", "value": f"{simgpu}/simgpu.conf"}],
+            "containerEnv": [f"SIMGPU_CONFIG={simgpu}/simgpu.conf"],
+            "containerMounts": [simgpu],
+            # In the host network the ports are the node's: a surge pod cannot be scheduled beside
+            # the old one (the scheduler's NodePorts filter), so replace each pod in place.
+            "updateStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "healthInterval": 1,
+            "logLevel": "debug",
+        },
+        "webhook": {"image": local_image("webhook"), "nodeSelector": {CHART_NODE_LABEL: "true"}},
+    }
+
+
+def label_node(kube: client.ApiClient, node: RealNode) -> None:
+    labels = {GPU_LABEL: "true", CHART_NODE_LABEL: "true"}
+    client.CoreV1Api(kube).patch_node(node.name, {"metadata": {"labels": labels}})
+
+
+def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
+    """Until the DaemonSet has one ready, current pod on each node, and the webhook (and the
+    admission check, where the values enable it) all their replicas."""
+    workloads = [f"daemonset/{bed.release}-kubeletplugin", f"deployment/{bed.release}-webhook"]
+    if bed.values.get("queue", {}).get("admissionCheck", {}).get("enabled"):
+        workloads.append(f"deployment/{bed.release}-admissioncheck")
+    for workload in workloads:
+        bed.kubectl(
+            "rollout",
+            "status",
+            "-n",
+            bed.namespace,
+            workload,
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 30,
+        )
+
+
+def example_documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def containers_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document.get("spec", {})
+    pod_spec = spec.get("template", {}).get("spec", spec) if document["kind"] != "Pod" else spec
+    return list(pod_spec.get("containers", [])) if document["kind"] in ("Pod", "Deployment", "Job") else []
+
+
+def example_images() -> set[str]:
+    """Every image the examples (and so the chart's `helm test`, by default) name."""
+    return {
+        c["image"]
+        for path in EXAMPLES.glob("*.yaml")
+        for d in example_documents(path)
+        for c in containers_of(d)
+    }
+
+
+def workload_images(out: Path) -> list[Path]:
+    """The probe image's files (the tools, shim_probe: a CUDA program that loads libcuda.so.1 as
+    applications do) under each name the examples use: the nodes have them, so with IfNotPresent
+    the kubelet never pulls, and the manifests apply unchanged."""
+    programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
+    files = {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS}
+    files["/bin/shim_probe"] = programs / "shim_probe"
+    return [
+        build_image(ImageSpec(name, files, command=("/bin/sh",)), out) for name in sorted(example_images())
+    ]
+
+
+def prepare_nodes(cluster: LocalCluster, kube: client.ApiClient, nodes: list[RealNode]) -> None:
+    """Give each node its simulated GPUs and the labels the release selects, and let the release's
+    pods reach the API server."""
+    for node in nodes:
+        simulated_gpus(node)
+        label_node(kube, node)
+    let_pods_reach_apiserver(kube, cluster)
+
+
+@contextlib.contextmanager
+def installed_release(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    nodes: list[RealNode],
+    home: Path,
+    values: Mapping[str, Any],
+    release: str | None = None,
+    namespace: str | None = None,
+    uninstall: bool = True,
+) -> Iterator[ChartBed]:
+    """`helm install` of the chart with ``values`` on ``nodes`` (prepared with prepare_nodes) in a
+    namespace of its own; with ``uninstall``, uninstalled and the namespace deleted afterwards."""
+    release, namespace = release or unique_name("tessera"), namespace or unique_name("tessera-system")
+    core = client.CoreV1Api(kube)
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={LABEL: "true"}))
+    )
+    wait_effective(kube, namespace)
+    bed = ChartBed(cluster, kube, home, release, namespace, nodes, dict(values))
+    try:
+        bed.helm("install", release, str(CHART), "-f", str(values_file(home, values)))
+        yield bed
+    finally:
+        if uninstall:
+            try:
+                bed.helm("uninstall", release, "--wait", "--timeout", "5m")
+            finally:
+                core.delete_namespace(namespace)
+
+
+def scrape(address: str) -> str:
+    """The text of a node's exporter on port 31995."""
+    with urllib.request.urlopen(f"http://{address}:{METRICS_PORT}/metrics", timeout=10) as response:
+        return str(response.read().decode())
