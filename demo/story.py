@@ -36,6 +36,8 @@ from tessera.testbed.product_images import product_images
 
 NAMESPACE = "demo"
 TEAM = "team-a"  # the chart's first example ClusterQueue serves this namespace
+# The namespaces of the chart's example ClusterQueues, which must exist before the install.
+TEAMS = ("team-a", "team-b")
 RELEASE = "tessera"
 RELEASE_NAMESPACE = "tessera-system"
 NODES = 2
@@ -119,7 +121,7 @@ def demo_bed(work: Path) -> Iterator[ChartBed]:
             nodes = factory.start(NODES, extra_images=images)
             charts.prepare_nodes(cluster, kube, nodes)
             core = client.CoreV1Api(kube)
-            for namespace in (NAMESPACE, TEAM):
+            for namespace in (NAMESPACE, *TEAMS):
                 core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
                 poll_until(
                     lambda n=namespace: core.read_namespaced_service_account("default", n),  # type: ignore[misc]

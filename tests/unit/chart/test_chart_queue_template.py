@@ -385,3 +385,17 @@ def test_queue_objects_carry_the_release_labels(both: list[dict[str, Any]]) -> N
 )
 def test_values_that_cannot_work_are_refused(home: Path, values: dict[str, Any], message: str) -> None:
     assert message in refusal(home, values)
+
+
+def test_no_pod_of_the_chart_gets_service_variables(home: Path) -> None:
+    """A release named "tessera" has a Service "tessera-webhook", whose link variables would include
+    TESSERA_WEBHOOK_PORT=tcp://...: the webhook read it as its port setting and exited (found by the
+    demo, which installs the release as "tessera")."""
+    objects = render(home / "links", BOTH_ON, extra=WITH_KUEUE)
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+    assert {o["kind"] for o in workloads} == {"Deployment", "DaemonSet"}
+    assert len(workloads) == 3
+    for workload in workloads:
+        assert workload["spec"]["template"]["spec"]["enableServiceLinks"] is False, workload["metadata"][
+            "name"
+        ]
