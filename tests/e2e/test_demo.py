@@ -36,6 +36,5 @@ def test_every_claim_of_the_demo_holds(bed: ChartBed) -> None:
     assert shown.refused["rc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
     assert shown.neighbour["rc"] == 0
     assert shown.placements["tessera-example-hami"].memory == shown.refused["total"]
-    assert shown.queue_message.startswith(f"needs {story.GANG_PODS} shares of 75Gi at once"), (
-        shown.queue_message
-    )
+    gang = f"needs {story.GANG_PODS} shares of {story.GANG_MIB // 1024}Gi/{story.GANG_CORES} at once"
+    assert shown.queue_message.startswith(gang), shown.queue_message
