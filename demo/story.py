@@ -13,7 +13,6 @@ chart's example queues switched on through its queue values.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -459,10 +458,8 @@ def column(shown: Shown, name: str, fmt: Callable[[float], str], **match: str) -
 def run(bed: ChartBed) -> Shown:
     """The story on an installed bed; what it showed."""
     shown = Shown()
-    started = time.monotonic()
     for part in (shares, memory_limit, compute_cap, queue, metrics):
         part(bed, shown)
-    say(f"\n(the story took {time.monotonic() - started:.0f} s)")
     return shown
 
 
