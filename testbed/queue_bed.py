@@ -12,6 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,15 @@ def workload_of_job(
 
     found: dict[str, Any] = poll_until(find, timeout, f"the Workload of {kind} {namespace}/{job}")
     return found
+
+
+def after_creation_second(api: client.ApiClient, namespace: str, workload: str) -> None:
+    """Return once the clock is past the second in which ``workload`` was created. Kueue orders
+    equal priorities by creation time, which the API server records to the second: a test that
+    checks first-in-first-out must not create two Workloads in one second."""
+    created = read_workload(api, namespace, workload)["metadata"]["creationTimestamp"]
+    second = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    poll_until(lambda: datetime.now(UTC) >= second + timedelta(seconds=1), 5, f"the second after {created}")
 
 
 def read_workload(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -315,6 +315,7 @@ def test_jobs_beyond_the_quota_are_admitted_as_others_finish_in_priority_then_fi
         running_pod(bed, ns, job)
     for job, priority in (("c", "batch"), ("d", "interactive"), ("e", "batch")):
         workloads[job] = submit(bed, ns, job, 20, priority, free_gpus)
+        queue_bed.after_creation_second(bed.api, ns, workloads[job])  # FIFO needs distinct seconds
     poll_until(lambda: pending_in(bed, "quota-cq") == 3, 60, "c, d and e waiting for quota")
 
     def admitted_set() -> set[str]:

@@ -1,6 +1,7 @@
 """What Kueue v0.17 charges for a converted plain pod with its alpha DRA gate on (docs/queue.md):
 the request's device count under the mapped name, never memory or cores; and a claim template with
-CEL selectors (any use/nouse annotation) makes the Workload inadmissible."""
+CEL selectors (any use/nouse annotation) or a device constraint (several GPUs) makes the Workload
+inadmissible."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_a_converted_pod_is_charged_its_share_count_not_its_memory(
     gated: tuple[LocalCluster, client.ApiClient, str],
 ) -> None:
     _, api, namespace = gated
-    limits = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "20"}
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "20"}
     queue_bed.plain_gpu_pod(api, namespace, "counted", "q", limits)
     workload = queue_bed.workload_of_job(api, namespace, "counted", kind="Pod")["metadata"]["name"]
 
@@ -61,14 +62,12 @@ def test_a_converted_pod_is_charged_its_share_count_not_its_memory(
 
     done = poll_until(admitted, 90, "the pod's Workload admitted")
     (assignment,) = done["status"]["admission"]["podSetAssignments"]
-    assert assignment["resourceUsage"] == {SHARES: "2"}
+    assert assignment["resourceUsage"] == {SHARES: "1"}
 
 
-def test_a_template_with_selectors_is_inadmissible(gated: tuple[LocalCluster, client.ApiClient, str]) -> None:
-    _, api, namespace = gated
-    annotations = {"nvidia.com/use-gputype": "A100"}
-    queue_bed.plain_gpu_pod(api, namespace, "selective", "q", {"nvidia.com/gpumem": "1024"}, annotations)
-    workload = queue_bed.workload_of_job(api, namespace, "selective", kind="Pod")["metadata"]["name"]
+def inadmissible_because(api: client.ApiClient, namespace: str, pod: str, what: str) -> str:
+    """The message of the condition in which Kueue refuses the pod's Workload as not supported."""
+    workload = queue_bed.workload_of_job(api, namespace, pod, kind="Pod")["metadata"]["name"]
 
     def refused() -> str | None:
         current = queue_bed.read_workload(api, namespace, workload)
@@ -77,5 +76,24 @@ def test_a_template_with_selectors_is_inadmissible(gated: tuple[LocalCluster, cl
                 return str(condition["message"])
         return None
 
-    message = poll_until(refused, 90, "Kueue refusing the selectors")
+    return poll_until(refused, 90, f"Kueue refusing {what}")
+
+
+def test_a_pod_asking_for_several_gpus_is_inadmissible(
+    gated: tuple[LocalCluster, client.ApiClient, str],
+) -> None:
+    """nvidia.com/gpu: 2 means two different GPUs, which the claim says with a distinctAttribute
+    constraint; v0.17's DRA path refuses any device constraint."""
+    _, api, namespace = gated
+    limits = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "20"}
+    queue_bed.plain_gpu_pod(api, namespace, "several", "q", limits)
+    message = inadmissible_because(api, namespace, "several", "the device constraint")
+    assert "device constraints" in message and "not supported" in message, message
+
+
+def test_a_template_with_selectors_is_inadmissible(gated: tuple[LocalCluster, client.ApiClient, str]) -> None:
+    _, api, namespace = gated
+    annotations = {"nvidia.com/use-gputype": "A100"}
+    queue_bed.plain_gpu_pod(api, namespace, "selective", "q", {"nvidia.com/gpumem": "1024"}, annotations)
+    message = inadmissible_because(api, namespace, "selective", "the selectors")
     assert "CEL selectors are not supported" in message, message

@@ -259,6 +259,7 @@ def test_jobs_beyond_the_memory_quota_wait_and_are_admitted_in_priority_then_fif
     # Over quota now: c (batch), then d (interactive), then e (batch) wait.
     for job, priority in (("c", "batch"), ("d", "interactive"), ("e", "batch")):
         workloads[job] = submit(bar, ns, job, 1, 20, priority)
+        queue_bed.after_creation_second(bar.api, ns, workloads[job])  # FIFO needs distinct seconds
     poll_until(lambda: pending_in(bar, "quota-cq") == 3, 60, "c, d and e pending in the ClusterQueue")
     assert admitted_set(bar, ns, workloads) == {"a", "b"}
 
