@@ -12,7 +12,8 @@
  *       event is known) and "done".
  *   simgpu_probe wait-lost DEVICE
  *       work until the GPU stops answering (an allocation and a synchronisation, then a 20 ms
- *       sleep, per round); print "lost ALLOC_RESULT SYNC_RESULT", then "rounds_after_change N":
+ *       sleep, per round; a round whose allocation passed but whose synchronisation failed saw
+ *       the change between its calls and is not the answer); print "lost ALLOC_RESULT SYNC_RESULT", then "rounds_after_change N":
  *       how many rounds began after the probe itself saw $SIMGPU_CONFIG change (inode, size or
  *       mtime; counted from its latest change), the last of them the one that failed; 0 if the
  *       driver saw the change first.
@@ -191,6 +192,12 @@ static int wait_lost(int device)
         CUdeviceptr p = 0;
         CUresult alloc = p_cuMemAlloc_v2(&p, 1 << 20);
         CUresult sync = p_cuCtxSynchronize();
+        if (alloc == CUDA_SUCCESS && sync != CUDA_SUCCESS) {
+            /* The driver saw the change between the two calls: the allocation was made before it
+             * knew. The next round must fail whole. */
+            usleep(20000);
+            continue;
+        }
         if (alloc != CUDA_SUCCESS || sync != CUDA_SUCCESS) {
             /* A change the driver saw before this process did (it came between the stat above
              * and the calls) counts as seen at once. */
