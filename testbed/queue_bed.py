@@ -7,11 +7,12 @@ HAMi resources in their template, as a user moving from HAMi writes them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,10 @@ from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
 from tessera.testbed.accounts import service_account_token, token_kubeconfig
+from tessera.testbed.binaries import COMPONENTS
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.fake_nodes import create_ready_node
+from tessera.testbed.kueue import KueueOptions
 from tessera.testbed.polling import poll_until
 from tessera.testbed.process import ManagedProcess, free_port
 from tessera.webhook.conversion import claim_spec, claim_template, read_request
@@ -416,3 +419,18 @@ def admission_check_process(cluster: LocalCluster, *extra: str) -> tuple[Managed
     process = ManagedProcess("tessera-admission-check", argv, cluster.log_dir, env=dict(os.environ))
     cluster.processes.append(process)
     return process, port
+
+
+@contextlib.contextmanager
+def checked_kueue_cluster() -> Iterator[tuple[LocalCluster, client.ApiClient, ManagedProcess, int]]:
+    """The local control plane with Kueue (charging GPU memory and cores through
+    ``KUEUE_RESOURCES``) and the admission check running with its caches synced: the cluster, an
+    admin client, the check's process and its health port."""
+    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
+    if missing:
+        raise RuntimeError(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    with LocalCluster(kueue=KueueOptions(extra_config={"resources": KUEUE_RESOURCES})) as cluster:
+        api = api_client(cluster.admin_kubeconfig)
+        process, port = admission_check_process(cluster)
+        process.wait_until(lambda: http_status(port, "/readyz") == 200, 120, "caches synced")
+        yield cluster, api, process, port

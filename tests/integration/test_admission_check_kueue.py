@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera.kube import api_client, raw_json
+from tessera.kube import raw_json
 from tessera.quantity import quantity_to_int
 from tessera.testbed import queue_bed
-from tessera.testbed.binaries import COMPONENTS
 from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kueue import KueueOptions
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
 from tessera.testbed.process import ManagedProcess
@@ -50,14 +48,7 @@ class QueueBed:
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[QueueBed]:
-    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
-    if missing:
-        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
-    options = KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})
-    with LocalCluster(kueue=options) as cluster:
-        api = api_client(cluster.admin_kubeconfig)
-        process, port = queue_bed.admission_check_process(cluster)
-        process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 120, "caches synced")
+    with queue_bed.checked_kueue_cluster() as (cluster, api, process, port):
         queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
         queue_bed.create(api, queue_bed.admission_check(CHECK))
         queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", FLAVOR, HUGE_QUOTA, checks=[CHECK]))
