@@ -118,31 +118,38 @@ def local_image(name: str) -> dict[str, str]:
     }
 
 
+def node_layout_values(root: str, driver_library_dir: str) -> dict[str, Any]:
+    """The daemon's values for nodes that share one host (see the module's docstring): each
+    node's kubelet root, CDI folder and claim state in its own folder under ``root``, the driver's
+    libraries mounted by the daemon itself, and the host network. There the ports are the node's:
+    a surge pod cannot be scheduled beside the old one (the scheduler's NodePorts filter), so each
+    node's daemon is replaced in place. Shared by the real-node install and the chart's template
+    and API-server tests, so all three check the same layout."""
+    node_folder = f"{root}/$(NODE_NAME)"
+    return {
+        "driverSource": "own",
+        "hostNetwork": True,
+        "hostPaths": {
+            "nodeRoot": root,
+            "kubeletRoot": f"{node_folder}/kubelet",
+            "cdiDir": f"{node_folder}/cdi",
+            "stateDir": f"{node_folder}/tessera",
+            "driverLibraryDir": driver_library_dir,
+        },
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+    }
+
+
 def chart_values() -> dict[str, Any]:
     """The values the test bed needs (see the module's docstring)."""
-    node_folder = f"{node_root()}/$(NODE_NAME)"
-    simgpu = f"{node_folder}/simgpu"
+    simgpu = f"{node_root()}/$(NODE_NAME)/simgpu"
     return {
         "kubeletPlugin": {
+            **node_layout_values(str(node_root()), str(library_dir())),
             "image": local_image("driver"),
-            "driverSource": "own",
-            "hostNetwork": True,
-            "hostPaths": {
-                "nodeRoot": str(node_root()),
-                "kubeletRoot": f"{node_folder}/kubelet",
-                "cdiDir": f"{node_folder}/cdi",
-                "stateDir": f"{node_folder}/tessera",
-                "driverLibraryDir": str(library_dir()),
-            },
             "env": [{"name": "SIMGPU_CONFIG", "value": f"{simgpu}/simgpu.conf"}],
             "containerEnv": [f"SIMGPU_CONFIG={simgpu}/simgpu.conf"],
             "containerMounts": [simgpu],
-            # In the host network the ports are the node's: a surge pod cannot be scheduled beside
-            # the old one (the scheduler's NodePorts filter), so replace each pod in place.
-            "updateStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
-            },
             "healthInterval": 1,
             "logLevel": "debug",
         },

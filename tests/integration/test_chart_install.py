@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS
+from tessera.testbed.chart_bed import node_layout_values
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.driver_node import ensure_device_class
 from tessera.testbed.kubectl import kubectl
@@ -35,17 +36,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     # the daemon itself, the host network, and the webhook keeping its own CA.
     "test-bed": {
         "kubeletPlugin": {
-            "driverSource": "own",
-            "hostNetwork": True,
-            # The host network's ports are the old pod's until it goes: replace each node's in turn.
-            "updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "hostPaths": {
-                "nodeRoot": NODE_ROOT,
-                "kubeletRoot": f"{NODE_ROOT}/$(NODE_NAME)/kubelet",
-                "cdiDir": f"{NODE_ROOT}/$(NODE_NAME)/cdi",
-                "stateDir": f"{NODE_ROOT}/$(NODE_NAME)/tessera",
-                "driverLibraryDir": f"{NODE_ROOT}/$(NODE_NAME)/driver/lib",
-            },
+            **node_layout_values(NODE_ROOT, f"{NODE_ROOT}/$(NODE_NAME)/driver/lib"),
             "nodeSelector": {"tessera.dev/test-bed": "true"},
         },
         "exporter": {"service": {"type": "ClusterIP"}},

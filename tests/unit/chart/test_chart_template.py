@@ -14,23 +14,14 @@ import pytest
 import yaml
 from cryptography import x509
 
+from tessera.testbed.chart_bed import node_layout_values
 from tests.chart_helm import CHART, HelmError, find, helm, kinds, render
 
 FILES = CHART / "files"
 NODE_ROOT = "/tmp/tessera-nodes"
 TEST_BED_VALUES: dict[str, Any] = {
     "kubeletPlugin": {
-        "driverSource": "own",
-        "hostNetwork": True,
-        # The host network's ports are the old pod's until it goes: replace each node's in turn.
-        "updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-        "hostPaths": {
-            "nodeRoot": NODE_ROOT,
-            "kubeletRoot": f"{NODE_ROOT}/$(NODE_NAME)/kubelet",
-            "cdiDir": f"{NODE_ROOT}/$(NODE_NAME)/cdi",
-            "stateDir": f"{NODE_ROOT}/$(NODE_NAME)/tessera",
-            "driverLibraryDir": f"{NODE_ROOT}/$(NODE_NAME)/driver/usr/lib/x86_64-linux-gnu",
-        },
+        **node_layout_values(NODE_ROOT, f"{NODE_ROOT}/$(NODE_NAME)/driver/usr/lib/x86_64-linux-gnu"),
         "containerEnv": ["SIMGPU_CONFIG=/tmp/tessera-nodes/$(NODE_NAME)/simgpu/simgpu.conf"],
         "containerMounts": ["/tmp/tessera-nodes/$(NODE_NAME)/simgpu"],
     },
