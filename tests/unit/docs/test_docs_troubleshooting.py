@@ -91,22 +91,7 @@ def templates() -> tuple[str, ...]:
     out: list[str] = []
     for tree in trees.values():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                out.append(node.value)
-            elif isinstance(node, ast.JoinedStr):
-                text = ""
-                for part in node.values:
-                    if isinstance(part, ast.Constant):
-                        text += str(part.value)
-                    elif (
-                        isinstance(part, ast.FormattedValue)
-                        and isinstance(part.value, ast.Name)
-                        and part.value.id in constants
-                        and part.conversion == -1
-                    ):
-                        text += constants[part.value.id]
-                    else:
-                        text += HOLE
+            if isinstance(node, ast.expr) and (text := _render(node, constants)) is not None:
                 out.append(text)
     for folder in C_SOURCES:
         for path in sorted((REPO / folder).glob("*.[ch]")):
