@@ -365,12 +365,9 @@ def queue(bed: ChartBed, shown: Shown) -> None:
     client.BatchV1Api(kube).create_namespaced_job(TEAM, client.V1Job.model_validate(job))
     workload = queue_bed.workload_of_job(kube, TEAM, GANG)["metadata"]["name"]
 
-    def says_why() -> str | None:
-        state = queue_bed.check_state(queue_bed.read_workload(kube, TEAM, workload), check)
-        message = str(state.get("message", ""))
-        return message if state.get("state") == "Pending" and "needs" in message else None
-
-    shown.queue_message = poll_until(says_why, WAIT, "the gang's Pending message")
+    shown.queue_message = poll_until(
+        lambda: queue_bed.fit_refusal(kube, TEAM, workload, check), WAIT, "the gang's Pending message"
+    )
     core = client.CoreV1Api(kube)
     gang_selector = f"batch.kubernetes.io/job-name={GANG}"
     shown.gang_pods_before_admission = len(core.list_namespaced_pod(TEAM, label_selector=gang_selector).items)

@@ -364,6 +364,14 @@ def check_state(workload: Mapping[str, Any], check: str) -> dict[str, Any]:
     return {}
 
 
+def fit_refusal(api: client.ApiClient, namespace: str, workload: str, check: str) -> str | None:
+    """The check's message while it holds the Workload Pending because its shares do not fit
+    ("needs ..."), else None: what a test polls for to see the refusal a user would read."""
+    state = check_state(read_workload(api, namespace, workload), check)
+    message = str(state.get("message", ""))
+    return message if state.get("state") == "Pending" and "needs" in message else None
+
+
 def has_condition(workload: Mapping[str, Any], kind: str) -> bool:
     return any(
         c.get("type") == kind and c.get("status") == "True"

@@ -171,15 +171,9 @@ def test_the_gang_waits_with_a_reason_then_runs_whole_on_real_gpus(bed: GangBed)
     client.BatchV1Api(api).create_namespaced_job(NAMESPACE, client.V1Job.model_validate(job))
     workload = queue_bed.workload_of_job(api, NAMESPACE, "gang")["metadata"]["name"]
 
-    def says_why() -> str | None:
-        state = queue_bed.check_state(queue_bed.read_workload(api, NAMESPACE, workload), CHECK)
-        return (
-            state.get("message")
-            if state.get("state") == "Pending" and "needs" in state.get("message", "")
-            else None
-        )
-
-    message = poll_until(says_why, 90, "the gang's Pending message")
+    message = poll_until(
+        lambda: queue_bed.fit_refusal(api, NAMESPACE, workload, CHECK), 90, "the gang's Pending message"
+    )
     assert message.startswith(
         f"needs 4 shares of 20Gi at once; the largest free share is 12Gi/100 on {bed.node.name}"
     ), message

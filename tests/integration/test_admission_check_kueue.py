@@ -161,17 +161,13 @@ def test_a_gang_that_only_fits_as_a_sum_waits_with_a_message_and_is_retried_when
     job = queue_bed.gpu_job("gang", QUEUE, 4, 20 * 1024, 30, annotations=pinned(small + big))
     workload = submit(bed, team, job)
 
-    def says_why() -> dict[str, Any] | None:
-        current = queue_bed.read_workload(bed.api, team, workload)
-        state = queue_bed.check_state(current, CHECK)
-        return current if state.get("state") == "Pending" and "needs" in state.get("message", "") else None
-
-    pending = poll_until(says_why, 60, "a Pending message")
-    message = queue_bed.check_state(pending, CHECK)["message"]
+    message = poll_until(
+        lambda: queue_bed.fit_refusal(bed.api, team, workload, CHECK), 60, "a Pending message"
+    )
     assert message.startswith(
         f"needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on {name}"
     ), message
-    assert not queue_bed.has_condition(pending, "Admitted")
+    assert not queue_bed.has_condition(queue_bed.read_workload(bed.api, team, workload), "Admitted")
     assert suspended(bed, team, "gang") is True
 
     # The same node's slice now also has two 48Gi GPUs: two pods fit on each.
@@ -188,11 +184,9 @@ def test_shares_of_a_ready_workload_not_yet_placed_are_not_given_twice(
     wait_for_state(bed, team, first, "Ready")
     second = submit(bed, team, queue_bed.gpu_job("second", QUEUE, 1, 50 * 1024, annotations=pinned(uuids)))
 
-    def waiting() -> str | None:
-        state = queue_bed.check_state(queue_bed.read_workload(bed.api, team, second), CHECK)
-        return state.get("message") if state.get("state") == "Pending" and state.get("message") else None
-
-    message = poll_until(waiting, 60, "second Workload's Pending message")
+    message = poll_until(
+        lambda: queue_bed.fit_refusal(bed.api, team, second, CHECK), 60, "second Workload's Pending message"
+    )
     assert "needs 1 share of 50Gi" in message and "the largest free share is 30Gi/100" in message, message
     # The first Job goes away: its reservation with it, and the second one is decided again.
     client.BatchV1Api(bed.api).delete_namespaced_job("first", team, propagation_policy="Background")

@@ -330,15 +330,9 @@ def test_a_gang_is_held_until_all_of_it_fits_and_then_placed_whole(
 
     gang = submit(bar, ns, "gang", 4, 20, "batch")
 
-    def says_why() -> str | None:
-        state = queue_bed.check_state(queue_bed.read_workload(bar.api, ns, gang), CHECK)
-        return (
-            state.get("message")
-            if state.get("state") == "Pending" and "needs" in state.get("message", "")
-            else None
-        )
-
-    message = poll_until(says_why, 60, "the gang's Pending message")
+    message = poll_until(
+        lambda: queue_bed.fit_refusal(bar.api, ns, gang, CHECK), 60, "the gang's Pending message"
+    )
     assert message.startswith(
         f"needs 4 shares of 20Gi at once; the largest free share is 12Gi/100 on {node}"
     ), message
