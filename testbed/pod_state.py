@@ -7,10 +7,15 @@ ones poll until the answer is there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.testbed.polling import poll_until
+
+T = TypeVar("T")
 
 
 def condition(pod: client.V1Pod, kind: str) -> client.V1PodCondition | None:
@@ -38,8 +43,13 @@ def generated_claim_name(pod: client.V1Pod, claim: str) -> str | None:
 
 def wait_until_bound(core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60) -> str:
     """Wait for the scheduler to bind the pod; return the node's name."""
-    return poll_until(
-        lambda: bound_node(core.read_namespaced_pod(pod, namespace)), timeout, f"{namespace}/{pod} bound"
+    return _wait_for_pod(
+        core,
+        namespace,
+        pod,
+        lambda: bound_node(core.read_namespaced_pod(pod, namespace)),
+        timeout,
+        f"{namespace}/{pod} bound",
     )
 
 
@@ -47,7 +57,10 @@ def wait_until_unschedulable(
     core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60
 ) -> client.V1PodCondition:
     """Wait for the scheduler to give up on the pod; its PodScheduled=False condition says why."""
-    condition = poll_until(
+    condition = _wait_for_pod(
+        core,
+        namespace,
+        pod,
         lambda: unschedulable_condition(core.read_namespaced_pod(pod, namespace)),
         timeout,
         f"PodScheduled=False on {namespace}/{pod}",
@@ -74,7 +87,9 @@ def wait_until_claim_allocated(
         made = resource.read_namespaced_resource_claim(name, namespace)
         return made if made.status and made.status.allocation else None
 
-    return poll_until(allocated, timeout, f"allocation of {namespace}/{pod}'s claim {claim}")
+    return _wait_for_pod(
+        core, namespace, pod, allocated, timeout, f"allocation of {namespace}/{pod}'s claim {claim}"
+    )
 
 
 def single_allocation_result(claim: client.ResourceV1ResourceClaim) -> client.V1DeviceRequestAllocationResult:
@@ -107,3 +122,32 @@ def sections(log: str) -> dict[str, dict[str, str]]:
             if sep:
                 current.setdefault(key, value)
     return out
+
+
+def _wait_for_pod(
+    core: client.CoreV1Api, namespace: str, pod: str, check: Callable[[], T | None], timeout: float, what: str
+) -> T:
+    """poll_until, and on a timeout what the pod's conditions and its namespace's events say: a
+    pod left Pending on a busy machine must tell slow from stuck (a scheduling attempt that failed
+    and was never retried, a claim never made) in the one report a CI run keeps."""
+    try:
+        return poll_until(check, timeout, what)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{pod_account(core, namespace, pod)}") from error
+
+
+def pod_account(core: client.CoreV1Api, namespace: str, pod: str) -> str:
+    """The pod's conditions and claim statuses and its namespace's events, as lines of text."""
+    try:
+        status = core.read_namespaced_pod(pod, namespace).status
+        lines = [
+            f"condition {c.type}={c.status} {c.reason or ''}: {c.message or ''}"
+            for c in (status.conditions if status else None) or []
+        ]
+        lines += [
+            f"claim {s.name}: {s.resource_claim_name}"
+            for s in (status.resource_claim_statuses if status else None) or []
+        ]
+        return "\n".join([f"pod {namespace}/{pod}:", *lines, "events:", events(core.api_client, namespace)])
+    except Exception as error:  # the report must not hide the timeout it explains
+        return f"pod {namespace}/{pod}: could not be read ({error})"

@@ -73,7 +73,8 @@ def test_two_shares_of_one_gpu_and_a_third_that_does_not_fit(
 def test_a_share_larger_than_the_gpu_is_never_allocated(
     kube: client.ApiClient, namespace: str, device_class: str, gpu_node: str
 ) -> None:
-    """A request above the device's capacity finds no device: the pod stays unschedulable."""
+    """A request above the device's capacity finds no device: the pod stays unschedulable, and a
+    wait for it to be placed fails with the scheduler's reason in its report."""
     core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
     resource.create_namespaced_resource_claim_template(
         namespace,
@@ -83,3 +84,9 @@ def test_a_share_larger_than_the_gpu_is_never_allocated(
 
     condition = pod_state.wait_until_unschedulable(core, namespace, "big")
     assert "cannot allocate all claims" in (condition.message or ""), condition.message
+    with pytest.raises(TimeoutError) as waited:
+        pod_state.wait_until_bound(core, namespace, "big", timeout=0.5)
+    report = str(waited.value)
+    assert "condition PodScheduled=False Unschedulable: " in report, report
+    assert "cannot allocate all claims" in report.split("events:")[0], report
+    assert "claim gpu: big-gpu-" in report and "events:" in report, report
