@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_CIDR = "10.0.0.0/24"
 _START_TIMEOUT = 120.0
+# How long a pod refused by the scheduler waits before the scheduler tries it again unprompted.
+_UNSCHEDULABLE_PODS_FLUSH_AFTER = "10s"
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, client: KeyPair, user: str) -> Path:
@@ -236,7 +238,16 @@ class LocalCluster:
     def _start_scheduler(self) -> None:
         port = free_port()
         scheduler = self._spawn(
-            "kube-scheduler", binary("kube-scheduler"), *self._secure_component_flags(port)
+            "kube-scheduler",
+            binary("kube-scheduler"),
+            *self._secure_component_flags(port),
+            # kube-scheduler 1.37 counts a share twice while its allocation is in flight (the
+            # informer has delivered it, PreBind has not yet dropped it from the in-flight claims):
+            # a pod tried in that window is refused "cannot allocate all claims" although the GPU
+            # has room, and no event re-queues it, as another claim's allocation is "unrelated".
+            # It waits for the flush of unschedulable pods, 5 minutes by default; 10 s brings it
+            # back within 40 s (the flush runs every 30 s). See docs/troubleshooting.md.
+            f"--pod-max-in-unschedulable-pods-duration={_UNSCHEDULABLE_PODS_FLUSH_AFTER}",
         )
         scheduler.wait_until(lambda: _https_ok(port, "/healthz"), _START_TIMEOUT, "healthy scheduler")
         self.scheduler_port = port
