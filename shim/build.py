@@ -52,6 +52,7 @@ CUDA_SOURCES = [
     "real.c",
     "ptrtable.c",
     "keylock.c",
+    "limits_source.c",
     "shim_state.c",
     "memory.c",
     "pools.c",
@@ -61,7 +62,7 @@ CUDA_SOURCES = [
     "cuda_launch_hooks.c",
     "procaddr.c",
 ]
-NVML_SOURCES = [*FORMAT_SOURCES, "log.c", "nvml_hooks.c"]
+NVML_SOURCES = [*FORMAT_SOURCES, "log.c", "limits_source.c", "nvml_hooks.c"]
 
 CUDA_LIBRARY = "libtessera-cuda.so"
 NVML_LIBRARY = "libtessera-nvml.so"

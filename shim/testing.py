@@ -135,6 +135,60 @@ class Claim:
             text=True,
         )
 
+    def run_prepared(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        mount_limits: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a test program as a prepared container runs it: in a mount namespace of its own
+        where the claim's limits file, usage region and shim sit at the fixed container paths
+        (read-only bind mounts, as prepare's CDI spec makes them), the shim preloaded from there.
+        The environment is ``env`` over the node's alone: neither variable naming the claim's
+        files is set unless ``env`` sets it. ``mount_limits=False`` leaves the limits file out.
+        Needs root (mount namespaces); callers skip without it."""
+        from tessera.driver.claim_files import CONTAINER_LIMITS, CONTAINER_REGION, CONTAINER_SHIM_DIR
+        from tessera.shim.format import LOG_ENV
+        from tessera.shim.install import CUDA_LIBRARY, NVML_LIBRARY
+
+        assert self.limits is not None and self.region is not None
+        steps = [
+            f"mount -t tmpfs tmpfs {CONTAINER_LIMITS.parent.parent}",
+            f"mkdir -p {CONTAINER_LIMITS.parent}",
+            f"mount -t tmpfs tmpfs {CONTAINER_SHIM_DIR.parent.parent}",
+            f"mkdir -p {CONTAINER_SHIM_DIR}",
+            f"mount --bind -o ro {shlex.quote(str(self.install_dir))} {CONTAINER_SHIM_DIR}",
+            f"touch {CONTAINER_REGION}",
+            f"mount --bind {shlex.quote(str(self.region))} {CONTAINER_REGION}",
+        ]
+        if mount_limits:
+            steps += [
+                f"touch {CONTAINER_LIMITS}",
+                f"mount --bind -o ro {shlex.quote(str(self.limits))} {CONTAINER_LIMITS}",
+            ]
+        preload = ":".join(str(CONTAINER_SHIM_DIR / name) for name in (CUDA_LIBRARY, NVML_LIBRARY))
+        steps.append(f'LD_PRELOAD={preload} exec "$@"')
+        process_env = {**self.base_env, LOG_ENV: self.log_level, **(env or {})}
+        return subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-ec",
+                " && ".join(steps),
+                "sh",
+                str(self.programs / args[0]),
+                *args[1:],
+            ],
+            env=process_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     def python(self, code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run Python code in a fresh interpreter under the shim."""
         return subprocess.run(

@@ -370,10 +370,12 @@ SHIM_HEADER = REPO / "shim" / "include" / "tessera_shim.h"
 # What each variable the shim reads means: keyed by its macro in tessera_shim.h, so a new variable there
 # without a line here fails the page's test (``shim_env`` raises).
 SHIM_ENV = {
-    "TESSERA_LIMITS_ENV": "The claim's limits file. The driver's CDI spec sets it to `/run/tessera/limits`; "
-    "unset or empty: the shim limits nothing.",
-    "TESSERA_REGION_ENV": "The claim's usage region, shared by all its processes. The driver's CDI spec sets "
-    "it to `/run/tessera/usage`; unset: limits apply to each process on its own (with a warning).",
+    "TESSERA_LIMITS_ENV": "A limits file, for processes outside a prepared container (tests, the shim run by "
+    "hand): unset or empty, the shim limits nothing; naming a missing file stops the process. Ignored in a "
+    "prepared container, whose limits are always `/run/tessera/limits`.",
+    "TESSERA_REGION_ENV": "A usage region shared by the processes that name it, outside a prepared "
+    "container; unset: limits apply to each process on its own (with a warning). Ignored in a prepared container, whose "
+    "region is always `/run/tessera/usage`.",
     "TESSERA_LOG_ENV": "What the shim prints on stderr: `error`, `warn` (default), `info` (one line per "
     "process with the limits in force) or `debug`. Set it in the pod's container `env`.",
 }

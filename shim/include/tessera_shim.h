@@ -7,7 +7,8 @@
  * formats in prose.
  *
  * LIMITS FILE (text, UTF-8/ASCII, written once by the driver at NodePrepareResources, root-owned
- * and mounted read-only; the shim finds it through $TESSERA_LIMITS_FILE):
+ * and mounted read-only at TESSERA_CONTAINER_LIMITS; outside a prepared container the shim finds it
+ * through $TESSERA_LIMITS_FILE):
  *
  *     # comment lines and blank lines are ignored
  *     tessera-limits 1
@@ -22,12 +23,13 @@
  * else - unknown keys, duplicates, a UUID listed twice, numbers out of range, more than
  * TESSERA_MAX_GPUS lines, a file over TESSERA_LIMITS_MAX_BYTES - is malformed.
  *
- * USAGE REGION (binary, a file mapped MAP_SHARED by every process of the claim; the shim finds it
- * through $TESSERA_USAGE_REGION): struct tessera_region below. The driver creates it (all zero but
- * the header) before the first process starts; a process that finds the named file missing creates
- * it the same way, atomically. Multi-byte fields are host-endian; every shared counter is accessed
- * only with the __atomic builtins, so the region holds no lock and a process killed at any
- * instruction leaves it consistent.
+ * USAGE REGION (binary, a file mapped MAP_SHARED by every process of the claim, at
+ * TESSERA_CONTAINER_REGION in a prepared container; elsewhere the shim finds it through
+ * $TESSERA_USAGE_REGION): struct tessera_region below. The driver creates it (all zero but the
+ * header) before the first process starts; outside a prepared container, a process that finds the
+ * named file missing creates it the same way, atomically. Multi-byte fields are host-endian;
+ * every shared counter is accessed only with the __atomic builtins, so the region holds no lock
+ * and a process killed at any instruction leaves it consistent.
  *
  *  - gpus[]: UUID table, claimed entry by entry with compare-and-swap on `state` the first time a
  *    process of the claim touches that GPU; then the compute controller's shared state for it.
@@ -52,6 +54,14 @@ extern "C" {
 #define TESSERA_LIMITS_ENV "TESSERA_LIMITS_FILE"
 #define TESSERA_REGION_ENV "TESSERA_USAGE_REGION"
 #define TESSERA_LOG_ENV "TESSERA_SHIM_LOG"
+
+/* Where prepare puts a claim's files inside a container (bind mounts the container cannot remove
+ * or redirect). Where the limits file is present, or the shim was loaded from the shim folder, the
+ * shim takes its limits and usage region from here and ignores the two variables above; those
+ * only name files for processes outside prepared containers (limits_source.h). */
+#define TESSERA_CONTAINER_LIMITS "/run/tessera/limits"
+#define TESSERA_CONTAINER_REGION "/run/tessera/usage"
+#define TESSERA_CONTAINER_SHIM_DIR "/usr/local/tessera/shim"
 
 #define TESSERA_LIMITS_VERSION 1
 #define TESSERA_LIMITS_MAX_BYTES 65536

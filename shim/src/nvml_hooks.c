@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "limits_source.h"
 #include "log.h"
 #include "nvml_abi.h"
 #include "tessera_shim.h"
@@ -31,6 +32,7 @@ static struct {
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static struct tessera_limits limits;
 static bool limited;
+static bool prepared; /* GPUs the limits file does not name are none of this container's */
 static struct tessera_region_handle region = {.fd = -1, .slot = -1};
 static int limit_gpu[TESSERA_MAX_GPUS];
 
@@ -58,17 +60,15 @@ static void init(void)
     real.get_uuid = (__typeof__(real.get_uuid))dlsym(lib, "nvmlDeviceGetUUID");
     dlclose(lib);
 
-    const char *path = getenv(TESSERA_LIMITS_ENV);
-    if (path == NULL || path[0] == '\0')
-        return;
+    struct tessera_limits_source source;
     char err[600];
-    int rc = tessera_limits_read(path, &limits, err, sizeof err);
-    if (rc < 0)
+    if (tessera_limits_load(&source, &limits, err, sizeof err) != 0)
         stop_process(err);
-    if (rc == 1)
+    if (source.origin == TESSERA_LIMITS_NONE)
         return;
-    const char *rpath = getenv(TESSERA_REGION_ENV);
-    if (rpath == NULL || rpath[0] == '\0')
+    prepared = source.origin == TESSERA_LIMITS_PREPARED;
+    const char *rpath = source.region_path;
+    if (rpath == NULL)
         return; /* usage is private to each CUDA process: nothing to show */
     if (tessera_region_open(rpath, &region, err, sizeof err) != 0)
         stop_process(err);
@@ -99,7 +99,11 @@ static bool claim_view(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
         *used = tessera_region_used(region.map, limit_gpu[i]);
         return true;
     }
-    return false;
+    if (!prepared)
+        return false;
+    *limit = 0; /* as the CUDA half refuses it every byte */
+    *used = 0;
+    return true;
 }
 
 /* total = the limit (or the GPU, if smaller), used = the claim's, free = what is left of it

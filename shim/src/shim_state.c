@@ -12,6 +12,7 @@
 
 #include "compute.h"
 #include "keylock.h"
+#include "limits_source.h"
 #include "log.h"
 #include "pools.h"
 #include "ptrtable.h"
@@ -114,28 +115,26 @@ static void do_init(void)
     if (shim_real_resolve() != 0)
         stop_process("the real CUDA driver is missing or lacks entry points the shim needs");
 
-    const char *path = getenv(TESSERA_LIMITS_ENV);
-    if (path == NULL || path[0] == '\0') {
-        SHIM_INFO("%s is not set: no limits", TESSERA_LIMITS_ENV);
-        shim_launch_passthrough = 1;
-        return;
-    }
+    struct tessera_limits_source source;
     char err[600];
-    int rc = tessera_limits_read(path, &shim.limits, err, sizeof err);
-    if (rc < 0)
+    if (tessera_limits_load(&source, &shim.limits, err, sizeof err) != 0)
         stop_process(err);
-    if (rc == 1) {
-        SHIM_INFO("no limits file at %s: no limits", path);
+    if (source.origin == TESSERA_LIMITS_NONE) {
+        SHIM_INFO("no limits: %s", source.why);
         shim_launch_passthrough = 1;
         return;
     }
     shim.limited = true;
-    const char *region = getenv(TESSERA_REGION_ENV);
-    if (region != NULL && region[0] != '\0') {
+    shim.prepared = source.origin == TESSERA_LIMITS_PREPARED;
+    const char *named = getenv(TESSERA_LIMITS_ENV);
+    if (shim.prepared && named != NULL && strcmp(named, source.limits_path) != 0)
+        SHIM_WARN("ignoring %s=%s: a prepared container's limits are at %s", TESSERA_LIMITS_ENV,
+                  named, source.limits_path);
+    const char *region = source.region_path;
+    if (region != NULL) {
         if (tessera_region_open(region, &shim.region, err, sizeof err) != 0)
             stop_process(err);
     } else {
-        region = NULL;
         SHIM_WARN("%s is not set: limits apply to each process on its own", TESSERA_REGION_ENV);
         if (tessera_region_open_private(&shim.region, err, sizeof err) != 0)
             stop_process(err);
@@ -150,7 +149,7 @@ static void do_init(void)
         if (g->cores > 0 && g->cores < 100)
             shim.compute_capped = true;
     }
-    summary(path, region);
+    summary(source.limits_path, region);
     __atomic_store_n(&shim_launch_passthrough, shim.compute_capped ? 0 : 1, __ATOMIC_RELEASE);
 }
 
@@ -194,6 +193,24 @@ static void warn_unmatched(const bool *matched, int count)
     }
 }
 
+/* In a prepared container a GPU its claim does not name is none of the container's: however the
+ * process came to see it (CUDA_VISIBLE_DEVICES changed, device nodes from elsewhere), it gets no
+ * memory and the smallest compute share, accounted in the region like a claimed GPU. */
+static void deny_unclaimed(int ordinal, struct shim_device *d)
+{
+    d->gpu = tessera_region_gpu(shim.region.map, d->uuid);
+    if (d->gpu < 0)
+        stop_process("the usage region's GPU table is full or corrupt");
+    d->memory_limit = 0;
+    d->cores = 1;
+    shim.memory_limited = true;
+    shim.compute_capped = true;
+    __atomic_store_n(&shim_launch_passthrough, 0, __ATOMIC_RELEASE);
+    SHIM_WARN("CUDA device %d (%s) is not part of this container's claim: no memory and 1%% of "
+              "its time",
+              ordinal, d->uuid);
+}
+
 bool shim_devices_ready(void)
 {
     if (SHIM_LIKELY(__atomic_load_n(&shim.device_count, __ATOMIC_ACQUIRE) >= 0))
@@ -229,6 +246,8 @@ bool shim_devices_ready(void)
                 d->memory_limit = g->memory_bytes;
                 d->cores = g->cores >= 100 ? 0 : g->cores;
             }
+            if (d->gpu < 0 && shim.prepared)
+                deny_unclaimed(i, d);
             SHIM_DEBUG("CUDA device %d is %s: %s", i, d->uuid,
                        d->gpu >= 0 ? "limited" : "not in the limits file");
         }

@@ -28,6 +28,8 @@ struct shim_device {
 
 struct shim_state {
     bool limited;        /* a limits file is in force (maybe with no entries) */
+    bool prepared;       /* ... from a prepared container's fixed path: GPUs it does not name
+                            are refused, not unlimited */
     bool memory_limited; /* some GPU has a memory limit */
     bool compute_capped; /* some GPU has a compute cap */
     struct tessera_limits limits;

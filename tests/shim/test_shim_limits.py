@@ -76,11 +76,28 @@ def test_writer_refuses_invalid_limits() -> None:
             format_limits(bad)
 
 
-def test_missing_limits_file_means_no_limits(make_claim: ClaimFactory, simulated_only: None) -> None:
-    """A limits file that does not exist means no limits: the process runs, sees the whole GPU."""
+def test_a_named_limits_file_that_is_missing_stops_the_process(make_claim: ClaimFactory) -> None:
+    """$TESSERA_LIMITS_FILE naming a file that does not exist is an error, not "no limits": the
+    process stops at its first CUDA or NVML call with the path in the message and exit status 78."""
     claim = make_claim()
     assert claim.limits is not None
     claim.limits.unlink()
+    done = claim.run("shim_probe", "alloc", "mem", str(512 * MiB))
+    assert done.returncode == EXIT_BAD_LIMITS, done.stdout
+    assert f"the limits file {claim.limits}" in done.stderr and "does not exist" in done.stderr
+    nvml = claim.python(
+        "import pynvml as n; n.nvmlInit(); n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0))"
+    )
+    assert nvml.returncode == EXIT_BAD_LIMITS
+
+
+def test_no_limits_file_named_outside_a_container_means_no_limits(
+    make_claim: ClaimFactory, simulated_only: None
+) -> None:
+    """Outside a prepared container, a process whose environment names no limits file is not a
+    Tessera container: it runs unlimited and sees the whole GPU (the documented choice)."""
+    claim = make_claim()
+    claim.limits = None
     done = claim.run("shim_probe", "alloc", "mem", str(512 * MiB))
     assert done.returncode == 0, done.stderr
     assert values(done.stdout.splitlines()[1])["total"] == str(1 << 30)

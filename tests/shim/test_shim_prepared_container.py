@@ -1,0 +1,147 @@
+"""In a prepared container the shim takes its limits from the fixed paths prepare mounts, and
+nothing the container controls - its environment, files it writes - lifts them.
+
+Each test runs a program the way a prepared container runs it: in a mount namespace of its own
+with the claim's files bind-mounted read-only at /run/tessera and the shim at
+/usr/local/tessera/shim (Claim.run_prepared). The attacks are the ones a tenant tried against the
+environment-driven shim, which allocated past its claim each time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.shim.format import EXIT_BAD_LIMITS, GpuLimit, read_limits, write_limits
+from tessera.shim.testing import Claim, ClaimFactory, values
+
+MiB = 1 << 20
+LIMIT = 256 * MiB
+OUT_OF_MEMORY = "2"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a prepared container is imitated with a private mount namespace, which needs root",
+)
+
+
+def _allocate(claim: Claim, size: int, env: dict[str, str] | None = None, device: int = 0) -> str:
+    """The CUDA result code of one allocation of ``size`` bytes in a prepared container."""
+    done = claim.run_prepared(
+        "shim_probe", "alloc", "mem", str(size), env={"PROBE_DEVICE": str(device), **(env or {})}
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"
+    return values(done.stdout.splitlines()[0])["rc"]
+
+
+def _own_limits_file(directory: Path, uuid: str) -> Path:
+    """What a tenant writes in a folder it can write: its GPU, 8 GiB, all cores, mode 0444."""
+    return write_limits(directory / "mine", [GpuLimit(uuid, 8 << 30, 100)])
+
+
+def test_the_fixed_limits_hold(make_claim: ClaimFactory) -> None:
+    """With nothing in the environment, the claim's limits apply: within them succeeds, past
+    them is refused."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    assert _allocate(claim, LIMIT // 2) == "0"
+    assert _allocate(claim, LIMIT + MiB) == OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize(
+    "redirect",
+    ["unset", "empty", "missing file", "own file"],
+)
+def test_the_environment_cannot_redirect_the_limits(
+    make_claim: ClaimFactory, tmp_path: Path, redirect: str
+) -> None:
+    """$TESSERA_LIMITS_FILE unset, empty, naming a missing file or a limits file the tenant wrote:
+    the claim's limits still apply, and a redirect is named as ignored."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    assert claim.limits is not None
+    (own_gpu,) = read_limits(claim.limits) or []
+    env = {
+        "unset": {},
+        "empty": {"TESSERA_LIMITS_FILE": ""},
+        "missing file": {"TESSERA_LIMITS_FILE": str(tmp_path / "nonexistent")},
+        "own file": {"TESSERA_LIMITS_FILE": str(_own_limits_file(tmp_path, own_gpu.uuid))},
+    }[redirect]
+    done = claim.run_prepared("shim_probe", "alloc", "mem", str(LIMIT + MiB), env=env)
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout.splitlines()[0])["rc"] == OUT_OF_MEMORY
+    if env.get("TESSERA_LIMITS_FILE"):
+        assert "ignoring TESSERA_LIMITS_FILE=" in done.stderr
+
+
+def test_the_environment_cannot_make_the_region_private(make_claim: ClaimFactory, tmp_path: Path) -> None:
+    """$TESSERA_USAGE_REGION unset or pointed elsewhere does not give a process a region of its
+    own (which would give every process the claim's whole limit): usage held by one process counts
+    against the next."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    holder = claim.run_prepared(
+        "shim_probe",
+        "alloc",
+        "mem",
+        str(LIMIT // 2),
+        env={"TESSERA_USAGE_REGION": str(tmp_path / "elsewhere")},
+    )
+    assert holder.returncode == 0, holder.stderr
+    # The holder freed its memory before exiting: the region it used is the claim's own.
+    assert not (tmp_path / "elsewhere").exists()
+    assert _allocate(claim, LIMIT // 2 + MiB, env={"TESSERA_USAGE_REGION": ""}) == "0"
+
+
+def test_a_gpu_outside_the_claim_gets_nothing(make_claim: ClaimFactory) -> None:
+    """A GPU the limits file does not name that the process sees anyway (here CUDA_VISIBLE_DEVICES
+    does not hide it, as a tenant who unsets the variable on the simulated driver gets) is none of
+    the container's: every allocation on it is refused, and the shim says why."""
+    claim = make_claim(limits=[(0, LIMIT, 0)], gpus=2)
+    assert "CUDA_VISIBLE_DEVICES" not in claim.base_env
+    done = claim.run_prepared("shim_probe", "alloc", "mem", str(MiB), env={"PROBE_DEVICE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout.splitlines()[0])["rc"] == OUT_OF_MEMORY
+    assert "is not part of this container's claim" in done.stderr
+
+
+def test_a_prepared_shim_without_its_limits_file_stops(make_claim: ClaimFactory) -> None:
+    """The shim loaded from the prepared shim folder with no limits file at the fixed path (the
+    mount gone or hidden) stops the process rather than run unlimited, naming the path."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    done = claim.run_prepared("shim_probe", "alloc", "mem", str(MiB), mount_limits=False)
+    assert done.returncode == EXIT_BAD_LIMITS, done.stdout
+    assert "limits file /run/tessera/limits is missing" in done.stderr
+
+
+def test_memory_info_shows_the_fixed_limit(make_claim: ClaimFactory) -> None:
+    """Both halves read the same fixed limits: CUDA's and NVML's memory info show the claim's
+    share whatever the environment says."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    env = {"TESSERA_LIMITS_FILE": ""}
+    cuda = claim.run_prepared("shim_probe", "info", env=env)
+    assert cuda.returncode == 0, cuda.stderr
+    assert values(cuda.stdout)["total"] == str(LIMIT)
+    nvml = claim.run_prepared(
+        sys.executable,
+        "-c",
+        "import pynvml as n; n.nvmlInit(); "
+        "print('total=%d' % n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0)).total)",
+        env=env,
+    )
+    assert nvml.returncode == 0, nvml.stderr
+    assert values(nvml.stdout)["total"] == str(LIMIT)
+
+
+def test_the_shim_and_the_driver_agree_on_the_fixed_paths() -> None:
+    """The paths the shim trusts are the ones prepare's CDI spec mounts at."""
+    from tessera.driver.claim_files import CONTAINER_LIMITS, CONTAINER_REGION, CONTAINER_SHIM_DIR
+    from tessera.shim.testing import REPO
+
+    header = (REPO / "shim" / "include" / "tessera_shim.h").read_text()
+    for macro, path in (
+        ("TESSERA_CONTAINER_LIMITS", CONTAINER_LIMITS),
+        ("TESSERA_CONTAINER_REGION", CONTAINER_REGION),
+        ("TESSERA_CONTAINER_SHIM_DIR", CONTAINER_SHIM_DIR),
+    ):
+        assert f'#define {macro} "{path}"' in header
