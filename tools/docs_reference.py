@@ -374,8 +374,8 @@ SHIM_ENV = {
     "hand): unset or empty, the shim limits nothing; naming a missing file stops the process. Ignored in a "
     "prepared container, whose limits are always `/run/tessera/limits`.",
     "TESSERA_REGION_ENV": "A usage region shared by the processes that name it, outside a prepared "
-    "container; unset: limits apply to each process on its own (with a warning). Ignored in a prepared container, whose "
-    "region is always `/run/tessera/usage`.",
+    "container; unset: limits apply to each process on its own (with a warning). Ignored in a prepared "
+    "container, whose region is always `/run/tessera/usage`.",
     "TESSERA_LOG_ENV": "What the shim prints on stderr: `error`, `warn` (default), `info` (one line per "
     "process with the limits in force) or `debug`. Set it in the pod's container `env`.",
 }
