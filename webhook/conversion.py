@@ -18,10 +18,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
-
-from kubernetes.utils import parse_quantity
 
 from tessera.names import (
     CORES_CAPACITY,
@@ -35,7 +32,7 @@ from tessera.names import (
     MEMORY_CAPACITY,
     WEBHOOK_MANAGED_BY,
 )
-from tessera.quantity import MiB, round_down
+from tessera.quantity import MiB, parse_quantity, quote, round_down
 from tessera.webhook.fleet import Fleet
 
 REQUEST_NAME = "gpu"
@@ -49,6 +46,10 @@ MAX_SUBREQUESTS = 8
 """DRA allows at most 8 ``firstAvailable`` entries per request."""
 
 DEFAULT_MEMORY_PERCENT = 100
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+"""The label that marks the templates the webhook writes (value ``WEBHOOK_MANAGED_BY``): templates.py
+uses an existing template only if it carries it, and watches the templates by it."""
 
 
 class Refusal(ValueError):
@@ -67,14 +68,16 @@ class GpuRequest:
 
 
 def _whole_number(where: str, name: str, raw: Any) -> int:
+    """``raw`` as a whole number of at least 1, through the one bounded parser: a pod may carry any
+    string here (the API validates extended resources only after mutating admission)."""
     try:
-        value = parse_quantity(raw)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError, InvalidOperation):
-        raise Refusal(f'{where}: {name} is "{raw}", which is not a number.') from None
-    if not isinstance(value, Decimal) or value != value.to_integral_value():
-        raise Refusal(f'{where}: {name} is "{raw}", which is not a whole number.')
+        value = parse_quantity(raw)
+    except ValueError as error:
+        raise Refusal(f"{where}: {name} is refused: {error}") from None
+    if value.denominator != 1:
+        raise Refusal(f"{where}: {name} is {quote(raw)}, which is not a whole number.")
     if value <= 0:
-        raise Refusal(f'{where}: {name} is "{raw}"; it must be at least 1.')
+        raise Refusal(f"{where}: {name} is {quote(raw)}; it must be at least 1.")
     return int(value)
 
 
@@ -166,7 +169,7 @@ def container_requests(spec: Mapping[str, Any]) -> Iterator[ContainerRequest]:
     Raises Refusal as :func:`read_request` does."""
     for list_name, label in CONTAINER_LISTS:
         for index, container in enumerate(spec.get(list_name) or []):
-            where = f'{label} "{container.get("name", index)}"'
+            where = f"{label} {quote(container.get('name', index))}"
             request = read_request(where, container)
             if request is not None:
                 yield list_name, index, container, where, request
@@ -230,7 +233,7 @@ def claim_template(namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": template_name(spec),
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": WEBHOOK_MANAGED_BY},
+            "labels": {MANAGED_BY_LABEL: WEBHOOK_MANAGED_BY},
         },
         "spec": {"spec": dict(spec)},
     }

@@ -79,7 +79,11 @@ def test_requests_are_read_with_the_documented_defaults(
     ("limits", "requests", "phrase"),
     [
         ({G: "1.5"}, None, 'nvidia.com/gpu is "1.5", which is not a whole number'),
-        ({MEM: "lots"}, None, 'nvidia.com/gpumem is "lots", which is not a number'),
+        ({MEM: "lots"}, None, 'nvidia.com/gpumem is refused: quantity "lots" is not a number'),
+        ({MEM: "Infinity"}, None, 'nvidia.com/gpumem is refused: quantity "Infinity" is not a number'),
+        ({MEM: "1e1000000"}, None, 'quantity "1e1000000" has an exponent past ±30'),
+        ({MEM: "1" + "0" * 10_000}, None, "(10001 characters) is longer than 64 characters"),
+        ({CORES: "1e4299"}, None, 'gpucores is refused: quantity "1e4299" has an exponent past ±30'),
         ({G: 0}, None, 'nvidia.com/gpu is "0"; it must be at least 1'),
         ({CORES: "-5"}, None, 'nvidia.com/gpucores is "-5"; it must be at least 1'),
         ({MEM: "500m"}, None, "not a whole number"),
@@ -99,6 +103,7 @@ def test_values_no_gpu_could_satisfy_are_refused_in_one_sentence_naming_containe
     assert message.startswith('container "main": ')
     assert phrase in message
     assert message.endswith(".") and message.count(". ") == 0
+    assert len(message) < 160  # never the refused value echoed back whole
 
 
 def test_absolute_gpumem_becomes_one_request_with_memory_and_cores_per_gpu() -> None:
