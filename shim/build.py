@@ -2,9 +2,10 @@
 
 Two products, one set of C sources (shim/src, shim/include/tessera_shim.h):
 
-* ``tessera.shim._format`` - a cffi extension module compiling ``limits.c`` and ``region.c``, so
-  the driver (writing limits files, creating usage regions), the exporter (reading them) and the
-  tests use the very code the shim uses. ``setup.py`` names :data:`ffibuilder` in
+* ``tessera.shim._format`` - a cffi extension module compiling ``limits.c``, ``region.c`` and
+  ``region_read.c`` (the exporter's copy-only reader), so the driver (writing limits files,
+  creating usage regions), the exporter (reading them) and the tests use the very code the shim
+  uses. ``setup.py`` names :data:`ffibuilder` in
   ``cffi_modules``.
 * ``libtessera-cuda.so`` (soname ``libcuda.so.1``) and ``libtessera-nvml.so`` (soname
   ``libnvidia-ml.so.1``) - the preload libraries. They do not link Python. Each carries a
@@ -46,6 +47,8 @@ CFLAGS = [
 ]
 
 FORMAT_SOURCES = ["limits.c", "region.c"]
+READER_SOURCES = ["region_read.c"]
+"""Only the binding compiles these: the exporter's reader, which no preload library needs."""
 CUDA_SOURCES = [
     *FORMAT_SOURCES,
     "log.c",
@@ -141,6 +144,12 @@ ffibuilder.cdef(
     void tessera_region_release(struct tessera_region_handle *h, int gpu, uint64_t bytes);
     uint64_t tessera_region_used(const struct tessera_region *r, int gpu);
     int tessera_region_reap(struct tessera_region_handle *h);
+    struct tessera_region_view {
+        struct tessera_region region;
+        uint8_t live[1024];
+    };
+    int tessera_region_read(const char *path, struct tessera_region_view *out, char *err,
+                            size_t errlen);
     """
 )
 # The extension compiles the format code itself (included, so no object files land beside the
@@ -148,11 +157,12 @@ ffibuilder.cdef(
 ffibuilder.set_source(
     "tessera.shim._format",
     "\n".join(
-        ['#include "tessera_shim.h"'] + [f'#include "{SHIM_DIR / "src" / name}"' for name in FORMAT_SOURCES]
+        ['#include "tessera_shim.h"']
+        + [f'#include "{SHIM_DIR / "src" / name}"' for name in (*FORMAT_SOURCES, *READER_SOURCES)]
     ),
     include_dirs=[str(SHIM_DIR / "include")],
     extra_compile_args=["-std=gnu11", "-O2", "-D_GNU_SOURCE"],
-    depends=[str(SHIM_DIR / "src" / name) for name in FORMAT_SOURCES],
+    depends=[str(SHIM_DIR / "src" / name) for name in (*FORMAT_SOURCES, *READER_SOURCES)],
 )
 
 # --------------------------------------------------------------------- preload libraries ---

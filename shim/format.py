@@ -1,7 +1,8 @@
 """The limits file and the usage region, through the shim's own C code (cffi).
 
 The driver writes a claim's limits with :func:`write_limits` and creates its usage region with
-:func:`create_region`; the exporter reads usage through a :class:`UsageRegion` it keeps open.
+:func:`create_region`; the exporter and the tests read usage with :func:`read_region`, a private
+copy of the file that nothing its tenants write into it can turn into a fault.
 The text and binary layouts are defined once, in ``shim/include/tessera_shim.h``, and parsed and
 produced by the same functions the shim links, so the two sides cannot drift apart.
 """
@@ -32,7 +33,7 @@ class LimitsError(ValueError):
 
 
 class RegionError(OSError):
-    """A usage region that cannot be created or opened."""
+    """A usage region that cannot be created, or read as a well-formed region."""
 
 
 @dataclass(frozen=True)
@@ -152,68 +153,49 @@ class RegionSnapshot:
     processes: list[ProcessUsage] = field(default_factory=list)
 
 
-class UsageRegion:
-    """A claim's usage region, mapped until :meth:`close`: a reader that looks again and again
-    (the exporter, at every scrape) keeps one open rather than mapping the file each time.
+def read_region(path: Path, include_dead: bool = False) -> RegionSnapshot:
+    """What a claim's usage region says now, read from a private copy (``tessera_region_read``:
+    pread, never a mapping, never a write), so whatever the claim's containers do to the file can
+    only make this call raise :class:`RegionError` for that claim.
 
-    The region file is made once per claim and never replaced, so a mapping stays the claim's
-    for as long as the claim exists. The reader holds no slot, so keeping it open takes nothing
-    from the claim's processes.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._handle = _ffi.new("struct tessera_region_handle *")
-        err = _err()
-        if _lib.tessera_region_open(str(path).encode(), self._handle, err, 600) != 0:
-            raise RegionError(_ffi.string(err).decode())
-        self._open = True
-
-    def __enter__(self) -> UsageRegion:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Unmap the region. Safe to call twice."""
-        if self._open:
-            _lib.tessera_region_close(self._handle)
-            self._open = False
-
-    def snapshot(self, reap: bool = True) -> RegionSnapshot:
-        """What the claim uses now. With ``reap`` (the default), dead processes' usage is released
-        first, so the snapshot never counts a process that is gone."""
-        if not self._open:
-            raise RegionError(f"{self.path}: region closed")
-        if reap:
-            _lib.tessera_region_reap(self._handle)
-        r = self._handle.map
-        gpus: list[tuple[int, str]] = []
-        for g in range(MAX_GPUS):
-            if r.gpus[g].state == _lib.TESSERA_GPU_READY:
-                gpus.append((g, _ffi.string(r.gpus[g].uuid).decode()))
-        usage = [
+    The claim's usage counts live processes only: a slot whose owner has died (its record lock is
+    free) is left out, as the shim's own next sweep would free it. ``include_dead`` keeps such
+    slots, to see the region exactly as the processes left it. FileNotFoundError if ``path`` does
+    not exist; :class:`RegionError` for anything that is not a well-formed region."""
+    view = _ffi.new("struct tessera_region_view *")
+    err = _err()
+    rc = _lib.tessera_region_read(str(path).encode(), view, err, 600)
+    if rc == 1:
+        raise FileNotFoundError(f"{path}: no usage region")
+    if rc != 0:
+        raise RegionError(_ffi.string(err).decode(errors="replace"))
+    r = view.region
+    # The reader checked every state and that each READY entry's UUID ends inside its field.
+    gpus: list[tuple[int, str]] = [
+        (g, _ffi.string(r.gpus[g].uuid).decode(errors="replace"))
+        for g in range(MAX_GPUS)
+        if r.gpus[g].state == _lib.TESSERA_GPU_READY
+    ]
+    counted = [
+        i
+        for i in range(int(r.slot_hwm))
+        if r.slots[i].state == _lib.TESSERA_SLOT_ACTIVE and (include_dead or view.live[i])
+    ]
+    usage = []
+    for g, uuid in gpus:
+        # Each slot's bytes are below 2**64; their sum is a Python int, exact however large.
+        used = sum(int(r.slots[i].used[g]) for i in counted)
+        usage.append(
             GpuUsage(
-                uuid,
-                int(_lib.tessera_region_used(r, g)),
-                int(r.gpus[g].charged_ns),
-                int(r.gpus[g].throttled_ns),
-                int(r.gpus[g].launches),
+                uuid, used, int(r.gpus[g].charged_ns), int(r.gpus[g].throttled_ns), int(r.gpus[g].launches)
             )
-            for g, uuid in gpus
-        ]
-        processes = []
-        for i in range(min(int(r.slot_hwm), _lib.TESSERA_REGION_SLOTS)):
-            s = r.slots[i]
-            if s.state != _lib.TESSERA_SLOT_ACTIVE:
-                continue
-            used = {uuid: int(s.used[g]) for g, uuid in gpus}
-            processes.append(ProcessUsage(int(s.pid), int(s.start_time), used))
-        return RegionSnapshot(usage, processes)
-
-
-def read_region(path: Path, reap: bool = True) -> RegionSnapshot:
-    """One look at a claim's usage region (see :meth:`UsageRegion.snapshot`)."""
-    with UsageRegion(path) as region:
-        return region.snapshot(reap)
+        )
+    processes = [
+        ProcessUsage(
+            int(r.slots[i].pid),
+            int(r.slots[i].start_time),
+            {uuid: int(r.slots[i].used[g]) for g, uuid in gpus},
+        )
+        for i in counted
+    ]
+    return RegionSnapshot(usage, processes)

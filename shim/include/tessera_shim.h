@@ -193,8 +193,8 @@ void tessera_region_release(struct tessera_region_handle *h, int gpu, uint64_t b
 uint64_t tessera_region_used(const struct tessera_region *r, int gpu);
 
 /* Sweep: every ACTIVE slot whose owner has died (its record lock is free) has its usage zeroed and
- * becomes FREE. Returns how many were reaped. Safe to call from any process, including readers
- * such as the exporter that hold no slot. */
+ * becomes FREE. Returns how many were reaped. Safe to call from any process of the claim,
+ * including one that holds no slot (the exporter reads with tessera_region_read and never sweeps). */
 int tessera_region_reap(struct tessera_region_handle *h);
 
 /* Reap if the last sweep (by any process) was more than `interval_ns` ago. */
@@ -205,6 +205,21 @@ void tessera_region_after_fork_child(struct tessera_region_handle *h);
 
 /* Mark this process's slot as holding nothing (at exit); the slot stays owned until death. */
 void tessera_region_drop_usage(struct tessera_region_handle *h);
+
+/* A reader's private copy of a region (shim/src/region_read.c): what the exporter reads, never a
+ * mapping, so nothing a tenant does to the file can fault or block the reader. */
+struct tessera_region_view {
+    struct tessera_region region;
+    uint8_t live[TESSERA_REGION_SLOTS]; /* 1: slot ACTIVE and its owner's lock held (alive) */
+};
+
+/* Copy the region at `path` with pread (opened read-only and non-blocking; a regular file of
+ * exactly sizeof(struct tessera_region) bytes), check its header and every count and state it
+ * holds, and mark which ACTIVE slots a live process owns (F_OFD_GETLK on the slot's lock byte).
+ * Never writes the file and takes no lock. Returns 0; 1 if `path` does not exist; -1 with a
+ * one-line reason naming the file in `err` if it is anything but a well-formed region. */
+int tessera_region_read(const char *path, struct tessera_region_view *out, char *err,
+                        size_t errlen);
 
 /* CLOCK_MONOTONIC in nanoseconds (the region's time base). */
 uint64_t tessera_now_ns(void);

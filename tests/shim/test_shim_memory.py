@@ -23,11 +23,12 @@ LIMIT = 256 * MiB
 APIS = ["mem", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz", "vmm", "array", "array3d"]
 
 
-def region_used(claim: Claim, reap: bool = True) -> int:
-    """What the claim's region says is used; with ``reap=False`` as the processes left it, without
-    first sweeping dead processes' charges (as the tests' own reading otherwise would)."""
+def region_used(claim: Claim, include_dead: bool = False) -> int:
+    """What the claim's region says is used by live processes; with ``include_dead`` as the
+    processes left it, dead processes' charges included until a process of the claim sweeps them
+    (the reader never writes the region)."""
     assert claim.region is not None
-    return sum(g.used_bytes for g in read_region(claim.region, reap=reap).gpus)
+    return sum(g.used_bytes for g in read_region(claim.region, include_dead=include_dead).gpus)
 
 
 # A process of the claim that makes CUDA calls when told to on stdin ("alloc BYTES": cuMemAlloc,
@@ -228,7 +229,7 @@ def killed_holder(claim: Claim, nbytes: int) -> int:
 
 def slot_pids(claim: Claim) -> list[int]:
     assert claim.region is not None
-    return [p.pid for p in read_region(claim.region, reap=False).processes]
+    return [p.pid for p in read_region(claim.region, include_dead=True).processes]
 
 
 def test_sigkill_gives_memory_back_at_the_next_sweep(make_claim: ClaimFactory) -> None:
@@ -246,17 +247,17 @@ def test_sigkill_gives_memory_back_at_the_next_sweep(make_claim: ClaimFactory) -
     try:
         assert servant.ask(f"alloc {MiB}") == 0  # it holds a slot of its own from now on
         dead = killed_holder(claim, 200 * MiB)
-        assert region_used(claim, reap=False) == 201 * MiB  # charged until someone sweeps
+        assert region_used(claim, include_dead=True) == 201 * MiB  # charged until someone sweeps
         # 100 MiB more fits the 256 MiB limit only once the dead process's 200 MiB are swept.
         assert servant.ask(f"alloc {100 * MiB}") == 0
-        assert region_used(claim, reap=False) == 101 * MiB
+        assert region_used(claim, include_dead=True) == 101 * MiB
         assert dead not in slot_pids(claim)
 
         dead = killed_holder(claim, 100 * MiB)
-        assert region_used(claim, reap=False) == 201 * MiB
+        assert region_used(claim, include_dead=True) == 201 * MiB
         time.sleep(0.2)  # the last sweep (the holder's own, at its allocation) is now >= 0.1 s old
         assert servant.ask("info") == 101 * MiB
-        assert region_used(claim, reap=False) == 101 * MiB
+        assert region_used(claim, include_dead=True) == 101 * MiB
         assert dead not in slot_pids(claim)
     finally:
         servant.process.kill()
@@ -273,8 +274,8 @@ def test_sigkill_mid_allocation_blocks_no_one(make_claim: ClaimFactory) -> None:
         time.sleep(0.05)
         looper.send_signal(signal.SIGKILL)
         looper.wait()
-        # Dead once wait() returns (the kernel dropped its slot's lock), so the first sweep,
-        # the one reading the region makes, must find nothing charged.
+        # Dead once wait() returns (the kernel dropped its slot's lock), so a reading that
+        # counts live processes only must find nothing charged.
         assert region_used(claim) == 0
     done = claim.run("shim_probe", "alloc", "mem", str(LIMIT), timeout=10)
     assert values(done.stdout)["rc"] == "0"
@@ -338,17 +339,17 @@ def test_memory_of_exited_process_is_back_at_once(make_claim: ClaimFactory) -> N
     read_line(killed, "HOLD")
     os.kill(killed.pid, signal.SIGTERM)  # default action: dies at once, no exit handler
     killed.wait()
-    assert region_used(claim, reap=False) == 100 * MiB
-    assert region_used(claim) == 0  # a sweep gives it back
+    assert region_used(claim, include_dead=True) == 100 * MiB
+    assert region_used(claim) == 0  # its slot's lock is free: a dead process, not counted
 
     servant = Servant(claim)
     try:
         assert servant.ask(f"alloc {100 * MiB}") == 0
         assert servant.ask(f"alloc {60 * MiB}") == 0
-        assert region_used(claim, reap=False) == 160 * MiB
+        assert region_used(claim, include_dead=True) == 160 * MiB
     finally:
         servant.exit()
-    assert region_used(claim, reap=False) == 0
+    assert region_used(claim, include_dead=True) == 0
 
 
 def test_pool_cache_is_counted_until_trimmed(make_claim: ClaimFactory) -> None:
