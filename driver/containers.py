@@ -1,4 +1,5 @@
-"""Which containers on this node use which ResourceClaim: a watched, cached index of the node's pods.
+"""Which containers on this node use which ResourceClaim, and which runtime container ID is which
+container: a watched, cached index of the node's pods.
 
 The exporter labels every per-container series with namespace, pod and container, but a claim's
 folder knows only the claim. A pod names its claims in ``spec.resourceClaims`` (directly, or through
@@ -63,6 +64,23 @@ def containers_by_claim(pod: Mapping[str, Any]) -> dict[tuple[str, str], list[Co
     return out
 
 
+def containers_by_id(pod: Mapping[str, Any]) -> dict[tuple[str, str], ContainerRef]:
+    """(pod UID, container ID) -> the container, for every container the kubelet reports started.
+
+    The container ID is what the runtime named it (``containerd://<id>`` in the status, the bare
+    ``<id>`` in its cgroup's path): the fact the kernel keeps about a process, which the exporter
+    matches NVML's processes against. Written by the kubelet, never by the pod."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    uid, namespace, name = str(meta.get("uid", "")), str(meta.get("namespace", "")), str(meta.get("name", ""))
+    out: dict[tuple[str, str], ContainerRef] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for entry in status.get(key) or []:
+            _, sep, container_id = str(entry.get("containerID") or "").partition("://")
+            if uid and sep and container_id:
+                out[(uid, container_id)] = ContainerRef(namespace, name, str(entry.get("name", "")))
+    return out
+
+
 def _running(status: Mapping[str, Any]) -> bool:
     """A pod being deleted still has running containers until they stop; keep it until then."""
     return any("running" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
@@ -75,7 +93,9 @@ class ContainerIndex:
         self._list_pods = list_pods
         self._node = node_name
         self._pods: dict[str, dict[tuple[str, str], list[ContainerRef]]] = {}
+        self._ids: dict[str, dict[tuple[str, str], ContainerRef]] = {}
         self._by_claim: dict[tuple[str, str], list[ContainerRef]] = {}
+        self._by_id: dict[tuple[str, str], ContainerRef] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
         """Set once the first list has arrived: before it, no claim has containers."""
@@ -90,15 +110,19 @@ class ContainerIndex:
         with self._lock:
             if kind == "SYNCED":
                 self._pods = {_uid(p): containers_by_claim(p) for p in obj["items"]}
+                self._ids = {_uid(p): containers_by_id(p) for p in obj["items"]}
             elif kind == "DELETED":
                 self._pods.pop(_uid(obj), None)
+                self._ids.pop(_uid(obj), None)
             else:
                 self._pods[_uid(obj)] = containers_by_claim(obj)
+                self._ids[_uid(obj)] = containers_by_id(obj)
             merged: dict[tuple[str, str], list[ContainerRef]] = {}
             for claims in self._pods.values():
                 for key, refs in claims.items():
                     merged.setdefault(key, []).extend(refs)
             self._by_claim = {key: sorted(refs) for key, refs in merged.items()}
+            self._by_id = {key: ref for ids in self._ids.values() for key, ref in ids.items()}
         if kind == "SYNCED":
             self.synced.set()
 
@@ -106,6 +130,12 @@ class ContainerIndex:
         """The running containers that use claim ``namespace/claim`` (none if no pod here does)."""
         with self._lock:
             return self._by_claim.get((namespace, claim), [])
+
+    def container(self, pod_uid: str, container_id: str) -> ContainerRef | None:
+        """The container the runtime named ``container_id`` in pod ``pod_uid`` (None if no pod of
+        this node reports it)."""
+        with self._lock:
+            return self._by_id.get((pod_uid, container_id))
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

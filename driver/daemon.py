@@ -55,7 +55,6 @@ class Daemon:
         self._servers: list[tuple[grpc.Server, Path]] = []
         self._health_http: HealthServer | None = None
         self._metrics_http: MetricsServer | None = None
-        self._collector: GpuCollector | None = None
         self._nvml: Nvml | None = None
         self._service: plugin.DraService | None = None
         self._status_writer: ClaimStatusWriter | None = None
@@ -152,9 +151,9 @@ class Daemon:
             problems=self.tracker.problems,
             records=self.state.records,
             containers=self.containers.containers,
+            container=self.containers.container,
         )
-        self._collector = GpuCollector(sources, metrics)
-        registry.register(self._collector)
+        registry.register(GpuCollector(sources, metrics))
         self._metrics_http = MetricsServer(config.metrics_address, config.metrics_port, registry)
         self._metrics_http.start()
 
@@ -217,9 +216,6 @@ class Daemon:
         if self._metrics_http is not None:  # before NVML closes: no scrape may reach a closed NVML
             self._metrics_http.stop()
             self._metrics_http = None
-        if self._collector is not None:  # after the server: no scrape is reading a region now
-            self._collector.close()
-            self._collector = None
         # Loops see the stop at once, except a watch blocked on the server (at most its timeout):
         # daemon threads, which end with the process, so shutdown does not wait for them.
         deadline = time.monotonic() + 2.0

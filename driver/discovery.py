@@ -80,9 +80,12 @@ class GpuSample:
     """SM utilisation over NVML's last sample window, by process ID as this process sees it
     (the host's, when the daemon runs in the host's PID namespace); None when the driver gives no
     per-process samples, empty when no process ran a kernel in the window."""
-    compute_pids: tuple[int, ...] | None = None
-    """Processes with a compute context on the GPU now (same PID view); None when NVML cannot
-    list them."""
+    compute_memory: dict[int, int | None] | None = None
+    """Processes with a compute context on the GPU now (same PID view) -> the device memory the
+    driver says each holds there (NVML's usedGpuMemory, contexts of one process added), None for
+    a process whose figure the driver does not give. What the driver counts, whether or not the
+    process went through the shim: the exporter holds it against what the shim charged. None when
+    NVML cannot list the processes."""
 
 
 class Nvml:
@@ -149,7 +152,7 @@ class Nvml:
                 ),
                 power_milliwatts=_optional(lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
                 process_sm_percent=_process_samples(handle),
-                compute_pids=_compute_pids(handle),
+                compute_memory=_compute_memory(handle),
             )
 
 
@@ -160,11 +163,19 @@ def _optional(query: Callable[[], T]) -> T | None:
         return None
 
 
-def _compute_pids(handle: object) -> tuple[int, ...] | None:
+def _compute_memory(handle: object) -> dict[int, int | None] | None:
+    """pynvml gives usedGpuMemory as None where the driver reports it not available (as under
+    some virtualisation); one such context makes its process's figure unknown, not 0."""
     try:
-        return tuple(int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except pynvml.NVMLError:
         return None
+    out: dict[int, int | None] = {}
+    for process in listed:
+        pid, used = int(process.pid), process.usedGpuMemory
+        before = out.get(pid, 0)
+        out[pid] = None if used is None or (pid in out and before is None) else (before or 0) + int(used)
+    return out
 
 
 def _process_samples(handle: object) -> dict[int, int] | None:

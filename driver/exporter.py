@@ -3,14 +3,23 @@ per-GPU series.
 
 Usage is read at scrape time, never cached: a number on the dashboard is what the limit saw at that
 instant. Only what cannot change is kept between scrapes: a claim's identity and limits (written
-once at prepare from an allocation that never changes) and the watch-fed pod index. Usage comes from the same
-region the shim enforces with, read through ``tessera.shim.format`` (the shim's own C code) with
-dead processes swept first, so a process killed with SIGKILL stops counting at the next scrape, not
-at its historical peak. Compute utilisation comes from NVML's per-process samples, each process
-matched to its claim by the usage region it maps (``$TESSERA_USAGE_REGION`` inside the process's
-own root is the claim's region file on the host: same inode), which holds for processes that never
-allocate memory and in any PID namespace; where the driver gives no per-process samples, from the
-GPU time the shim charged the claim between two scrapes.
+once at prepare from an allocation that never changes) and the watch-fed pod index.
+
+Nothing a tenant writes is trusted or mapped. A claim's usage region is world-writable and mounted
+into its containers, so it is read as a private copy (``tessera.shim.format.read_region``: pread,
+checked header, size and counts, never a write); a malformed one is that claim's bad data, counted
+and logged, and costs no other claim anything. Dead processes' slots are skipped, not swept: the
+shim sweeps its own region.
+
+Processes are tied to containers by what the kernel says: NVML lists each process with a context on
+a GPU and the memory the driver holds for it; the process's cgroup names its pod and container
+(driver/cgroups.py), and the pod index maps that to the container and its claims. So the memory the
+driver reports for a container's processes stands next to what the shim charged its claim, and
+memory no claim accounts for - a process in no Tessera container, or a claim's processes holding
+more than its limit, as one that opened the real driver library around the shim does - is exported
+per GPU and named in the log. Compute utilisation comes from NVML's per-process samples of the
+claim's processes; where the driver gives no per-process samples, from the GPU time the shim
+charged the claim between two scrapes.
 
 A failure in one claim or one GPU drops that part's series and counts an error by source; it never
 fails the scrape.
@@ -28,7 +37,7 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera.driver import claim_files
+from tessera.driver import cgroups, claim_files
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.containers import ContainerRef
 from tessera.driver.devices import device_name
@@ -44,12 +53,16 @@ GPU_LABELS = ("node", "device_uuid", "device_index", "model")
 # Per container and GPU.
 CONTAINER_MEMORY_USED = "tessera_container_gpu_memory_used_bytes"
 CONTAINER_MEMORY_LIMIT = "tessera_container_gpu_memory_limit_bytes"
+CONTAINER_MEMORY_DRIVER = "tessera_container_gpu_memory_driver_bytes"
+CONTAINER_MEMORY_EXCESS = "tessera_container_gpu_memory_excess_bytes"
 CONTAINER_COMPUTE_LIMIT = "tessera_container_gpu_compute_limit_ratio"
 CONTAINER_UTILIZATION = "tessera_container_gpu_utilization_ratio"
 CONTAINER_PROCESSES = "tessera_container_gpu_processes"
 # Per GPU.
 GPU_MEMORY_TOTAL = "tessera_gpu_memory_total_bytes"
 GPU_MEMORY_USED = "tessera_gpu_memory_used_bytes"
+GPU_MEMORY_UNACCOUNTED = "tessera_gpu_memory_unaccounted_bytes"
+GPU_PROCESSES = "tessera_gpu_processes"
 GPU_UTILIZATION = "tessera_gpu_utilization_ratio"
 GPU_TEMPERATURE = "tessera_gpu_temperature_celsius"
 GPU_POWER = "tessera_gpu_power_watts"
@@ -60,21 +73,32 @@ GPU_SHARES = "tessera_gpu_shares"
 
 _HELP = {
     CONTAINER_MEMORY_USED: "Device memory held by the container's claim on this GPU, in bytes, read from the "
-    "claim's usage region (what the shim's memory limit counts; dead processes swept first). "
-    "Containers that share one claim share this figure.",
+    "claim's usage region (what the shim's memory limit counts; processes that have died left "
+    "out). Containers that share one claim share this figure.",
     CONTAINER_MEMORY_LIMIT: "The claim's memory limit on this GPU, in bytes, from its limits file (the sum "
     "of its shares' consumed memory); the GPU's total memory when the claim has no memory limit.",
+    CONTAINER_MEMORY_DRIVER: "Device memory the driver reports for the container's processes on this GPU, "
+    "in bytes (NVML's per-process used memory, processes matched to the container by their "
+    "cgroup), whether or not they went through the shim.",
+    CONTAINER_MEMORY_EXCESS: "Device memory the driver reports for the claim's processes (every container "
+    "using the claim) on this GPU beyond the claim's memory limit, in bytes; 0 within the limit. "
+    "Above 0: memory taken around the shim, or the real driver's per-context overhead.",
     CONTAINER_COMPUTE_LIMIT: "The claim's compute cap on this GPU as a ratio 0-1 of the GPU's time, from its "
     "limits file; 1 when uncapped.",
     CONTAINER_UTILIZATION: "Share of this GPU's time, 0-1, that the claim's processes kept its SMs busy "
-    "over NVML's last sample window (NVML per-process samples, matched to the claim by the usage "
-    "region each process maps); from the GPU time the shim charged between two scrapes where NVML "
-    "gives no samples.",
-    CONTAINER_PROCESSES: "Live processes of the container's claim with a compute context on this GPU "
-    "(NVML's list, matched to the claim by the usage region each process maps); where NVML gives no "
-    "list, those holding memory on it in the claim's usage region.",
+    "over NVML's last sample window (NVML per-process samples of the processes of the containers "
+    "using the claim, matched by cgroup); from the GPU time the shim charged between two scrapes "
+    "where NVML gives no samples.",
+    CONTAINER_PROCESSES: "Live processes of the containers using the claim with a compute context on this "
+    "GPU (NVML's list, matched to containers by cgroup); where NVML gives no list, the claim's "
+    "processes holding memory on it in its usage region.",
     GPU_MEMORY_TOTAL: "Total device memory of the GPU, in bytes, from NVML.",
     GPU_MEMORY_USED: "Device memory in use on the GPU by every process, in bytes, from NVML.",
+    GPU_MEMORY_UNACCOUNTED: "Device memory on the GPU that no claim prepared on this node accounts for, in "
+    "bytes: what the driver reports for processes in no container using a claim on this GPU, plus "
+    "each claim's processes' memory beyond its limit.",
+    GPU_PROCESSES: "Processes with a compute context on the GPU, from NVML (each holds the driver's "
+    "per-context overhead on a real GPU).",
     GPU_UTILIZATION: "Share of time, 0-1, that one or more kernels ran on the GPU over NVML's sample window.",
     GPU_TEMPERATURE: "GPU core temperature in degrees Celsius, from NVML.",
     GPU_POWER: "GPU power draw in watts, from NVML.",
@@ -93,7 +117,7 @@ FAMILIES = tuple(_HELP)
 
 @dataclass(frozen=True)
 class Sources:
-    """Where the collector reads from; the daemon passes its live parts, tests pass their own."""
+    """Where the collector reads from; the exporter passes its live parts, tests pass their own."""
 
     node: str
     claims_dir: Path
@@ -106,6 +130,8 @@ class Sources:
     """The prepared claims (shares per GPU come from their devices)."""
     containers: Callable[[str, str], Sequence[ContainerRef]]
     """(namespace, claim name) -> the running containers that use it."""
+    container: Callable[[str, str], ContainerRef | None]
+    """(pod UID, runtime container ID) -> that container, from the pods' statuses."""
     proc: Path = Path("/proc")
     clock: Callable[[], float] = field(default=time.monotonic)
 
@@ -116,9 +142,8 @@ class _Claim:
     name: str
     uid: str
     limits: list[shim_format.GpuLimit]
-    region: shim_format.RegionSnapshot
-    region_file: tuple[int, int]
-    """(device, inode) of the region file: what a process of the claim maps."""
+    region: shim_format.RegionSnapshot | None
+    """None when the region is missing or malformed: the claim's usage is unknown, not 0."""
 
 
 _Fixed = tuple[tuple[str, str, str], list[shim_format.GpuLimit], Path]
@@ -134,15 +159,13 @@ class GpuCollector(Collector):
         self._by_uuid = {g.uuid: g for g in sources.gpus}
         self._fixed: dict[str, _Fixed] = {}
         """Claim UID -> (identity, limits, region path), read at the first scrape that finds it."""
-        self._regions: dict[str, tuple[shim_format.UsageRegion, tuple[int, int]]] = {}
-        """Claim UID -> its usage region, kept mapped while the claim is prepared (mapping it at
-        every scrape cost a third of the scrape), and the (device, inode) of the region file."""
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
-        self._mapped: dict[tuple[int, int], _Process | None] = {}
-        """(pid, start time) -> the process's identity and region file; None for a process that
-        maps no region (not under the shim). A process keeps its region for life, so it is looked
-        up once; entries go when the process is no longer sampled."""
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
+        self._over: set[tuple[str, str]] = set()
+        """(claim UID, GPU UUID) whose processes hold more than the claim's limit at the last
+        scrape: logged when it starts and when it ends, not at every scrape."""
+        self._outside: dict[str, set[int]] = {}
+        """GPU UUID -> pids holding memory there that no claim accounts for, at the last scrape."""
 
     def describe(self) -> Iterable[Metric]:
         """Families without samples: registering must not run a whole collection."""
@@ -184,8 +207,6 @@ class GpuCollector(Collector):
             present = set()
         for uid in set(self._fixed) - present:  # unprepared: forget it
             del self._fixed[uid]
-        for uid in set(self._regions) - present:
-            self._regions.pop(uid)[0].close()
         for uid in sorted(present):
             fixed = self._fixed.get(uid) or self._read_fixed(
                 uid, claim_files.claim_files(self._s.claims_dir, uid)
@@ -193,29 +214,18 @@ class GpuCollector(Collector):
             if fixed is None:
                 continue
             (namespace, name, _), limits, region_path = fixed
+            region: shim_format.RegionSnapshot | None = None
             try:
-                region, region_file = self._regions.get(uid) or self._open_region(uid, region_path)
-                snapshot = region.snapshot()
-            except OSError as error:
-                if not region_path.exists():
-                    continue  # not made yet, or unprepared between the listing and now
-                self._error("region", "claim %s: %s", uid, error)
-                continue
-            out.append(_Claim(namespace, name, uid, limits, snapshot, region_file))
+                region = shim_format.read_region(region_path)
+            except FileNotFoundError:
+                # Prepare writes it after the limits (a container cannot remove its mount point);
+                # a folder gone since the listing is a claim unprepared now.
+                if not region_path.parent.exists():
+                    continue
+            except OSError as error:  # RegionError: whatever a tenant made of the file
+                self._error("region", "claim %s/%s (%s): %s", namespace, name, uid, error)
+            out.append(_Claim(namespace, name, uid, limits, region))
         return out
-
-    def _open_region(self, uid: str, path: Path) -> tuple[shim_format.UsageRegion, tuple[int, int]]:
-        """Map a claim's region for as long as the claim is prepared: prepare makes the file once,
-        atomically, so its inode is the claim's for life."""
-        stat = os.stat(path)
-        self._regions[uid] = (shim_format.UsageRegion(path), (stat.st_dev, stat.st_ino))
-        return self._regions[uid]
-
-    def close(self) -> None:
-        """Unmap every claim's region (the daemon calls this as it stops)."""
-        for region, _ in self._regions.values():
-            region.close()
-        self._regions.clear()
 
     def _read_fixed(self, uid: str, files: claim_files.ClaimFiles) -> _Fixed | None:
         """A claim's identity and limits, read once: both are written at prepare from the claim's
@@ -287,37 +297,52 @@ class GpuCollector(Collector):
             ):
                 if value is not None:
                     families[name].add_metric(labels, value * scale)
+            if sample.compute_memory is not None:
+                families[GPU_PROCESSES].add_metric(labels, float(len(sample.compute_memory)))
 
     # ------------------------------------------------------------------ per container
 
     def _container_series(
         self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
     ) -> None:
-        by_region: dict[tuple[int, int], dict[int, _Process]] = {}
-        for pid, process in self._processes(samples).items():
-            by_region.setdefault(process.region_file, {})[pid] = process
+        owners = self._owners(samples)
         now = self._s.clock()
         seen: set[tuple[str, str]] = set()
+        over: set[tuple[str, str]] = set()
+        excess_on: dict[str, int] = {}  # GPU UUID -> claims' memory past their limits there
+        accounted: dict[str, set[int]] = {}  # GPU UUID -> pids of containers with a claim on it
+        users = {claim.uid: self._s.containers(claim.namespace, claim.name) for claim in claims}
         for claim in claims:
-            containers = self._s.containers(claim.namespace, claim.name)
-            used = {g.uuid: g for g in claim.region.gpus}
-            ours = by_region.get(claim.region_file, {})
+            containers = users[claim.uid]
             for limit in claim.limits:
                 gpu = self._by_uuid.get(limit.uuid)
                 if gpu is None:
                     continue
                 seen.add((claim.uid, limit.uuid))
-                usage = used.get(limit.uuid)
                 sample = samples.get(limit.uuid)
+                listed = sample.compute_memory if sample is not None else None
+                ours = {pid for pid, ref in owners.items() if ref in containers}
+                on_gpu = {pid: used for pid, used in (listed or {}).items() if pid in ours}
+                accounted.setdefault(limit.uuid, set()).update(on_gpu)
+                usage = {g.uuid: g for g in claim.region.gpus}.get(limit.uuid) if claim.region else None
                 utilization = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
                 # Every process holding memory on a GPU has a context there: NVML's list is the
                 # whole set where it is given; the region's slots holding memory where it is not.
-                if sample is not None and sample.compute_pids is not None:
-                    count = sum(1 for pid in sample.compute_pids if pid in ours)
-                else:
+                if listed is not None:
+                    count: int | None = len(on_gpu)
+                elif claim.region is not None:
                     count = sum(1 for p in claim.region.processes if p.used_bytes.get(limit.uuid, 0) > 0)
+                else:
+                    count = None
                 memory_limit = limit.memory_bytes if limit.memory_bytes is not None else gpu.memory_bytes
                 compute_limit = 1.0 if limit.cores in (0, 100) else limit.cores / 100
+                known = listed is not None and all(v is not None for v in on_gpu.values())
+                driver_total = sum(v or 0 for v in on_gpu.values())
+                excess = max(0, driver_total - memory_limit) if known else None
+                if excess:
+                    excess_on[limit.uuid] = excess_on.get(limit.uuid, 0) + excess
+                    over.add((claim.uid, limit.uuid))
+                    self._report_over(claim, limit.uuid, containers, driver_total, memory_limit)
                 for ref in containers:
                     labels = [
                         ref.namespace,
@@ -328,23 +353,90 @@ class GpuCollector(Collector):
                         gpu.uuid,
                         str(gpu.index),
                     ]
-                    families[CONTAINER_MEMORY_USED].add_metric(
-                        labels, float(usage.used_bytes if usage else 0)
-                    )
+                    if claim.region is not None:
+                        families[CONTAINER_MEMORY_USED].add_metric(
+                            labels, float(usage.used_bytes if usage else 0)
+                        )
                     families[CONTAINER_MEMORY_LIMIT].add_metric(labels, float(memory_limit))
                     families[CONTAINER_COMPUTE_LIMIT].add_metric(labels, compute_limit)
-                    families[CONTAINER_PROCESSES].add_metric(labels, float(count))
+                    if count is not None:
+                        families[CONTAINER_PROCESSES].add_metric(labels, float(count))
                     if utilization is not None:
                         families[CONTAINER_UTILIZATION].add_metric(labels, utilization)
+                    mine = [on_gpu[pid] for pid in on_gpu if owners[pid] == ref]
+                    if listed is not None and None not in mine:
+                        families[CONTAINER_MEMORY_DRIVER].add_metric(labels, float(sum(v or 0 for v in mine)))
+                    if excess is not None:
+                        families[CONTAINER_MEMORY_EXCESS].add_metric(labels, float(excess))
+        for gpu in self._s.gpus:
+            sample = samples.get(gpu.uuid)
+            if sample is None or sample.compute_memory is None:
+                continue
+            outside = [
+                used
+                for pid, used in sample.compute_memory.items()
+                if pid not in accounted.get(gpu.uuid, set())
+            ]
+            if None in outside:
+                continue  # the driver does not say how much: unknown, not 0
+            self._report_outside(gpu, sample.compute_memory, accounted.get(gpu.uuid, set()), owners)
+            total = excess_on.get(gpu.uuid, 0) + sum(v or 0 for v in outside)
+            labels = [self._s.node, gpu.uuid, str(gpu.index), gpu.product_name]
+            families[GPU_MEMORY_UNACCOUNTED].add_metric(labels, float(total))
+        for key in self._over - over:
+            log.info("claim %s's processes are back within its memory limit on GPU %s", key[0], key[1])
+        self._over = over
         for key in set(self._charged) - seen:  # claims gone: forget their last reading
             del self._charged[key]
+
+    def _report_over(
+        self, claim: _Claim, uuid: str, containers: Sequence[ContainerRef], held: int, limit: int
+    ) -> None:
+        """Name the containers of a claim whose processes hold more than its limit: once, when it
+        starts (the series carries it at every scrape)."""
+        if (claim.uid, uuid) in self._over:
+            return
+        names = ", ".join(f"{r.namespace}/{r.pod}/{r.container}" for r in containers) or "none running"
+        log.warning(
+            "claim %s/%s: its containers' processes (%s) hold %d bytes on GPU %s, %d past its limit "
+            "of %d: memory taken around the shim",
+            claim.namespace,
+            claim.name,
+            names,
+            held,
+            uuid,
+            held - limit,
+            limit,
+        )
+
+    def _report_outside(
+        self,
+        gpu: Gpu,
+        listed: Mapping[int, int | None],
+        accounted: set[int],
+        owners: Mapping[int, ContainerRef],
+    ) -> None:
+        """Processes holding memory on the GPU in no container that uses a claim on it: logged
+        once each (by pid), naming the container when the process is in one."""
+        outside = {pid for pid, used in listed.items() if pid not in accounted and used}
+        for pid in sorted(outside - self._outside.get(gpu.uuid, set())):
+            ref = owners.get(pid)
+            where = f"container {ref.namespace}/{ref.pod}/{ref.container}" if ref else "no container of a pod"
+            log.warning(
+                "process %d (%s) holds %d bytes on GPU %s that no claim on this node accounts for",
+                pid,
+                where,
+                listed[pid] or 0,
+                gpu.uuid,
+            )
+        self._outside[gpu.uuid] = outside
 
     def _utilization(
         self,
         uid: str,
         uuid: str,
         usage: shim_format.GpuUsage | None,
-        ours: Mapping[int, _Process],
+        ours: set[int],
         sample: GpuSample | None,
         now: float,
     ) -> float | None:
@@ -356,75 +448,23 @@ class GpuCollector(Collector):
         if sample is not None and sample.process_sm_percent is not None:
             percent = sum(util for pid, util in sample.process_sm_percent.items() if pid in ours)
             return min(percent, 100) / 100
-        if previous is None or now <= previous[1]:
+        if previous is None or now <= previous[1] or usage is None:
             return None
         return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9)))
 
-    def _processes(self, samples: Mapping[str, GpuSample]) -> dict[int, _Process]:
-        """Every process NVML sampled or lists on a GPU -> its identity and region file (processes
-        that map no usage region left out)."""
+    def _owners(self, samples: Mapping[str, GpuSample]) -> dict[int, ContainerRef]:
+        """Every process NVML sampled or lists on a GPU -> the container it runs in, by its cgroup
+        (processes in no known container left out). Read at every scrape: a pid's cgroup is one
+        small file, and a cached answer could outlive the process that gave it."""
         pids = {
-            pid for s in samples.values() for pid in (*(s.process_sm_percent or {}), *(s.compute_pids or ()))
+            pid
+            for s in samples.values()
+            for pid in (*(s.process_sm_percent or {}), *(s.compute_memory or {}))
         }
-        out: dict[int, _Process] = {}
-        keep: set[tuple[int, int]] = set()
+        out: dict[int, ContainerRef] = {}
         for pid in pids:
-            start = start_time(self._s.proc, pid)
-            if start is None:
-                continue  # exited since NVML saw it: nothing of it left to count
-            key = (pid, start)
-            keep.add(key)
-            if key not in self._mapped:
-                self._mapped[key] = process_of(self._s.proc, pid, start)
-            found = self._mapped[key]
-            if found is not None:
-                out[pid] = found
-        for key in set(self._mapped) - keep:
-            del self._mapped[key]
+            found = cgroups.container_of(self._s.proc, pid)
+            ref = self._s.container(*found) if found is not None else None
+            if ref is not None:
+                out[pid] = ref
         return out
-
-
-@dataclass(frozen=True)
-class _Process:
-    pid: int
-    start_time: int
-    identity: tuple[int, int]
-    """(pid inside its own PID namespace, start time): what the shim writes in its region slot."""
-    region_file: tuple[int, int]
-
-
-def start_time(proc: Path, pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (ticks after boot, the same in every PID namespace), or None if
-    the process is gone. Read at every scrape for every sampled process: plain os calls."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count fields after the last ')'.
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
-
-
-def process_of(proc: Path, pid: int, start: int) -> _Process | None:
-    """The identity of host pid ``pid`` and the usage region file it maps, seen through its own
-    root (a container's region is the claim's file bind-mounted: the same inode); None if it has
-    no $TESSERA_USAGE_REGION or has exited."""
-    try:
-        environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
-        status = (proc / str(pid) / "status").read_text()
-    except OSError:
-        return None
-    region = next(
-        (e[len(b"TESSERA_USAGE_REGION=") :] for e in environ if e.startswith(b"TESSERA_USAGE_REGION=")), None
-    )
-    if not region:
-        return None
-    try:
-        stat = os.stat(proc / str(pid) / "root" / os.fsdecode(region).lstrip("/"))
-    except OSError:
-        return None
-    inner = pid
-    for line in status.splitlines():
-        if line.startswith("NSpid:"):
-            inner = int(line.split()[-1])
-    return _Process(pid, start, (inner, start), (stat.st_dev, stat.st_ino))

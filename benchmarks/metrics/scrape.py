@@ -3,7 +3,7 @@
 The exporter's real parts in one process, as the daemon runs them: NVML (pynvml over the simulated
 driver, 8 GPUs), 64 prepared claim folders written with the shim's format code, one live process per
 claim under the shim holding device memory in its claim's usage region (so every scrape reads 64
-regions with a live slot each, sweeps them and matches NVML's per-process samples), the pod index
+regions with a live slot each and reads each NVML-listed process's cgroup), the pod index
 fed with 64 pods, and prometheus_client's HTTP server. The exporter runs in a process of its own and
 the scrapes come from this one, as Prometheus's do: each is one HTTP GET of /metrics, timed from
 the client, and the exporter's CPU time is read from /proc. Results go to
@@ -111,6 +111,7 @@ def measure(work: Path) -> dict[str, object]:
                 problems=dict,
                 records=dict,
                 containers=index.containers,
+                container=index.container,
             ),
             metrics,
         )

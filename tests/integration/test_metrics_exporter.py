@@ -13,6 +13,7 @@ scrape Prometheus makes must already show the change.
 from __future__ import annotations
 
 import subprocess
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,3 +265,54 @@ def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert
     assert alert["labels"]["namespace"] == namespace
     assert alert["labels"]["container"] == "main"
     assert float(alert["value"]) == pytest.approx(950 / 1024, abs=0.001)
+
+
+def test_promtool_fires_the_unaccounted_memory_alert_only_past_the_per_process_tolerance(
+    tmp_path: Path,
+) -> None:
+    """The shipped rule evaluated by promtool's own rule tests: 900 MiB that no claim accounts for
+    on a GPU with two processes stays within their 2 x 512 MiB of context overhead; 3 GiB fires
+    after the rule's minute, naming the GPU."""
+    labels = 'node="n1", device_uuid="GPU-1", device_index="0", model="Sim H100"'
+    tests = tmp_path / "unaccounted-test.yaml"
+    tests.write_text(
+        textwrap.dedent(
+            f"""\
+            rule_files:
+              - {RULES_FILE}
+            evaluation_interval: 1m
+            tests:
+              - interval: 1m
+                input_series:
+                  - series: 'tessera_gpu_memory_unaccounted_bytes{{{labels}}}'
+                    values: '943718400x4 3221225472x6'
+                  - series: 'tessera_gpu_processes{{{labels}}}'
+                    values: '2x10'
+                alert_rule_test:
+                  - eval_time: 4m
+                    alertname: TesseraGpuMemoryUnaccounted
+                    exp_alerts: []
+                  - eval_time: 5m
+                    alertname: TesseraGpuMemoryUnaccounted
+                    exp_alerts: []
+                  - eval_time: 7m
+                    alertname: TesseraGpuMemoryUnaccounted
+                    exp_alerts:
+                      - exp_labels:
+                          severity: warning
+                          node: n1
+                          device_uuid: GPU-1
+                          device_index: "0"
+                          model: Sim H100
+                        exp_annotations:
+                          summary: GPU 0 on n1 holds memory that no claim accounts for
+                          description: >-
+                            3GiB on GPU GPU-1 (Sim H100) of node n1 is held by processes outside
+                            every claim on it, or by a claim's processes past its limit;
+                            tessera_container_gpu_memory_excess_bytes names the container, and the
+                            exporter's log names the process.
+            """
+        )
+    )
+    done = promtool("test", "rules", str(tests))
+    assert done.returncode == 0, done.stdout + done.stderr

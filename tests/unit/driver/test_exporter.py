@@ -6,9 +6,11 @@ prometheus_client's own text output and parser."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,6 @@ from tessera.driver.exporter import (
     GPU_LABELS,
     GpuCollector,
     Sources,
-    process_of,
-    start_time,
 )
 from tessera.driver.metrics import DaemonMetrics
 from tessera.quantity import GiB
@@ -39,9 +39,13 @@ Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def sample(
-    used: int = 5 * GiB, processes: dict[int, int] | None = None, compute_pids: tuple[int, ...] = ()
+    used: int = 5 * GiB,
+    processes: dict[int, int] | None = None,
+    compute_memory: dict[int, int | None] | None = None,
 ) -> GpuSample:
-    return GpuSample(80 * GiB, used, 40, 61, 250_000, {} if processes is None else processes, compute_pids)
+    return GpuSample(
+        80 * GiB, used, 40, 61, 250_000, {} if processes is None else processes, compute_memory or {}
+    )
 
 
 def write_claim(claims_dir: Path, uid: str, name: str, limits: Sequence[shim_format.GpuLimit]) -> Path:
@@ -66,6 +70,7 @@ class Bed:
         self.problems: dict[str, object] = {}
         self.records: dict[str, ClaimRecord] = {}
         self.pods: dict[tuple[str, str], list[ContainerRef]] = {}
+        self.ids: dict[tuple[str, str], ContainerRef] = {}
         self.now = 1000.0
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics("node-a")
@@ -79,6 +84,7 @@ class Bed:
                     problems=lambda: self.problems,
                     records=lambda: self.records,
                     containers=lambda ns, name: self.pods.get((ns, name), []),
+                    container=lambda pod_uid, container_id: self.ids.get((pod_uid, container_id)),
                     proc=self.proc,
                     clock=lambda: self.now,
                 ),
@@ -100,17 +106,27 @@ class Bed:
                 out[(s.name, frozenset(s.labels.items()))] = s.value
         return out
 
-    def fake_process(self, host_pid: int, inner_pid: int, start_time: int, region: Path | None) -> None:
-        """/proc/<host_pid> of a process in its own PID namespace whose root is the host's and
-        whose environment names ``region`` as its usage region (None: not under the shim)."""
-        folder = self.proc / str(host_pid)
+    def fake_process(self, pid: int, ref: ContainerRef | None, cgroup: str | None = None) -> None:
+        """/proc/<pid>/cgroup of a process in container ``ref`` (its pod's UID and the runtime's ID
+        made up from the names, as the kubelet's cgroupfs driver on cgroup v1 lays them out), or of
+        a process in no pod's container (None); ``cgroup`` gives the file's text as it is."""
+        folder = self.proc / str(pid)
         folder.mkdir()
-        (folder / "status").write_text(f"Name:\tprobe\nNSpid:\t{host_pid}\t{inner_pid}\n")
-        fields = ["S", *["0"] * 18, str(start_time), "0"]
-        (folder / "stat").write_text(f"{host_pid} (a (weird) name) {' '.join(fields)}\n")
-        env = [b"PATH=/bin", *([f"TESSERA_USAGE_REGION={region}".encode()] if region else [])]
-        (folder / "environ").write_bytes(b"\0".join(env) + b"\0")
-        (folder / "root").symlink_to("/")
+        if cgroup is None and ref is not None:
+            pod_uid, container_id = ids_of(ref)
+            self.ids[(pod_uid, container_id)] = ref
+            path = f"/node-a/kubepods/burstable/pod{pod_uid}/{container_id}"
+            cgroup = "".join(
+                f"{n}:{c}:{path}\n" for n, c in ((4, "memory"), (3, "cpu,cpuacct"), (1, "name=systemd"))
+            )
+        (folder / "cgroup").write_text(cgroup or "4:memory:/user.slice\n0::/user.slice/session-1.scope\n")
+
+
+def ids_of(ref: ContainerRef) -> tuple[str, str]:
+    """A pod UID and a 64-hex container ID, the same for the same container every time."""
+    digest = hashlib.sha256(f"{ref.namespace}/{ref.pod}".encode()).hexdigest()
+    pod_uid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    return pod_uid, hashlib.sha256(f"{ref}".encode()).hexdigest()
 
 
 def values(series: Series, name: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -288,20 +304,22 @@ def test_a_sensor_nvml_does_not_support_drops_only_that_series(bed: Bed) -> None
     assert gpu_labels(g0) in values(series, "tessera_gpu_utilization_ratio")
 
 
-def test_utilisation_and_processes_count_only_processes_that_map_the_claims_region(bed: Bed) -> None:
-    """A process belongs to the claim whose usage region it maps (through its own root), whatever
-    its pid namespace, and whether or not it ever allocated memory."""
+def test_utilisation_and_processes_count_only_processes_in_the_claims_containers(bed: Bed) -> None:
+    """A process belongs to the container its cgroup names (pod UID and runtime container ID, as
+    the pod's status reports them), and through it to the container's claims, whether or not it
+    ever allocated memory and whatever its environment says."""
     g = bed.gpus[0]
-    mine = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
-    other = write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
-    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
-    bed.pods[("ns", "c2")] = [ContainerRef("ns", "p2", "main")]
-    bed.fake_process(4242, 7, 1000, mine / "usage")
-    bed.fake_process(4243, 8, 1001, mine / "usage")
-    bed.fake_process(5000, 7, 1002, other / "usage")
-    bed.fake_process(6000, 1, 1003, None)  # not under the shim
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    p1, p2 = ContainerRef("ns", "p1", "main"), ContainerRef("ns", "p2", "main")
+    bed.pods[("ns", "c1")] = [p1]
+    bed.pods[("ns", "c2")] = [p2]
+    bed.fake_process(4242, p1)
+    bed.fake_process(4243, p1)
+    bed.fake_process(5000, p2)
+    bed.fake_process(6000, None)  # a host process, in no pod
     bed.samples[g.uuid] = sample(
-        processes={4242: 20, 4243: 5, 5000: 30, 6000: 40}, compute_pids=(4242, 4243, 5000)
+        processes={4242: 20, 4243: 5, 5000: 30, 6000: 40}, compute_memory={4242: 0, 4243: 0, 5000: 0}
     )
     series = bed.scrape()
     assert values(series, "tessera_container_gpu_utilization_ratio") == {
@@ -312,6 +330,119 @@ def test_utilisation_and_processes_count_only_processes_that_map_the_claims_regi
         container("ns", "p1", "main", "c1", g): 2,
         container("ns", "p2", "main", "c2", g): 1,
     }
+    assert values(series, "tessera_gpu_processes")[gpu_labels(g)] == 3
+
+
+def test_the_driver_memory_of_each_container_stands_next_to_what_the_shim_charged(bed: Bed) -> None:
+    """Two containers share a 4 GiB claim; one of them holds 3 GiB, the other 2 GiB that the shim
+    never saw (the real driver library opened by its path): the claim's processes hold 1 GiB past
+    its limit, and that 1 GiB is what the GPU has that no claim accounts for, with a host process's
+    memory added."""
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
+    a, b = ContainerRef("ns", "p1", "a"), ContainerRef("ns", "p1", "b")
+    bed.pods[("ns", "c1")] = [a, b]
+    bed.fake_process(100, a)
+    bed.fake_process(101, b)
+    bed.fake_process(102, None)
+    bed.samples[g.uuid] = sample(compute_memory={100: 3 * GiB, 101: 2 * GiB, 102: GiB // 2})
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_memory_driver_bytes") == {
+        container("ns", "p1", "a", "c1", g): 3 * GiB,
+        container("ns", "p1", "b", "c1", g): 2 * GiB,
+    }
+    assert values(series, "tessera_container_gpu_memory_excess_bytes") == {
+        container("ns", "p1", "a", "c1", g): GiB,
+        container("ns", "p1", "b", "c1", g): GiB,
+    }
+    assert values(series, "tessera_container_gpu_memory_used_bytes") == {
+        container("ns", "p1", "a", "c1", g): 0,
+        container("ns", "p1", "b", "c1", g): 0,
+    }
+    unaccounted = values(series, "tessera_gpu_memory_unaccounted_bytes")
+    assert unaccounted == {gpu_labels(g): GiB + GiB // 2, gpu_labels(bed.gpus[1]): 0}
+
+
+def test_a_container_using_a_gpu_its_claims_do_not_cover_is_unaccounted_there(bed: Bed) -> None:
+    g0, g1 = bed.gpus
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g0.uuid, 4 * GiB, 0)])
+    ref = ContainerRef("ns", "p1", "main")
+    bed.pods[("ns", "c1")] = [ref]
+    bed.fake_process(100, ref)
+    bed.samples[g0.uuid] = sample(compute_memory={100: GiB})
+    bed.samples[g1.uuid] = sample(compute_memory={100: 3 * GiB})
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_memory_excess_bytes") == {
+        container("ns", "p1", "main", "c1", g0): 0
+    }
+    assert values(series, "tessera_gpu_memory_unaccounted_bytes") == {
+        gpu_labels(g0): 0,
+        gpu_labels(g1): 3 * GiB,
+    }
+
+
+def test_a_process_the_driver_gives_no_memory_figure_for_leaves_the_figures_it_is_part_of_out(
+    bed: Bed,
+) -> None:
+    """NVML's "not available" is not 0: a sum that would hide memory is not exported."""
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
+    ref = ContainerRef("ns", "p1", "main")
+    bed.pods[("ns", "c1")] = [ref]
+    bed.fake_process(100, ref)
+    bed.fake_process(200, None)
+    bed.samples[g.uuid] = sample(compute_memory={100: None, 200: GiB})
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_memory_driver_bytes") == {}
+    assert values(series, "tessera_container_gpu_memory_excess_bytes") == {}
+    assert values(series, "tessera_gpu_memory_unaccounted_bytes")[gpu_labels(g)] == GiB
+    bed.samples[g.uuid] = sample(compute_memory={100: GiB, 200: None})
+    assert gpu_labels(g) not in values(bed.scrape(), "tessera_gpu_memory_unaccounted_bytes")
+
+
+def test_a_container_past_its_claim_is_named_in_the_log_once_per_change(
+    bed: Bed, caplog: pytest.LogCaptureFixture
+) -> None:
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
+    ref = ContainerRef("ns", "p1", "main")
+    bed.pods[("ns", "c1")] = [ref]
+    bed.fake_process(100, ref)
+    bed.fake_process(200, None)
+    bed.samples[g.uuid] = sample(compute_memory={100: 5 * GiB, 200: GiB})
+    caplog.set_level(logging.INFO, logger="tessera.driver.exporter")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records]
+
+    bed.scrape()
+    bed.scrape()
+    over = [m for m in lines() if "ns/p1/main" in m]
+    assert len(over) == 1 and "claim ns/c1" in over[0] and str(GiB) in over[0], lines()
+    outside = [m for m in lines() if "process 200" in m]
+    assert len(outside) == 1 and "no container of a pod" in outside[0], lines()
+    caplog.clear()
+    bed.samples[g.uuid] = sample(compute_memory={100: 3 * GiB})
+    bed.scrape()
+    bed.scrape()
+    assert [m for m in lines() if "back within" in m] == [
+        f"claim u1's processes are back within its memory limit on GPU {g.uuid}"
+    ]
+
+
+def test_processes_are_matched_by_cgroup_and_nothing_else_in_proc(bed: Bed) -> None:
+    """Only /proc/<pid>/cgroup is read: a process whose environment or root names a claim's
+    region, but whose cgroup is no pod's container, belongs to no claim."""
+    g = bed.gpus[0]
+    folder = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
+    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    bed.fake_process(100, None)
+    (bed.proc / "100" / "environ").write_bytes(f"TESSERA_USAGE_REGION={folder / 'usage'}\0".encode())
+    (bed.proc / "100" / "root").symlink_to("/")
+    bed.samples[g.uuid] = sample(processes={100: 50}, compute_memory={100: GiB})
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_processes") == {container("ns", "p1", "main", "c1", g): 0}
+    assert values(series, "tessera_gpu_memory_unaccounted_bytes")[gpu_labels(g)] == GiB
 
 
 def charge(region: Path, uuid: str, charged_ns: int) -> None:
@@ -349,37 +480,48 @@ def test_without_per_process_samples_utilisation_is_the_charged_gpu_time_since_t
     assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: 0.0}
 
 
-def test_a_process_is_known_by_its_innermost_pid_and_start_time_whatever_its_name(
-    bed: Bed, tmp_path: Path
-) -> None:
-    region = shim_format.create_region(tmp_path / "usage")
-    bed.fake_process(4242, 7, 123456, region)
-    assert start_time(bed.proc, 4242) == 123456
-    found = process_of(bed.proc, 4242, 123456)
-    assert found is not None and found.identity == (7, 123456)
-    assert found.region_file == (region.stat().st_dev, region.stat().st_ino)
-    assert start_time(bed.proc, 99) is None
-    assert process_of(bed.proc, 99, 1) is None
+def replace_with(path: Path, make: Callable[[Path], None]) -> None:
+    path.unlink()
+    make(path)
 
 
-def mapped(path: Path) -> bool:
-    """Whether this process maps ``path`` now (a kept region shows in /proc/self/maps)."""
-    return any(line.split(maxsplit=5)[-1].startswith(str(path)) for line in Path("/proc/self/maps").open())
-
-
-def test_a_claims_region_stays_mapped_while_prepared_and_is_unmapped_once_its_folder_goes(
-    bed: Bed,
-) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: os.truncate(p, 0),
+        lambda p: os.truncate(p, 5000),
+        lambda p: os.truncate(p, p.stat().st_size + 4096),
+        lambda p: p.write_bytes(b"\xff" * p.stat().st_size),
+        lambda p: replace_with(p, os.mkfifo),
+        lambda p: replace_with(p, os.mkdir),
+    ],
+    ids=["truncated-to-0", "truncated-mid-slot", "grown", "scribbled", "fifo", "directory"],
+)
+def test_a_region_a_tenant_damaged_costs_only_its_own_claims_usage_figure(bed: Bed, damage: object) -> None:
+    """What the container can do to its world-writable region: the claim's used figure goes (unknown,
+    not 0), counted as a region error; its limits stay, the neighbour's figures are unchanged, and the
+    scrape - the daemon - carries on. The region is only ever read, never mapped or written."""
     g = bed.gpus[0]
-    folder = write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    bad = write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 4 * GiB, 30)])
     bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
-    labels = container("ns", "p1", "main", "c1", g)
-    for _ in range(3):
-        assert values(bed.scrape(), "tessera_container_gpu_memory_limit_bytes") == {labels: 8 * GiB}
-    assert mapped(folder / "usage")
-    shutil.rmtree(folder)
-    assert values(bed.scrape(), "tessera_container_gpu_memory_limit_bytes") == {}
-    assert not mapped(folder / "usage")
+    bed.pods[("ns", "c2")] = [ContainerRef("ns", "p2", "main")]
+    before = bed.scrape()
+    assert callable(damage)
+    damage(bad / "usage")
+    after = bed.scrape()
+    good = container("ns", "p1", "main", "c1", g)
+    damaged = container("ns", "p2", "main", "c2", g)
+    for name in FAMILIES:
+        if name.startswith("tessera_container"):
+            assert values(after, name).get(good) == values(before, name).get(good), name
+    assert damaged not in values(after, "tessera_container_gpu_memory_used_bytes")
+    assert values(after, "tessera_container_gpu_memory_limit_bytes")[damaged] == 4 * GiB
+    errors = values(after, "tessera_exporter_scrape_errors_total")
+    assert errors[frozenset({"node": "node-a", "source": "region"}.items())] == 1
+    assert values(after, "tessera_gpu_memory_allocated_bytes")[gpu_labels(g)] == 12 * GiB
+    maps = Path("/proc/self/maps").read_text()
+    assert str(bad / "usage") not in maps
 
 
 def test_damaged_claim_folders_are_skipped_and_counted_without_failing_the_scrape(bed: Bed) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tessera.driver.containers import ContainerIndex, ContainerRef, containers_by_claim
+from tessera.driver.containers import ContainerIndex, ContainerRef, containers_by_claim, containers_by_id
 
 
 def pod(
@@ -86,3 +86,24 @@ def test_a_fresh_list_replaces_everything_the_index_knew() -> None:
     index.on_event("ADDED", pod("p1", [{"name": "g", "resourceClaimName": "c1"}], {"main": ["g"]}))
     index.on_event("SYNCED", {"items": []})
     assert index.containers("ns", "c1") == []
+
+
+def test_containers_are_found_by_pod_uid_and_the_runtime_id_the_kubelet_reports() -> None:
+    """The status's ``containerd://<id>`` is what the container's cgroup path ends in; a container
+    not started yet (no ID) has none, and the pod's going takes its IDs with it."""
+    running = pod("p1", [{"name": "g", "resourceClaimName": "c1"}], {"main": ["g"], "side": []})
+    running["status"]["initContainerStatuses"] = [{"name": "init", "containerID": "containerd://" + "a" * 64}]
+    running["status"]["containerStatuses"] = [
+        {"name": "main", "containerID": "containerd://" + "b" * 64},
+        {"name": "side"},
+    ]
+    assert containers_by_id(running) == {
+        ("uid-p1", "a" * 64): ContainerRef("ns", "p1", "init"),
+        ("uid-p1", "b" * 64): ContainerRef("ns", "p1", "main"),
+    }
+    index = ContainerIndex(lambda **_: None, "node-a")
+    index.on_event("SYNCED", {"items": [running]})
+    assert index.container("uid-p1", "b" * 64) == ContainerRef("ns", "p1", "main")
+    assert index.container("uid-p2", "b" * 64) is None  # the same ID under another pod is not it
+    index.on_event("DELETED", running)
+    assert index.container("uid-p1", "b" * 64) is None

@@ -18,7 +18,7 @@ from tessera.driver.exporter import FAMILIES
 from tessera.quantity import GiB
 from tessera.shim import format as shim_format
 from tests.unit.driver.driver_samples import gpu
-from tests.unit.driver.test_exporter import Bed, write_claim
+from tests.unit.driver.test_exporter import Bed, sample, write_claim
 
 FILES = Path(__file__).resolve().parents[3] / "charts" / "tessera" / "files"
 RULES = FILES / "alert-rules.yaml"
@@ -50,7 +50,10 @@ def exported(tmp_path: Path) -> set[str]:
     """Every sample name one scrape of a node with a prepared, running claim produces."""
     bed = Bed(tmp_path, [gpu(0)])
     write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(bed.gpus[0].uuid, 8 * GiB, 30)])
-    bed.pods[("ns", "c1")] = [ContainerRef("ns", "p1", "main")]
+    ref = ContainerRef("ns", "p1", "main")
+    bed.pods[("ns", "c1")] = [ref]
+    bed.fake_process(100, ref)
+    bed.samples[bed.gpus[0].uuid] = sample(processes={100: 30}, compute_memory={100: GiB})
     return {name for name, _ in bed.scrape()}
 
 
@@ -72,6 +75,7 @@ def test_the_rules_raise_the_three_alerts_the_issue_asks_for_and_name_only_expor
         by_name
     )
     assert by_name["TesseraGpuAllocatedButIdle"]["for"] == "30m"
+    assert "tessera_gpu_memory_unaccounted_bytes" in by_name["TesseraGpuMemoryUnaccounted"]["expr"]
     assert "0.9" in by_name["TesseraContainerGpuMemoryNearLimit"]["expr"]
     for rule in rules():
         names = metric_names(rule["expr"])
