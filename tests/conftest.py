@@ -7,6 +7,7 @@ cluster fails, the tail of each component's log is attached to its report.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Iterator
 from typing import Protocol, cast
 
@@ -37,15 +38,27 @@ def kube(cluster: LocalCluster) -> client.ApiClient:
     return api_client(cluster.admin_kubeconfig)
 
 
-@pytest.fixture
-def namespace(kube: client.ApiClient) -> Iterator[str]:
-    """A fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards."""
+@contextlib.contextmanager
+def made_namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards;
+    for fixtures of a wider scope than ``namespace``."""
     core = client.CoreV1Api(kube)
     name = unique_name("test")
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    poll_until(lambda: core.read_namespaced_service_account("default", name), 30, "default ServiceAccount")
-    yield name
-    core.delete_namespace(name)
+    try:
+        poll_until(
+            lambda: core.read_namespaced_service_account("default", name), 30, "default ServiceAccount"
+        )
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards."""
+    with made_namespace(kube) as name:
+        yield name
 
 
 @pytest.fixture
