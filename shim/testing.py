@@ -72,6 +72,7 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
         "shim_probe": (["-ldl", "-lpthread"], []),
         "shim_stress": (["-ldl", "-lpthread"], []),
         "shim_share": (["-ldl"], []),
+        "tenant_attack": (["-ldl"], []),
         "shim_linked": ([f"-L{cuda_link_dir}", "-lcuda", "-ldl"], []),
         "libfakecu.so": ([], ["-shared", "-fPIC"]),
     }
@@ -79,6 +80,7 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
         "shim_probe": "shim_probe.c",
         "shim_stress": "shim_stress.c",
         "shim_share": "shim_share.c",
+        "tenant_attack": "tenant_attack.c",
         "shim_linked": "shim_linked.c",
         "libfakecu.so": "fake_cu.c",
     }
