@@ -119,3 +119,15 @@ A Kubernetes quantity from a value, as a string: Helm reads numbers as floats, w
 {{- toString . -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The NetworkPolicy ingress rule that admits the scrapers (networkPolicy.scrapers, Prometheus by
+default) to one port of a component's pods: include with (dict "root" $ "port" 8080).
+*/}}
+{{- define "tessera.networkPolicy.scrapers" -}}
+- ports:
+    - port: {{ .port }}
+      protocol: TCP
+  from:
+    {{- toYaml .root.Values.networkPolicy.scrapers | nindent 4 }}
+{{- end -}}

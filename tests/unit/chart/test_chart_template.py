@@ -422,15 +422,6 @@ def test_the_webhooks_own_ca_is_for_one_replica(home: Path) -> None:
 # ------------------------------------------------------------------------------------------ metrics
 
 
-def test_the_exporter_answers_on_node_port_31995(default: list[dict[str, Any]]) -> None:
-    service = find(default, "Service", "tessera-exporter")
-    assert service["spec"]["type"] == "NodePort"
-    assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 31995, "targetPort": "metrics", "protocol": "TCP", "nodePort": 31995}
-    ]
-    assert service["spec"]["selector"] == find(default, "DaemonSet")["spec"]["selector"]["matchLabels"]
-
-
 def test_the_exporter_can_use_a_host_port_instead(home: Path) -> None:
     objects = render(
         home / "host-port",
