@@ -24,7 +24,7 @@ from tessera.testbed.driver_node import ensure_device_class
 from tessera.testbed.kubectl import kubectl
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
-from tests.chart_helm import CHART, helm, values_file
+from tests.chart_helm import CHART, HelmError, helm, render, values_file
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +39,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             **node_layout_values(NODE_ROOT, f"{NODE_ROOT}/$(NODE_NAME)/driver/lib"),
             "nodeSelector": {"tessera.dev/test-bed": "true"},
         },
-        "exporter": {"service": {"type": "ClusterIP"}},
         "webhook": {"replicas": 1, "tls": {"source": "self"}},
     },
 }
 
 
-# For releases beside others: the DeviceClass and NodePort 31995 exist once per cluster.
-NO_CLUSTER_SINGLETONS: dict[str, Any] = {
-    "deviceClass": {"enabled": False},
-    "exporter": {"service": {"type": "ClusterIP"}},
-}
+# For releases beside others: the DeviceClass exists once per cluster.
+NO_CLUSTER_SINGLETONS: dict[str, Any] = {"deviceClass": {"enabled": False}}
 OWN_CA: dict[str, Any] = {"webhook": {"replicas": 1, "tls": {"source": "self"}}}
 
 
@@ -279,5 +275,90 @@ def test_an_upgrade_leaves_the_caBundle_the_webhook_keeps_itself(
         )
         body = raw_json(admission.read_mutating_webhook_configuration(configuration, _preload_content=False))
         assert body["webhooks"][0]["clientConfig"]["caBundle"] == written
+    finally:
+        helm(tmp_path, "uninstall", release, "-n", namespace, "--wait", kubeconfig=cluster.admin_kubeconfig)
+
+
+# Every way the values widen the policies at once: CIDRs of both families, scrapers by selectors and
+# by address, and extra rules on each component (the admission check's needs Kueue's API to render).
+WIDENED: dict[str, Any] = {
+    "queue": {"admissionCheck": {"enabled": True}},
+    "networkPolicy": {
+        "scrapers": [
+            {
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": "team", "operator": "In", "values": ["obs"]}]
+                },
+                "podSelector": {"matchLabels": {"app": "prometheus"}},
+            },
+            {"ipBlock": {"cidr": "192.0.2.0/24", "except": ["192.0.2.128/25"]}},
+        ],
+        "webhook": {
+            "apiServerCIDRs": ["10.96.0.0/16", "fd00:10::/64"],
+            "extraIngress": [{"from": [{"podSelector": {}}], "ports": [{"port": 8080, "protocol": "TCP"}]}],
+        },
+        "exporter": {"extraIngress": [{"from": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}]},
+        "admissionCheck": {"extraIngress": [{"ports": [{"port": 8081, "endPort": 8082, "protocol": "TCP"}]}]},
+    },
+}
+
+
+@pytest.mark.parametrize("values", [{}, WIDENED], ids=["defaults", "widened"])
+def test_the_api_server_accepts_every_network_policy_as_rendered(
+    kube: client.ApiClient, namespace: str, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    """The test bed's CNI (the bridge plugin) enforces no NetworkPolicy, so what can be proven here is
+    that the real API server validates each policy the chart renders and stores it unchanged
+    (a server-side dry run); enforcement is the cluster's CNI's (docs/install.md)."""
+    objects = render(
+        tmp_path, values, namespace=namespace, extra=("--api-versions", "kueue.x-k8s.io/v1beta2")
+    )
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {
+        "tessera-webhook",
+        "tessera-kubeletplugin",
+        *(["tessera-admissioncheck"] if values else []),
+    }
+    networking = client.NetworkingV1Api(kube)
+    for policy in policies:
+        stored = raw_json(
+            networking.create_namespaced_network_policy(
+                namespace,
+                client.V1NetworkPolicy.model_validate(policy),
+                dry_run="All",
+                _preload_content=False,
+            )
+        )
+        assert stored["spec"] == policy["spec"], policy["metadata"]["name"]
+    assert networking.list_namespaced_network_policy(namespace).items == [], "a dry run stored something"
+
+
+def test_a_release_with_the_old_node_port_upgrades_once_its_service_is_deleted(
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """docs/install.md, Upgrades: the exporter Service cannot turn headless in place (a Service keeps
+    its virtual IP); deleted first, the upgrade makes it again, headless."""
+    release = unique_name("tessera")
+    common = ["-n", namespace, "-f", str(values_file(tmp_path, {**NO_CLUSTER_SINGLETONS, **OWN_CA}))]
+    core = client.CoreV1Api(kube)
+    service = f"{release}-exporter"
+
+    def exporter_service() -> dict[str, Any]:
+        spec: dict[str, Any] = raw_json(
+            core.read_namespaced_service(service, namespace, _preload_content=False)
+        )["spec"]
+        return spec
+
+    # A nodePort no other test takes, so that this release can sit beside others.
+    node_port = ["--set", "exporter.service.type=NodePort", "--set", "exporter.service.nodePort=31899"]
+    helm(tmp_path, "install", release, str(CHART), *common, *node_port, kubeconfig=cluster.admin_kubeconfig)
+    try:
+        assert exporter_service()["type"] == "NodePort"
+        with pytest.raises(HelmError) as refused:
+            helm(tmp_path, "upgrade", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
+        assert "clusterIP" in str(refused.value)
+        core.delete_namespaced_service(service, namespace)
+        helm(tmp_path, "upgrade", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
+        assert (exporter_service()["type"], exporter_service()["clusterIP"]) == ("ClusterIP", "None")
     finally:
         helm(tmp_path, "uninstall", release, "-n", namespace, "--wait", kubeconfig=cluster.admin_kubeconfig)
