@@ -15,7 +15,6 @@ from tessera import logs
 from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
 from tessera.kube import api_client
-from tessera.names import METRICS_PORT
 from tessera.settings import repeated, setting, switch
 
 log = logging.getLogger("tessera.driver")
@@ -123,15 +122,6 @@ def parser() -> argparse.ArgumentParser:
         p, "--health-port", "TESSERA_HEALTH_PORT", 0, "port for /healthz and /readyz; 0 turns them off", int
     )
     setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
-    setting(
-        p,
-        "--metrics-port",
-        "TESSERA_METRICS_PORT",
-        METRICS_PORT,
-        "port for Prometheus /metrics (per-container and per-GPU series); 0 turns the exporter off",
-        int,
-    )
-    setting(p, "--metrics-address", "TESSERA_METRICS_ADDRESS", "0.0.0.0", "address for /metrics")
     setting(p, "--log-level", "TESSERA_LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
     setting(p, "--log-format", "TESSERA_LOG_FORMAT", "text", "", choices=("text", "json"))
     return p
@@ -165,8 +155,6 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
         resync_interval=args.resync_interval,
         health_port=args.health_port,
         health_address=args.health_address,
-        metrics_port=args.metrics_port,
-        metrics_address=args.metrics_address,
     )
 
 

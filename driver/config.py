@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tessera.names import DRIVER_NAME, METRICS_PORT
+from tessera.names import DRIVER_NAME
 
 UNIX_PATH_MAX = 107
 """sun_path holds 108 bytes including the terminating NUL."""
@@ -69,9 +69,6 @@ class DriverConfig:
     health_port: int = 0
     """0: no HTTP health endpoint."""
     health_address: str = "127.0.0.1"
-    metrics_port: int = METRICS_PORT
-    """Prometheus /metrics (driver/exporter.py); 0: no exporter and no pod watch."""
-    metrics_address: str = "0.0.0.0"
 
     @property
     def registry_dir(self) -> Path:
@@ -122,8 +119,6 @@ class DriverConfig:
                     f"socket path {socket} is {len(str(socket).encode())} bytes; a Unix socket path "
                     f"holds at most {UNIX_PATH_MAX}: use a shorter kubelet root"
                 )
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics port must be 0-65535, not {self.metrics_port}")
         for key, _ in self.container_env:
             if not key or "=" in key:
                 raise ValueError(f"container environment name {key!r} is not valid")

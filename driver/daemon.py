@@ -2,9 +2,9 @@
 
 Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state,
 serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
-cannot answer — then publish the slice, watch GPU health and serve metrics. The metrics exporter
-runs in this process (docs/metrics.md says why): it reads the same NVML handle, health tracker and
-prepared state the plugin keeps, rather than opening a second NVML and guessing at them.
+cannot answer — then publish the slice and watch GPU health. The metrics exporter is not here: it
+is its own process (``tessera-exporter``, driver/exporter_cli.py) so that nothing a scrape meets
+can stop a prepare, and this one reads no other process.
 Stop (SIGTERM): deregister first (the registration socket goes, so the kubelet stops calling), let
 calls in flight finish, remove the DRA socket, stop the background loops. A background loop that
 dies unexpectedly stops the daemon, so it is restarted rather than left half-working.
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import grpc
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from tessera.driver import cleanup, device_health, devices, plugin, registration
 from tessera.driver.checkpoint import read_boot_id
@@ -29,12 +28,8 @@ from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import resolve
-from tessera.driver.containers import ContainerIndex
-from tessera.driver.discovery import Gpu, Nvml
-from tessera.driver.exporter import GpuCollector, Sources
+from tessera.driver.discovery import Nvml
 from tessera.driver.health import HealthServer, dra_socket_answers
-from tessera.driver.metrics import DaemonMetrics
-from tessera.driver.metrics_server import MetricsServer
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.kube import api_client
@@ -54,7 +49,6 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._servers: list[tuple[grpc.Server, Path]] = []
         self._health_http: HealthServer | None = None
-        self._metrics_http: MetricsServer | None = None
         self._nvml: Nvml | None = None
         self._service: plugin.DraService | None = None
         self._status_writer: ClaimStatusWriter | None = None
@@ -130,32 +124,6 @@ class Daemon:
                 config.health_address, config.health_port, self.alive, self.not_ready
             )
             self._health_http.start()
-        if config.metrics_port:
-            self._start_metrics(gpus)
-
-    def _start_metrics(self, gpus: list[Gpu]) -> None:
-        """The pod watch that names containers, then the collector and its HTTP server."""
-        config, nvml = self.config, self._nvml
-        assert nvml is not None
-        self.containers = ContainerIndex(
-            client.CoreV1Api(self._kube).list_pod_for_all_namespaces, config.node_name
-        )
-        self._background("pod-watch", self.containers.run, self._stop)
-        registry = CollectorRegistry()
-        metrics = DaemonMetrics(config.node_name)
-        sources = Sources(
-            node=config.node_name,
-            claims_dir=config.claims_dir,
-            gpus=gpus,
-            sample=nvml.sample,
-            problems=self.tracker.problems,
-            records=self.state.records,
-            containers=self.containers.containers,
-            container=self.containers.container,
-        )
-        registry.register(GpuCollector(sources, metrics))
-        self._metrics_http = MetricsServer(config.metrics_address, config.metrics_port, registry)
-        self._metrics_http.start()
 
     def _serve(self, socket: Path) -> grpc.Server:
         socket.parent.mkdir(parents=True, exist_ok=True)
@@ -213,9 +181,6 @@ class Daemon:
         if self._health_http is not None:
             self._health_http.stop()
             self._health_http = None
-        if self._metrics_http is not None:  # before NVML closes: no scrape may reach a closed NVML
-            self._metrics_http.stop()
-            self._metrics_http = None
         # Loops see the stop at once, except a watch blocked on the server (at most its timeout):
         # daemon threads, which end with the process, so shutdown does not wait for them.
         deadline = time.monotonic() + 2.0

@@ -127,7 +127,8 @@ class Sources:
     problems: Callable[[], Mapping[str, object]]
     """GPU UUID -> problem, for GPUs that are unhealthy now."""
     records: Callable[[], Mapping[str, ClaimRecord]]
-    """The prepared claims (shares per GPU come from their devices)."""
+    """The prepared claims (shares per GPU come from their devices); OSError or ValueError when
+    they cannot be read."""
     containers: Callable[[str, str], Sequence[ContainerRef]]
     """(namespace, claim name) -> the running containers that use it."""
     container: Callable[[str, str], ContainerRef | None]
@@ -272,19 +273,26 @@ class GpuCollector(Collector):
             for limit in claim.limits:
                 memory[limit.uuid] = memory.get(limit.uuid, 0) + (limit.memory_bytes or 0)
                 cores[limit.uuid] = cores.get(limit.uuid, 0) + limit.cores
-        shares: dict[str, int] = {}
+        shares: dict[str, int] | None = None
         by_name = {device_name(g): g.uuid for g in self._s.gpus}
-        for record in self._s.records().values():
-            for device in record.devices:
-                uuid = by_name.get(device.device)
-                if uuid is not None:
-                    shares[uuid] = shares.get(uuid, 0) + 1
+        try:
+            records = self._s.records()
+        except (OSError, ValueError) as error:  # the checkpoint unreadable: shares unknown
+            self._error("claim", "prepared claims: %s", error)
+        else:
+            shares = {}
+            for record in records.values():
+                for device in record.devices:
+                    uuid = by_name.get(device.device)
+                    if uuid is not None:
+                        shares[uuid] = shares.get(uuid, 0) + 1
         for gpu in self._s.gpus:
             labels = [self._s.node, gpu.uuid, str(gpu.index), gpu.product_name]
             families[GPU_HEALTHY].add_metric(labels, 0.0 if gpu.uuid in problems else 1.0)
             families[GPU_MEMORY_ALLOCATED].add_metric(labels, float(memory.get(gpu.uuid, 0)))
             families[GPU_COMPUTE_ALLOCATED].add_metric(labels, cores.get(gpu.uuid, 0) / 100)
-            families[GPU_SHARES].add_metric(labels, float(shares.get(gpu.uuid, 0)))
+            if shares is not None:
+                families[GPU_SHARES].add_metric(labels, float(shares.get(gpu.uuid, 0)))
             sample = samples.get(gpu.uuid)
             if sample is None:
                 continue

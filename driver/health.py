@@ -35,14 +35,20 @@ def dra_socket_answers(socket: Path, timeout: float = 2.0) -> bool:
 
 class HealthServer:
     def __init__(
-        self, address: str, port: int, alive: Callable[[], bool], ready: Callable[[], str | None]
+        self,
+        address: str,
+        port: int,
+        alive: Callable[[], bool],
+        ready: Callable[[], str | None],
+        dead: str = "the DRA socket does not answer",
     ) -> None:
-        """``ready`` returns None when ready, else what is missing."""
+        """``ready`` returns None when ready, else what is missing; ``dead`` is /healthz's answer
+        when ``alive`` is false."""
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/healthz":
-                    ok, text = (True, "ok") if alive() else (False, "the DRA socket does not answer")
+                    ok, text = (True, "ok") if alive() else (False, dead)
                 elif self.path == "/readyz":
                     missing = ready()
                     ok, text = (missing is None, missing or "ok")

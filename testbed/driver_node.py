@@ -1,7 +1,8 @@
 """Tessera's node daemon on a test-bed node, over simulated GPUs, under the chart's RBAC.
 
 What the DaemonSet will do on a real cluster, done with processes: the daemon (``tessera-driver``)
-runs with the simulated driver's environment, authenticated as a service account that holds only the
+and, beside it, the metrics exporter (``tessera-exporter``, the DaemonSet's second container) run
+with the simulated driver's environment, authenticated as a service account that holds only the
 ClusterRole rules the chart installs (``charts/tessera/files/kubeletplugin-rules.yaml``), pointed at
 the node's kubelet root and CDI folder. Prepared containers get the simulated libraries and the
 node's simulator state through the daemon's own CDI edits (``--driver-source own``), exactly as a node
@@ -114,6 +115,7 @@ class DriverNode:
         passes its own address and METRICS_PORT, as a DaemonSet on its host network would."""
         self.metrics_port = 0
         self.process: ManagedProcess | None = None
+        self.exporter: ManagedProcess | None = None
         self.starts = 0
 
     @property
@@ -143,15 +145,29 @@ class DriverNode:
             f"--cleanup-interval={self.cleanup_interval}",
             f"--health-port={self.health_port}",
             "--health-address=127.0.0.1",
+            "--log-level=debug",
+        ]
+
+    def exporter_argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "tessera.driver.exporter_cli",
+            f"--node-name={self.node_name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--state-dir={self.state_dir}",
             f"--metrics-port={self.metrics_port}",
             f"--metrics-address={self.metrics_address}",
             "--log-level=debug",
         ]
 
     def start(self, crash_point: str | None = None, extra_args: Sequence[str] = ()) -> None:
-        """Start the daemon (again), with ``extra_args`` added to its command line. With
-        ``crash_point``, it kills itself at that step of its next prepare (see driver/state.py)."""
+        """Start the daemon (again), with ``extra_args`` added to its command line, and the exporter
+        anew. With ``crash_point``, the daemon kills itself at that step of its next prepare (see
+        driver/state.py)."""
         assert self.process is None or not self.process.running(), "already running"
+        if self.exporter is not None:
+            self.exporter.stop()
         self.starts += 1
         self.health_port = free_port()
         self.metrics_port = self.fixed_metrics_port or free_port()
@@ -162,10 +178,16 @@ class DriverNode:
         self.process = ManagedProcess(
             f"tessera-driver-{self.starts}", [*self.argv(), *extra_args], self.work_dir, env=env
         )
+        env.pop("TESSERA_DRIVER_CRASH_POINT", None)
+        self.exporter = ManagedProcess(
+            f"tessera-exporter-{self.starts}", self.exporter_argv(), self.work_dir, env=env
+        )
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+        if self.exporter is not None:
+            self.exporter.stop()
 
     def kill(self) -> None:
         if self.process is not None:
@@ -188,7 +210,7 @@ class DriverNode:
         return f"http://{self.metrics_address}:{self.metrics_port}/metrics"
 
     def scrape(self) -> str:
-        """One scrape of the daemon's /metrics, as Prometheus's text format."""
+        """One scrape of the exporter's /metrics, as Prometheus's text format."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
             return str(r.read().decode())
 
@@ -231,9 +253,12 @@ class DriverNode:
         return "".join(p.read_text(errors="replace") for p in logs)
 
     def log_tails(self, lines: int = 80) -> dict[str, str]:
-        if self.process is None:
-            return {}
-        return {f"tessera-driver on {self.node_name}": self.process.log_tail(lines)}
+        tails = {}
+        if self.process is not None:
+            tails[f"tessera-driver on {self.node_name}"] = self.process.log_tail(lines)
+        if self.exporter is not None:
+            tails[f"tessera-exporter on {self.node_name}"] = self.exporter.log_tail(lines)
+        return tails
 
     def cleanup(self) -> None:
         """Stop the daemon and remove its folder (the node's own folders are the node's)."""

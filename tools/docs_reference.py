@@ -5,9 +5,10 @@ Two sources, so the page cannot say something they do not:
 - the chart's values: every key of ``charts/tessera/values.schema.json`` (its type and constraints), with
   its default from ``values.yaml`` and its description from the schema's ``description`` and from the
   comment above the key in ``values.yaml``;
-- the daemons' flags: the argparse parsers behind ``tessera-driver``, ``tessera-webhook`` and
-  ``tessera-admission-check --help`` (flag, environment variable, default, choices, help), built with an
-  empty environment so that the defaults are the programs' own, not this shell's.
+- the daemons' flags: the argparse parsers behind ``tessera-driver``, ``tessera-exporter``,
+  ``tessera-webhook`` and ``tessera-admission-check --help`` (flag, environment variable, default,
+  choices, help), built with an empty environment so that the defaults are the programs' own, not
+  this shell's.
 
     .venv/bin/python -m tools.docs_reference           # rewrite docs/configuration.md
     .venv/bin/python -m tools.docs_reference --check   # exit 1 if the page differs from what it would write
@@ -304,10 +305,12 @@ _ENV = re.compile(r"\s*\[env (?P<env>[A-Z_][A-Z0-9_]*)(?P<list>, a,b)?\]")
 def _parsers() -> list[tuple[str, Callable[[], argparse.ArgumentParser]]]:
     from tessera.admissioncheck import cli as admission_cli
     from tessera.driver import cli as driver_cli
+    from tessera.driver import exporter_cli
     from tessera.webhook import cli as webhook_cli
 
     return [
         ("tessera-driver", driver_cli.parser),
+        ("tessera-exporter", exporter_cli.parser),
         ("tessera-webhook", webhook_cli.parser),
         ("tessera-admission-check", admission_cli.parser),
     ]

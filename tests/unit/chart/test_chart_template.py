@@ -50,6 +50,13 @@ def plugin_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
+def exporter_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in containers if c["name"] == "exporter"]
+    assert isinstance(container, dict)
+    return container
+
+
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
@@ -169,7 +176,31 @@ def test_the_daemonset_runs_on_gpu_nodes_with_rolling_update_socket_names(
     args = arg_values(container)
     assert args["pod-uid"] == "$(POD_UID)"
     assert args["node-name"] == "$(NODE_NAME)"
+    assert "metrics-port" not in args  # the exporter is a process of its own
+
+
+def test_the_exporter_runs_beside_the_plugin_in_its_own_container_with_its_own_probes(
+    default: list[dict[str, Any]],
+) -> None:
+    """Its own process, so that nothing a scrape meets can stop a prepare: probes of its own, on a
+    port of its own (a proxy in front of /metrics leaves them alone), and the plugin's do not
+    depend on it."""
+    container = exporter_container(default)
+    assert container["command"] == ["tessera-exporter"]
+    assert container["image"] == plugin_container(default)["image"]
+    args = arg_values(container)
+    assert args["node-name"] == "$(NODE_NAME)"
     assert args["metrics-port"] == "31995"
+    assert args["state-dir"] == arg_values(plugin_container(default))["state-dir"]
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": 31995, "protocol": "TCP"},
+        {"name": "exporter-health", "containerPort": 51516, "protocol": "TCP"},
+    ]
+    assert args["health-port"] == "51516"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "exporter-health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "exporter-health"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "exporter-health"}
+    assert [p["name"] for p in plugin_container(default)["ports"]] == ["health"]
 
 
 def test_the_daemons_probes_use_its_health_port(default: list[dict[str, Any]]) -> None:
@@ -209,17 +240,35 @@ def test_with_the_toolkit_the_daemon_is_not_privileged(default: list[dict[str, A
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
-    assert pod["hostPID"] is True  # the exporter matches GPU processes through /proc
+    assert security["capabilities"] == {"drop": ["ALL"]}
     assert "hostNetwork" not in pod
+
+
+def test_the_exporter_reads_host_pids_without_capabilities_and_the_daemons_state_read_only(
+    default: list[dict[str, Any]],
+) -> None:
+    """It matches NVML's host PIDs to containers by /proc/<pid>/cgroup, which anyone may read: the
+    pod shares the host's PIDs for it, and no container of the pod holds a capability."""
+    pod = find(default, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    security = exporter_container(default)["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for container in pod["containers"]:
+        assert "add" not in container["securityContext"]["capabilities"], container["name"]
+    mounts = {m["name"]: m for m in exporter_container(default)["volumeMounts"]}
+    assert set(mounts) == {"tmp", "state", "nvml"}
+    assert mounts["state"]["readOnly"] is True and mounts["nvml"]["readOnly"] is True
 
 
 def test_without_the_exporter_the_daemon_needs_no_host_pids_and_no_capabilities(home: Path) -> None:
     objects = render(home / "no-exporter", {"exporter": {"enabled": False, "service": {"enabled": False}}})
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
     assert "hostPID" not in pod
+    assert [c["name"] for c in pod["containers"]] == ["plugin"]
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert arg_values(pod["containers"][0])["metrics-port"] == "0"
     assert "Service" not in {o["kind"] for o in objects if "exporter" in o["metadata"]["name"]}
 
 
@@ -228,6 +277,8 @@ def test_a_daemon_that_mounts_the_driver_itself_is_privileged(home: Path, source
     objects = render(home / source, {"kubeletPlugin": {"driverSource": source}})
     pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["containers"][0]["securityContext"]["privileged"] is True
+    # No toolkit brings the device nodes NVML opens: only a privileged container sees the host's.
+    assert exporter_container(objects)["securityContext"]["privileged"] is True
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in paths
     assert ("/etc/cdi" in paths) == (source == "auto")  # auto looks for the toolkit's spec there
@@ -247,7 +298,14 @@ def test_test_bed_nodes_share_one_host_folder_and_expand_their_node_name(home: P
     assert args["container-mount"] == "/tmp/tessera-nodes/$(NODE_NAME)/simgpu"
     # Several nodes on one host: each daemon binds to its own node's address.
     assert pod["hostNetwork"] is True
-    assert args["metrics-address"] == args["health-address"] == "$(HOST_IP)"
+    assert args["health-address"] == "$(HOST_IP)"
+    exporter = exporter_container(objects)
+    assert arg_values(exporter)["metrics-address"] == arg_values(exporter)["health-address"] == "$(HOST_IP)"
+    assert arg_values(exporter)["state-dir"] == args["state-dir"]
+    # The simulated driver's state under the node root is written by every NVML user.
+    assert {"name": "node-root", "mountPath": NODE_ROOT} in exporter["volumeMounts"]
+    assert env_of(exporter)["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env_of(exporter)["LD_LIBRARY_PATH"] == env_of(container)["LD_LIBRARY_PATH"]
     env = env_of(container)
     assert env["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert env["LD_LIBRARY_PATH"] == f"{NODE_ROOT}/$(NODE_NAME)/driver/usr/lib/x86_64-linux-gnu"
@@ -430,7 +488,7 @@ def test_the_exporter_can_use_a_host_port_instead(home: Path) -> None:
             "kubeletPlugin": {"updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}},
         },
     )
-    ports = plugin_container(objects)["ports"]
+    ports = exporter_container(objects)["ports"]
     assert {"name": "metrics", "containerPort": 31995, "protocol": "TCP", "hostPort": 31995} in ports
     assert [o for o in objects if o["kind"] == "Service" and "exporter" in o["metadata"]["name"]] == []
     message = refusal(

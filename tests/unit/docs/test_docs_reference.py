@@ -15,7 +15,7 @@ import yaml
 from tools import docs_reference
 from tools.docs_reference import CHART, PAGE, REPO
 
-PROGRAMS = ("tessera-driver", "tessera-webhook", "tessera-admission-check")
+PROGRAMS = ("tessera-driver", "tessera-exporter", "tessera-webhook", "tessera-admission-check")
 
 
 def test_the_committed_page_is_what_the_generator_writes() -> None:
@@ -104,11 +104,11 @@ def test_every_flag_of_help_is_on_the_page_with_its_variable(program: str) -> No
 def test_defaults_on_the_page_ignore_the_environment_of_whoever_generates_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tessera.driver import cli
+    from tessera.driver import exporter_cli
 
     monkeypatch.setenv("TESSERA_LOG_LEVEL", "debug")
     monkeypatch.setenv("TESSERA_METRICS_PORT", "1234")
-    _, flags = docs_reference.flags_of(cli.parser)
+    _, flags = docs_reference.flags_of(exporter_cli.parser)
     defaults = {f.flags[0]: f.default for f in flags}
     assert defaults["--log-level"] == "`info`"
     assert defaults["--metrics-port"] == "`31995`"

@@ -69,6 +69,7 @@ class Bed:
         self.samples: dict[str, GpuSample | Exception] = {g.uuid: sample() for g in gpus}
         self.problems: dict[str, object] = {}
         self.records: dict[str, ClaimRecord] = {}
+        self.records_error: Exception | None = None
         self.pods: dict[tuple[str, str], list[ContainerRef]] = {}
         self.ids: dict[tuple[str, str], ContainerRef] = {}
         self.now = 1000.0
@@ -82,7 +83,7 @@ class Bed:
                     gpus=self.gpus,
                     sample=self._sample,
                     problems=lambda: self.problems,
-                    records=lambda: self.records,
+                    records=self._records,
                     containers=lambda ns, name: self.pods.get((ns, name), []),
                     container=lambda pod_uid, container_id: self.ids.get((pod_uid, container_id)),
                     proc=self.proc,
@@ -91,6 +92,11 @@ class Bed:
                 self.metrics,
             )
         )
+
+    def _records(self) -> dict[str, ClaimRecord]:
+        if self.records_error is not None:
+            raise self.records_error
+        return self.records
 
     def _sample(self, uuid: str) -> GpuSample:
         found = self.samples[uuid]
@@ -293,6 +299,15 @@ def test_an_unhealthy_gpu_reads_0_and_its_unreadable_figures_are_left_out_and_co
     errors = values(series, "tessera_exporter_scrape_errors_total")
     assert errors[frozenset({"node": "node-a", "source": "nvml"}.items())] == 1
     assert errors[frozenset({"node": "node-a", "source": "region"}.items())] == 0
+
+
+def test_unreadable_prepared_claims_leave_out_the_shares_and_are_counted(bed: Bed) -> None:
+    bed.records_error = ValueError("checksum mismatch: the file was changed or cut short")
+    series = bed.scrape()
+    assert values(series, "tessera_gpu_shares") == {}
+    assert values(series, "tessera_gpu_healthy")[gpu_labels(bed.gpus[0])] == 1
+    errors = values(series, "tessera_exporter_scrape_errors_total")
+    assert errors[frozenset({"node": "node-a", "source": "claim"}.items())] == 1
 
 
 def test_a_sensor_nvml_does_not_support_drops_only_that_series(bed: Bed) -> None:

@@ -1,0 +1,204 @@
+"""``tessera-exporter``: the metrics exporter as a process of its own, beside the node daemon.
+
+It runs apart from ``tessera-driver`` (in its own container of the DaemonSet's pod) so that nothing
+in a scrape - a bug, a hostile claim's data, a slow NVML call - can stop or slow the kubelet plugin:
+prepares go on whatever the exporter does, and each process holds only the privileges its own work
+needs (docs/driver.md says what each container holds). It reads what the daemon writes and nothing
+else: the claim folders and the checkpoint under the state folder (mounted read-only), NVML, each
+GPU process's cgroup, and its own watch of the node's pods. Every flag has an environment fallback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from tessera import logs
+from tessera.driver import checkpoint, devices
+from tessera.driver.checkpoint import ClaimRecord
+from tessera.driver.config import DriverConfig
+from tessera.driver.containers import ContainerIndex
+from tessera.driver.discovery import Nvml
+from tessera.driver.exporter import GpuCollector, Sources
+from tessera.driver.health import HealthServer
+from tessera.driver.metrics import DaemonMetrics
+from tessera.driver.metrics_server import MetricsServer
+from tessera.kube import api_client
+from tessera.names import METRICS_PORT
+from tessera.settings import setting
+
+log = logging.getLogger("tessera.exporter")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-exporter",
+        description=(
+            "Tessera's metrics exporter: per-container and per-GPU series for Prometheus at /metrics, "
+            "read from the node daemon's claim folders, NVML and the node's pods."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    setting(p, "--node-name", "NODE_NAME", "", "this node's name")
+    setting(p, "--kubeconfig", "KUBECONFIG", "", "kubeconfig; in-cluster credentials when empty")
+    setting(
+        p,
+        "--state-dir",
+        "TESSERA_STATE_DIR",
+        "/var/lib/tessera",
+        "the node daemon's claim folders and checkpoint (only read)",
+    )
+    setting(
+        p,
+        "--metrics-port",
+        "TESSERA_METRICS_PORT",
+        METRICS_PORT,
+        "port for Prometheus /metrics (per-container and per-GPU series)",
+        int,
+    )
+    setting(p, "--metrics-address", "TESSERA_METRICS_ADDRESS", "0.0.0.0", "address for /metrics")
+    setting(
+        p,
+        "--health-port",
+        "TESSERA_HEALTH_PORT",
+        0,
+        "port for /healthz (serving /metrics) and /readyz (the node's pods listed); 0 turns them off",
+        int,
+    )
+    setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
+    setting(p, "--log-level", "TESSERA_LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
+    setting(p, "--log-format", "TESSERA_LOG_FORMAT", "text", "", choices=("text", "json"))
+    return p
+
+
+class Exporter:
+    """NVML, the pod watch, the collector and its HTTP servers: start, serve, stop."""
+
+    def __init__(self, args: argparse.Namespace, kube: client.ApiClient) -> None:
+        self._node: str = args.node_name
+        self._paths = DriverConfig(self._node, state_dir=Path(args.state_dir))
+        self._args = args
+        self._kube = kube
+        self._stop = threading.Event()
+        self.fatal: str | None = None
+        self._nvml: Nvml | None = None
+        self._server: MetricsServer | None = None
+        self._health: HealthServer | None = None
+
+    def start(self) -> None:
+        self._nvml = nvml = Nvml()
+        gpus = devices.shareable(nvml.gpus())
+        index = ContainerIndex(client.CoreV1Api(self._kube).list_pod_for_all_namespaces, self._node)
+
+        def watch() -> None:
+            try:
+                index.run(self._stop)
+            except Exception as error:
+                log.exception("the pod watch failed; stopping")
+                self.fatal = f"pod watch: {error}"
+                self._stop.set()
+
+        threading.Thread(target=watch, name="pod-watch", daemon=True).start()
+
+        def problems() -> Mapping[str, str]:
+            return {g.uuid: p for g in gpus if (p := nvml.problem(g.uuid)) is not None}
+
+        sources = Sources(
+            node=self._node,
+            claims_dir=self._paths.claims_dir,
+            gpus=gpus,
+            sample=nvml.sample,
+            problems=problems,
+            records=self._records,
+            containers=index.containers,
+            container=index.container,
+        )
+        registry = CollectorRegistry()
+        registry.register(GpuCollector(sources, DaemonMetrics(self._node)))
+
+        self._server = MetricsServer(self._args.metrics_address, self._args.metrics_port, registry)
+        self._server.start()
+        if self._args.health_port:
+            self._health = HealthServer(
+                self._args.health_address,
+                self._args.health_port,
+                lambda: self.fatal is None,
+                lambda: None if index.synced.is_set() else "the node's pods are not listed yet",
+                dead="the pod watch failed; stopping",
+            )
+            self._health.start()
+
+    def _records(self) -> Mapping[str, ClaimRecord]:
+        """The daemon's prepared claims, read from its checkpoint (never written or moved here: a
+        file the daemon is replacing is read whole, as it renames a complete one into place)."""
+        try:
+            text = self._paths.checkpoint_file.read_text()
+        except FileNotFoundError:
+            return {}
+        return checkpoint.decode(text).claims
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Stop serving, then close NVML (no scrape may reach a closed NVML). Safe to call twice."""
+        self._stop.set()
+        if self._health is not None:
+            self._health.stop()
+            self._health = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    if not args.node_name:
+        print("tessera-exporter: the node name is required (--node-name or NODE_NAME)", file=sys.stderr)
+        return 2
+    if not 1 <= args.metrics_port <= 65535:
+        print(f"tessera-exporter: the metrics port must be 1-65535, not {args.metrics_port}", file=sys.stderr)
+        return 2
+    if not 0 <= args.health_port <= 65535:
+        print(f"tessera-exporter: the health port must be 0-65535, not {args.health_port}", file=sys.stderr)
+        return 2
+    exporter = Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        exporter.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        exporter.start()
+        exporter.wait()
+    except Exception as error:
+        log.exception("cannot run: %s", error)
+        exporter.fatal = str(error)
+    finally:
+        exporter.stop()
+    if exporter.fatal:
+        log.error("stopped because %s", exporter.fatal)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""``tessera-exporter``'s command line: help that is true, refusals that say what to fix, and the
+prepared claims read from the daemon's checkpoint without ever writing it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.driver import checkpoint, exporter_cli
+from tessera.driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+
+
+def test_help_lists_every_setting_with_its_environment_variable() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera.driver.exporter_cli", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0
+    for action in exporter_cli.parser()._actions:
+        if action.dest != "help":
+            assert action.option_strings[0] in done.stdout
+            assert "[env " in (action.help or ""), f"{action.option_strings[0]} has no environment fallback"
+
+
+def test_environment_variables_configure_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-7")
+    monkeypatch.setenv("TESSERA_STATE_DIR", "/s")
+    monkeypatch.setenv("TESSERA_METRICS_PORT", "9100")
+    args = exporter_cli.parser().parse_args([])
+    assert (args.node_name, args.state_dir, args.metrics_port) == ("gpu-7", "/s", 9100)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the node name is required (--node-name or NODE_NAME)"),
+        (["--node-name=n", "--metrics-port=0"], "the metrics port must be 1-65535, not 0"),
+        (["--node-name=n", "--health-port=70000"], "the health port must be 0-65535, not 70000"),
+    ],
+)
+def test_bad_settings_stop_it_with_one_sentence(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert exporter_cli.main(argv) == 2
+    assert capsys.readouterr().err == f"tessera-exporter: {message}\n"
+
+
+def test_shares_come_from_the_daemons_checkpoint_read_as_it_is(tmp_path: Path) -> None:
+    args = exporter_cli.parser().parse_args(["--node-name=n", f"--state-dir={tmp_path}"])
+    exporter = exporter_cli.Exporter(args, kube=None)  # type: ignore[arg-type]
+    assert exporter._records() == {}  # no checkpoint yet: nothing prepared
+    record = ClaimRecord(
+        "u1", "ns", "c1", "PrepareCompleted", (PreparedDevice(("gpu",), "n", "gpu-0", ("x",), "s1"),)
+    )
+    checkpoint.save(tmp_path / "checkpoint.json", Checkpoint("boot", {"u1": record}))
+    assert exporter._records() == {"u1": record}
+    (tmp_path / "checkpoint.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        exporter._records()  # the collector counts it; the file is not moved aside
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
