@@ -157,6 +157,18 @@ def chart_values() -> dict[str, Any]:
     }
 
 
+def with_webhook_client_ca(cluster: LocalCluster, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with the webhook trusting the client certificate this cluster's API server presents
+    to webhooks (cluster.py), unless they say otherwise: the webhook is installed with
+    authentication on, as it is by default everywhere."""
+    assert cluster.webhook_client_ca is not None
+    webhook = dict(values.get("webhook") or {})
+    auth = dict(webhook.get("clientAuth") or {})
+    if not any(auth.get(key) for key in ("caBundle", "caSecret", "caConfigMap")):
+        auth["caBundle"] = cluster.webhook_client_ca.pair.cert.read_text()
+    return {**values, "webhook": {**webhook, "clientAuth": auth}}
+
+
 def label_node(kube: client.ApiClient, node: RealNode) -> None:
     labels = {GPU_LABEL: "true", CHART_NODE_LABEL: "true"}
     client.CoreV1Api(kube).patch_node(node.name, {"metadata": {"labels": labels}})
@@ -235,6 +247,7 @@ def installed_release(
     """`helm install` of the chart with ``values`` on ``nodes`` (prepared with prepare_nodes) in a
     namespace of its own; with ``uninstall``, uninstalled and the namespace deleted afterwards."""
     release, namespace = release or unique_name("tessera"), namespace or unique_name("tessera-system")
+    values = with_webhook_client_ca(cluster, values)
     core = client.CoreV1Api(kube)
     core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={LABEL: "true"}))

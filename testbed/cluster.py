@@ -24,6 +24,7 @@ from tessera.testbed.kueue import Kueue, KueueOptions
 from tessera.testbed.node_host import node_addresses
 from tessera.testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
 from tessera.testbed.process import ManagedProcess, free_port
+from tessera.webhook.authentication import DEFAULT_CLIENT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,39 @@ current-context: tessera
     return path
 
 
+def write_webhook_admission_config(folder: Path, client: KeyPair) -> Path:
+    """The API server's admission configuration that makes it present ``client`` to every admission
+    webhook (docs/install.md, "Authenticating the API server to the webhook"): a kubeconfig whose
+    one user is named ``*``, the default match for any webhook host, since the test bed reaches
+    webhooks both behind Services of varying names and at 127.0.0.1 URLs."""
+    kubeconfig = folder / "webhook-client.kubeconfig"
+    kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: {client.cert}
+    client-key: {client.key}
+"""
+    )
+    kubeconfig.chmod(0o600)
+    config = folder / "admission-config.yaml"
+    plugins = "".join(
+        f"""- name: {plugin}
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: {kubeconfig}
+"""
+        for plugin in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")
+    )
+    config.write_text(
+        f"apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{plugins}"
+    )
+    return config
+
+
 class LocalCluster:
     """The control plane of one test cluster. Use as a context manager, or call start()/stop()."""
 
@@ -75,6 +109,11 @@ class LocalCluster:
         self.controller_manager_port = 0
         self.scheduler_port = 0
         self.ca: CertificateAuthority | None = None
+        self.webhook_client_ca: CertificateAuthority | None = None
+        """The CA of the client certificate the API server presents to admission webhooks: what a
+        webhook of the test bed trusts (tessera-webhook --client-ca-file)."""
+        self.webhook_client: KeyPair | None = None
+        """That certificate and its key, for a benchmark that posts to a webhook as the API server."""
         self.admin_kubeconfig = self.state_dir / "admin.kubeconfig"
         self._kueue_options = kueue if isinstance(kueue, KueueOptions) else KueueOptions() if kueue else None
         self.kueue: Kueue | None = None
@@ -150,6 +189,14 @@ class LocalCluster:
         )
         self._front_proxy = self.ca.issue("front-proxy-client", common_name="front-proxy-client", client=True)
         self._service_account = write_service_account_keys(self.pki_dir)
+        # A CA of its own, so a webhook trusting it trusts the API server's webhook client alone.
+        self.webhook_client_ca = CertificateAuthority(
+            self.pki_dir / "webhook-client", common_name="tessera-testbed-webhook-client-ca"
+        )
+        self.webhook_client = self.webhook_client_ca.issue(
+            "apiserver-webhook-client", common_name=DEFAULT_CLIENT_NAME, client=True
+        )
+        self._admission_config = write_webhook_admission_config(self.pki_dir, self.webhook_client)
 
     def _start_etcd(self) -> None:
         client_port, peer_port = free_port(), free_port()
@@ -211,6 +258,8 @@ class LocalCluster:
             f"--service-account-signing-key-file={self._service_account.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
+            # Present a client certificate to admission webhooks: the Tessera webhook answers no one else.
+            f"--admission-control-config-file={self._admission_config}",
             "--allow-privileged=true",
             # No kube-proxy or Service network on loopback: do not publish apiserver endpoints.
             "--endpoint-reconciler-type=none",

@@ -34,7 +34,8 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
     pod = request.get("object")
     if request.get("operation") != "CREATE" or request.get("kind", {}).get("kind") != "Pod" or not pod:
         return Decision(review.allow(uid), "ignored")
-    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+    # review.check_request made sure this is the pod's own namespace: templates go nowhere else.
+    namespace = request.get("namespace", "")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     spec = pod.get("spec") or {}
     try:

@@ -16,11 +16,18 @@ from kubernetes import client
 
 from tessera import logs
 from tessera.kube import api_client
-from tessera.settings import setting
+from tessera.settings import setting, switch
+from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
-from tessera.webhook.tls import Certificates, FileCertificates, SelfManagedCertificates, keep_ca_bundle
+from tessera.webhook.tls import (
+    Certificates,
+    FileCertificates,
+    SelfManagedCertificates,
+    keep_ca_bundle,
+    read_client_ca,
+)
 
 log = logging.getLogger("tessera.webhook")
 
@@ -79,6 +86,31 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--client-ca-file",
+        env + "CLIENT_CA_FILE",
+        None,
+        "PEM bundle of the CA that signs the API server's client certificate; /mutate answers only "
+        "callers presenting a certificate it verifies (reloaded when the file changes)",
+        _optional_path,
+    )
+    setting(
+        p,
+        "--client-names",
+        env + "CLIENT_NAMES",
+        [DEFAULT_CLIENT_NAME],
+        "comma-separated subject common names allowed to post reviews",
+        _list,
+    )
+    switch(
+        p,
+        "--allow-unauthenticated",
+        env + "ALLOW_UNAUTHENTICATED",
+        False,
+        "serve /mutate to any caller, without --client-ca-file: only where the API server cannot "
+        "present a client certificate, since anyone reaching the port can then have templates made",
+    )
+    setting(
+        p,
         "--webhook-configuration",
         env + "CONFIGURATION",
         "",
@@ -108,14 +140,34 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
+    """Who may post reviews; refuses to start without a client CA unless that is asked for by name."""
+    if args.client_ca_file is None:
+        if not args.allow_unauthenticated:
+            raise SystemExit(
+                "tessera-webhook: give --client-ca-file (the CA of the API server's client certificate; "
+                "docs/install.md), or --allow-unauthenticated to serve any caller"
+            )
+        log.warning("serving /mutate to any caller: --allow-unauthenticated")
+        return None
+    try:
+        read_client_ca(args.client_ca_file)
+    except ValueError as error:
+        raise SystemExit(f"tessera-webhook: {error}") from None
+    if not args.client_names:
+        raise SystemExit("tessera-webhook: --client-names is empty, so no caller could post reviews")
+    return ClientPolicy(frozenset(args.client_names))
+
+
 def certificates_from(args: argparse.Namespace) -> Certificates:
+    client_ca = args.client_ca_file
     if args.tls_dir is not None:
-        return FileCertificates(args.tls_dir)
+        return FileCertificates(args.tls_dir, client_ca)
     if not args.dns_names and not args.ip_addresses:
         raise SystemExit(
             "tessera-webhook: give --tls-dir, or --dns-names/--ip-addresses for a self-made certificate"
         )
-    return SelfManagedCertificates(args.dns_names, args.ip_addresses)
+    return SelfManagedCertificates(args.dns_names, args.ip_addresses, client_ca=client_ca)
 
 
 def _maintain_certificates(
@@ -140,19 +192,21 @@ def _maintain_certificates(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
+    clients = client_policy(args)
     certificates = certificates_from(args)
     api = api_client(args.kubeconfig)
     cache = SliceCache(api)
     cache.start()
-    app = WebhookApp(
-        lambda: cache.fleet, TemplateStore(api, ttl=args.template_ttl), ready=cache.synced.is_set
-    )
+    templates = TemplateStore(api, ttl=args.template_ttl)
+    templates.start()
+    app = WebhookApp(lambda: cache.fleet, templates, ready=cache.synced.is_set)
     server = WebhookServer(
         app,
         certificates,
         args.bind_address,
         args.port,
         None if args.metrics_port < 0 else args.metrics_port,
+        clients,
     )
     stop = threading.Event()
     maintenance = threading.Thread(
@@ -173,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("serving /mutate on %s:%d", args.bind_address, server.port)
     stop.wait()
     server.stop()
+    templates.stop()
     cache.stop()
     log.info("stopped")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("ignored", "untouched", "converted", "denied", "error")
+OUTCOMES = ("ignored", "untouched", "converted", "denied", "malformed", "error")
 
 
 class WebhookMetrics:
@@ -30,6 +30,13 @@ class WebhookMetrics:
         self.templates_created = Counter(
             "tessera_webhook_template_writes",
             "ResourceClaimTemplate create calls (AlreadyExists included).",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "tessera_webhook_requests_refused",
+            "Requests answered with a 4xx before a review was decided (401/403 unauthenticated or "
+            "not allowed, 408 too slow, 411/413/431 over a limit, 400 malformed), by status.",
+            ["status"],
             registry=self.registry,
         )
         self.gpu_sizes = Gauge(

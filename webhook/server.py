@@ -1,29 +1,54 @@
-"""HTTPS transport: routes, content type, decoding, timing; the decision itself is ``admission.admit``.
+"""HTTPS transport: routes, limits, authentication, decoding, timing; the decision itself is
+``admission.admit``.
 
 ``/mutate`` takes AdmissionReview v1 posts; ``/healthz`` answers while the process serves;
 ``/readyz`` only once the slice cache has its first list; ``/metrics`` is Prometheus text. The same
 routes, except ``/mutate``, are served in plain HTTP on the metrics port for probes and scrapers.
+
+Everything that reaches the port is treated as hostile until the API server's client certificate
+says otherwise, so every resource a caller can hold is bounded:
+
+- connections are read by one event loop, never a thread each: a connection waiting for its next
+  request costs a coroutine, and at most ``MAX_CONNECTIONS`` are open (more are closed at once);
+- once a request's first byte arrives, its head and body must follow within ``REQUEST_TIMEOUT``
+  (and the TLS handshake within the same), else 408 and the connection is closed: slow clients
+  cannot hold anything for long, nor delay the reviews of others;
+- a head is at most ``MAX_HEAD`` bytes (431); a body must say its ``Content-Length`` (411, or 400
+  when it is not a number) of at most ``MAX_BODY`` bytes (413, answered without reading it);
+- reviews are decided by a pool of ``WORKERS`` threads, so a flood queues instead of starting
+  threads without end;
+- a malformed review gets 400 and one sentence (review.check_request), never the 500 kept for the
+  webhook's own faults.
+
 Connections are kept alive (the apiserver reuses them) and time out when idle, so a shutdown waits
-only for reviews in flight.
+only for reviews in flight. Answers go out in one write with TCP_NODELAY, so Nagle's algorithm
+never holds them for the client's delayed ACK.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tessera.quantity import KiB, MiB
 from tessera.webhook import review
 from tessera.webhook.admission import admit
+from tessera.webhook.authentication import ClientPolicy
+from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.metrics import WebhookMetrics
 from tessera.webhook.tls import Certificates
@@ -35,6 +60,26 @@ IDLE_TIMEOUT = 180.0
 apiserver's own idle timeout (Go's 90 s), so the apiserver always closes first: a server closing an
 idle connection races the client's next POST on it, which the client reports as a broken pipe and
 does not retry. On shutdown idle connections are closed at once instead."""
+
+REQUEST_TIMEOUT = 0.8
+"""Seconds from a request's first byte (or a connection's opening, for the TLS handshake) until all
+of it has arrived. The API server writes a review in one go (a pod is at most ~1.5 MB), which takes
+milliseconds; a client slower than this is holding the connection, not sending a review."""
+
+MAX_BODY = 3 * MiB
+"""Largest review body read. etcd stores objects of at most 1.5 MiB (its default request limit), so
+a pod under review is smaller than that; the review wraps it with the request's few fields, and a
+mutating webhook may see a pod other webhooks enlarged. Twice the object bound leaves room for both."""
+
+MAX_HEAD = 16 * KiB
+"""Largest request line and headers, together. The API server's are a few hundred bytes."""
+
+WORKERS = 8
+"""Threads that decide reviews. A decision is milliseconds of CPU plus, for a new template shape, one
+API call; eight keep a replica's core busy while a template write waits on the API server."""
+
+MAX_CONNECTIONS = 1024
+"""Open connections at most; one more is closed on accept. The API server keeps a few per replica."""
 
 
 class Templates(Protocol):
@@ -52,9 +97,6 @@ class WebhookApp:
         self.ready = ready
         self.metrics = WebhookMetrics()
         self.closing = threading.Event()
-        self.idle: set[socket.socket] = set()
-        """Connections waiting for their next request: what shutdown may close at once."""
-        self.idle_lock = threading.Lock()
 
     def review(self, body: bytes) -> tuple[int, bytes]:
         """HTTP status and body for one posted review."""
@@ -64,6 +106,7 @@ class WebhookApp:
             try:
                 request = review.parse_review(body)
             except review.BadReview as error:
+                outcome = "malformed"
                 return 400, str(error).encode()
             try:
                 decision = admit(request, self.fleet())
@@ -72,6 +115,8 @@ class WebhookApp:
                         if self.templates.ensure(template):
                             self.metrics.templates_created.inc()
                 response, outcome = decision.response, decision.outcome
+            except Refusal as refusal:  # a template of that name exists and Tessera did not write it
+                response, outcome = review.deny(request["uid"], str(refusal)), "denied"
             except ApiException as error:
                 message = f"could not create the pod's ResourceClaimTemplate: {error.status} {error.reason}."
                 response = review.deny(request["uid"], message, code=500)
@@ -85,84 +130,184 @@ class WebhookApp:
             self.metrics.gpu_sizes.set(len(self.fleet().memory_sizes))
 
 
-def _handler(app: WebhookApp, mutate: bool) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = IDLE_TIMEOUT
+class HttpError(Exception):
+    """A request refused before it reaches the app: the status and one sentence; the connection is
+    closed after the answer."""
 
-        def handle_one_request(self) -> None:
-            with app.idle_lock:
-                if app.closing.is_set():
-                    self.close_connection = True
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+    """Lower-cased names; a repeated header keeps its first value, except Content-Length (checked)."""
+
+    @property
+    def keep_alive(self) -> bool:
+        connection = self.headers.get("connection", "").lower()
+        return "close" not in connection and (self.version == "HTTP/1.1" or "keep-alive" in connection)
+
+
+def _parse_head(head: bytes) -> _Request:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise HttpError(400, "the request line is not HTTP/1.x.")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise HttpError(400, "a request header is malformed.")
+        name, value = name.lower(), value.strip()
+        if name == "content-length" and headers.get(name, value) != value:
+            raise HttpError(400, "the request has two different Content-Length headers.")
+        headers.setdefault(name, value)
+    return _Request(parts[0], parts[1].split("?", 1)[0], parts[2], headers)
+
+
+def _content_length(request: _Request) -> int:
+    """The body's length, refused past MAX_BODY before a byte of it is read."""
+    if "transfer-encoding" in request.headers:
+        raise HttpError(411, "a chunked body is not accepted; send Content-Length.")
+    raw = request.headers.get("content-length")
+    if raw is None:
+        if request.method == "POST":
+            raise HttpError(411, "the request has no Content-Length.")
+        return 0
+    if not raw.isdigit() or len(raw) > 12:
+        raise HttpError(400, "the request's Content-Length is not a number.")
+    length = int(raw)
+    if length > MAX_BODY:
+        raise HttpError(413, f"the request body is larger than {MAX_BODY // MiB} MiB.")
+    return length
+
+
+def _answer(status: int, body: bytes, content_type: str, close: bool) -> bytes:
+    head = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+    ]
+    if close:
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Listener:
+    """One port's connections on the event loop: HTTPS with /mutate, or plain HTTP for probes."""
+
+    def __init__(self, server: WebhookServer, tls: bool) -> None:
+        self.server = server
+        self.tls = tls
+        self.app = server.app
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server = self.server
+        task = asyncio.current_task()
+        assert task is not None
+        if len(server.connections) >= MAX_CONNECTIONS or self.app.closing.is_set():
+            writer.transport.abort()
+            return
+        server.connections.add(task)
+        try:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # answers go out at once
+            if self.tls:
+                # The context current right now, so a rotated certificate serves new connections.
+                await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
+            while not self.app.closing.is_set():
+                server.idle.add(task)
+                try:
+                    first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
+                finally:
+                    server.idle.discard(task)
+                if not await self._one_request(first, reader, writer):
                     return
-                app.idle.add(self.connection)
-            try:
-                super().handle_one_request()
-            finally:
-                with app.idle_lock:
-                    app.idle.discard(self.connection)
+        except (OSError, EOFError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
+            log.debug("connection %s ended", writer.get_extra_info("peername"), exc_info=True)
+        finally:
+            server.connections.discard(task)
+            writer.close()
 
-        def parse_request(self) -> bool:
-            with app.idle_lock:  # a request line arrived: no longer idle
-                app.idle.discard(self.connection)
-            return super().parse_request()
+    async def _one_request(
+        self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Read, answer; whether the connection stays open for another request."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                try:
+                    head = first + await reader.readuntil(b"\r\n\r\n")
+                except asyncio.LimitOverrunError:
+                    message = f"the request's head is larger than {MAX_HEAD // KiB} KiB."
+                    raise HttpError(431, message) from None
+                request = _parse_head(head)
+                self._authenticate(request, writer)
+                body = await reader.readexactly(_content_length(request))
+        except TimeoutError:
+            sentence = "the request did not arrive in time."
+            await self._send(writer, 408, sentence.encode(), "text/plain", close=True)
+            return False
+        except HttpError as error:
+            await self._send(writer, error.status, str(error).encode(), "text/plain", close=True)
+            return False
+        status, answer, content_type = await loop.run_in_executor(
+            self.server.workers, self._route, request, body
+        )
+        close = not request.keep_alive or self.app.closing.is_set()
+        await self._send(writer, status, answer, content_type, close)
+        return not close
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s %s", self.address_string(), format % args)
+    def _authenticate(self, request: _Request, writer: asyncio.StreamWriter) -> None:
+        """Refuse a review from anyone but the API server, before its body is read."""
+        policy = self.server.clients
+        if not self.tls or policy is None or request.method != "POST" or request.path != "/mutate":
+            return
+        refusal = policy.refusal(writer.get_extra_info("peercert"))
+        if refusal is not None:
+            raise HttpError(*refusal)
 
-        def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if app.closing.is_set():
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            # Headers and body in one write: two small writes let Nagle's algorithm hold the second
-            # until the client's delayed ACK (up to 40 ms), which the apiserver's client would wait.
-            buffered: list[bytes] = self._headers_buffer  # type: ignore[attr-defined]
-            buffered.append(b"\r\n")
-            buffered.append(body)
-            self.flush_headers()
-
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._send(200, b"ok")
-            elif self.path == "/readyz":
+    def _route(self, request: _Request, body: bytes) -> tuple[int, bytes, str]:
+        """Status, body and content type for one complete request (in a worker thread)."""
+        app = self.app
+        if request.method == "GET":
+            if request.path == "/healthz":
+                return 200, b"ok", "text/plain"
+            if request.path == "/readyz":
                 ready = app.ready() and not app.closing.is_set()
-                self._send(200 if ready else 503, b"ok" if ready else b"slice cache not synced or closing")
-            elif self.path == "/metrics":
-                self._send(200, generate_latest(app.metrics.registry), CONTENT_TYPE_LATEST)
-            else:
-                self._send(404, b"not found")
+                answer = b"ok" if ready else b"slice cache not synced or closing"
+                return 200 if ready else 503, answer, "text/plain"
+            if request.path == "/metrics":
+                return 200, generate_latest(app.metrics.registry), CONTENT_TYPE_LATEST
+            return 404, b"not found", "text/plain"
+        if request.method != "POST" or not self.tls or request.path != "/mutate":
+            return 404, b"not found", "text/plain"
+        content_type = request.headers.get("content-type", "").split(";", 1)[0].strip()
+        if content_type != "application/json":
+            return 415, b"expected application/json", "text/plain"
+        status, answer = app.review(body)
+        return status, answer, "application/json" if status == 200 else "text/plain"
 
-        def do_POST(self) -> None:
-            if not mutate or self.path.split("?", 1)[0] != "/mutate":
-                self._send(404, b"not found")
-                return
-            content_type = self.headers.get("Content-Type", "").split(";", 1)[0].strip()
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length)
-            if content_type != "application/json":
-                self._send(415, b"expected application/json")
-                return
-            status, answer = app.review(body)
-            self._send(status, answer, "application/json" if status == 200 else "text/plain")
-
-    return Handler
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
-    allow_reuse_address = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that resets or fails its handshake is its own problem: note it, no traceback."""
-        log.debug("connection from %s failed", client_address, exc_info=True)
+    async def _send(
+        self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str, close: bool
+    ) -> None:
+        if 400 <= status < 500 and status != 404:
+            self.app.metrics.refused.labels(str(status)).inc()
+        writer.write(_answer(status, body, content_type, close))
+        await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
 
 
 class WebhookServer:
-    """The HTTPS server (and optionally the plain one for probes and metrics), started in threads."""
+    """The HTTPS server (and optionally the plain one for probes and metrics), on an event loop in a
+    thread of its own; reviews are decided in a bounded pool of worker threads."""
 
     def __init__(
         self,
@@ -171,49 +316,68 @@ class WebhookServer:
         host: str = "0.0.0.0",
         port: int = 8443,
         metrics_port: int | None = None,
+        clients: ClientPolicy | None = None,
     ) -> None:
+        """clients: who may post reviews (the TLS context verifies their certificates); None serves
+        any caller, for a cluster whose API server presents no certificate."""
         self.app = app
-        certs = certificates
+        self.certificates = certificates
+        self.clients = clients
+        self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="webhook-review")
+        self.connections: set[asyncio.Task[Any]] = set()
+        self.idle: set[asyncio.Task[Any]] = set()
+        """Connections waiting for their next request: what shutdown may close at once."""
+        self._loop = asyncio.new_event_loop()
+        self._servers: list[asyncio.Server] = []
+        self._thread: threading.Thread | None = None
+        self._servers.append(self._listen(host, port, tls=True))
+        if metrics_port is not None:
+            self._servers.append(self._listen(host, metrics_port, tls=False))
 
-        class TlsServer(_Server):
-            def get_request(self) -> tuple[socket.socket, Any]:
-                sock, address = super().get_request()
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # answers go out at once
-                # Handshake in the handler thread (first read), with the context current right now.
-                wrapped = certs.context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                return wrapped, address
-
-        self.https = TlsServer((host, port), _handler(app, mutate=True))
-        self.plain = (
-            _Server((host, metrics_port), _handler(app, mutate=False)) if metrics_port is not None else None
+    def _listen(self, host: str, port: int, tls: bool) -> asyncio.Server:
+        listener = _Listener(self, tls)
+        return self._loop.run_until_complete(
+            asyncio.start_server(
+                listener.connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=256
+            )
         )
-        self._threads: list[threading.Thread] = []
+
+    @staticmethod
+    def _port_of(server: asyncio.Server) -> int:
+        return int(server.sockets[0].getsockname()[1])
 
     @property
     def port(self) -> int:
-        return int(self.https.server_address[1])
+        return self._port_of(self._servers[0])
 
     @property
     def metrics_port(self) -> int | None:
-        return int(self.plain.server_address[1]) if self.plain else None
+        return self._port_of(self._servers[1]) if len(self._servers) > 1 else None
 
     def start(self) -> None:
-        for server in (self.https, self.plain):
-            if server is not None:
-                thread = threading.Thread(target=server.serve_forever, name="webhook-http", daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop accepting, finish the reviews in flight, close kept-alive connections, return."""
-        with self.app.idle_lock:
-            self.app.closing.set()
-            for connection in self.app.idle:  # waiting for a request that will not be served
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-        for server in (self.https, self.plain):
-            if server is not None:
-                server.shutdown()
-                server.server_close()  # joins the handler threads: in-flight reviews complete
-        for thread in self._threads:
-            thread.join()
+        self.app.closing.set()
+        if self._thread is None:  # never started
+            self._loop.run_until_complete(self._shutdown())
+        else:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
+        self.workers.shutdown(wait=True)
+
+    async def _shutdown(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self.idle):  # waiting for a request that will not be served
+            task.cancel()
+        pending = list(self.connections)
+        if pending:
+            await asyncio.wait(pending)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()

@@ -40,7 +40,11 @@ class Certificates(Protocol):
         ...
 
 
-def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+def _context_from_pem(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = None) -> ssl.SSLContext:
+    """A server context for the certificate; with ``client_ca``, it asks every client for a
+    certificate and verifies one that is presented against that bundle (a wrong one fails the
+    handshake). A client may still present none: the server then answers 401 with a sentence
+    instead of a bare handshake failure (webhook/authentication.py)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # load_cert_chain reads files only: write both to a private folder and remove it at once.
@@ -50,33 +54,53 @@ def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
         key_file.touch(mode=0o600)
         key_file.write_bytes(key_pem)
         context.load_cert_chain(cert_file, key_file)
+    if client_ca is not None:
+        context.load_verify_locations(cadata=client_ca.decode("ascii", errors="replace"))
+        context.verify_mode = ssl.CERT_OPTIONAL
     return context
 
 
-class FileCertificates:
-    """``tls.crt`` and ``tls.key`` from a folder (a mounted secret), reloaded when their bytes change."""
+def read_client_ca(path: Path | None) -> bytes | None:
+    """The client CA bundle at ``path`` (None without one); raises ValueError with a sentence when it
+    holds no certificate, so a bad mount stops the webhook at start rather than admitting anyone."""
+    if path is None:
+        return None
+    try:
+        pem = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read the client CA bundle {path}: {error.strerror}.") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError(f"the client CA bundle {path} holds no PEM certificate.")
+    return pem
 
-    def __init__(self, folder: Path) -> None:
+
+class FileCertificates:
+    """``tls.crt`` and ``tls.key`` from a folder (a mounted secret), and the client CA bundle when one
+    is given, reloaded when their bytes change."""
+
+    def __init__(self, folder: Path, client_ca: Path | None = None) -> None:
         self.folder = folder
+        self.client_ca = client_ca
         self._digest = b""
         self._context: ssl.SSLContext | None = None
         if not self.refresh():
             raise RuntimeError(f"no certificate in {folder}")
 
-    def _read(self) -> tuple[bytes, bytes]:
-        return (self.folder / "tls.crt").read_bytes(), (self.folder / "tls.key").read_bytes()
+    def _read(self) -> tuple[bytes, bytes, bytes | None]:
+        cert, key = (self.folder / "tls.crt").read_bytes(), (self.folder / "tls.key").read_bytes()
+        return cert, key, read_client_ca(self.client_ca)
 
     def refresh(self) -> bool:
         try:
-            cert, key = self._read()
-        except OSError as error:
+            cert, key, client_ca = self._read()
+        except (OSError, ValueError) as error:
             log.warning("cannot read the certificate in %s: %s", self.folder, error)
             return False
-        digest = hashlib.sha256(cert + b"\0" + key).digest()
+        digest = hashlib.sha256(cert + b"\0" + key + b"\0" + (client_ca or b"")).digest()
         if digest == self._digest:
             return False
         try:
-            context = _context_from_pem(cert, key)
+            context = _context_from_pem(cert, key, client_ca)
         except (ssl.SSLError, OSError) as error:  # half-written by the kubelet's atomic swap: next time
             log.warning("certificate in %s not usable yet: %s", self.folder, error)
             return False
@@ -129,8 +153,11 @@ class SelfManagedCertificates:
         ip_addresses: list[str],
         ca_lifetime: datetime.timedelta = datetime.timedelta(days=365),
         serving_lifetime: datetime.timedelta = datetime.timedelta(days=30),
+        client_ca: Path | None = None,
     ) -> None:
         self.dns_names = dns_names
+        self.client_ca = client_ca
+        self._client_ca_pem = read_client_ca(client_ca)
         self.ip_addresses = [ipaddress.ip_address(address) for address in ip_addresses]
         self.ca_lifetime = ca_lifetime
         self.serving_lifetime = serving_lifetime
@@ -194,8 +221,16 @@ class SelfManagedCertificates:
                 changed = True
             if changed or self._serving is None or self._serving.due(now):
                 self._serving = self._new_serving(now)
-                self._context = _context_from_pem(self._serving.cert_pem, self._serving.key_pem)
                 changed = True
+            client_ca = self._client_ca_pem
+            if self.client_ca is not None and self._context is not None:
+                try:
+                    client_ca = read_client_ca(self.client_ca)
+                except ValueError as error:  # mid-swap: keep trusting the bundle we have
+                    log.warning("%s", error)
+            if changed or client_ca != self._client_ca_pem:
+                self._client_ca_pem = client_ca
+                self._context = _context_from_pem(self._serving.cert_pem, self._serving.key_pem, client_ca)
             return changed
 
     def ca_bundle(self) -> bytes:

@@ -324,6 +324,7 @@ def main() -> int:
     info = RunInfo.start(["webhook", "tessera/names.py", "tessera/watching.py", "charts/tessera/files"])
     figures: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds}
     with LocalCluster() as cluster:
+        assert cluster.webhook_client_ca is not None and cluster.webhook_client is not None
         kube = api_client(cluster.admin_kubeconfig)
         ensure_device_class(kube)
         create_ready_node(kube, "bench-node", None)
@@ -353,6 +354,7 @@ def main() -> int:
                 f"--metrics-port={metrics_port}",
                 "--ip-addresses=127.0.0.1",
                 "--webhook-configuration=tessera-webhook-bench",
+                f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
                 "--log-level=warning",
             ],
             stdout=subprocess.DEVNULL,
@@ -381,7 +383,15 @@ def main() -> int:
                 return value
 
             ca = base64.b64decode(poll_until(bundle, 60, "caBundle set by the webhook")).decode()
-            direct = Target("127.0.0.1", port, "/mutate", cadata=ca)
+            # Posting as the API server does: with its webhook client certificate.
+            direct = Target(
+                "127.0.0.1",
+                port,
+                "/mutate",
+                cadata=ca,
+                cert_file=str(cluster.webhook_client.cert),
+                key_file=str(cluster.webhook_client.key),
+            )
             warm = Sender(direct)
             for i in range(200):  # warm: the template created and remembered
                 warm(review_body(i))

@@ -57,6 +57,7 @@ def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigt
     registration.create_mutating_webhook_configuration(
         client.V1MutatingWebhookConfiguration.model_validate(body)
     )
+    assert cluster.webhook_client_ca is not None
     log = (tmp_path / "webhook.log").open("w")
     process = subprocess.Popen(
         [
@@ -67,6 +68,7 @@ def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigt
             f"--metrics-port={metrics_port}",
             "--ip-addresses=127.0.0.1",
             f"--webhook-configuration={name}",
+            f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

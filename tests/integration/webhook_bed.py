@@ -1,5 +1,6 @@
 """The webhook as the integration, e2e and benchmark code run it: in this process on 127.0.0.1, with
-a self-made CA, registered with the real apiserver from the chart's configuration file."""
+a self-made CA, registered with the real apiserver from the chart's configuration file, answering
+only the API server's client certificate (the test bed's apiserver presents one, testbed/cluster.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tessera.testbed.accounts import service_account_token, token_kubeconfig
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.names import unique_name
 from tessera.testbed.polling import poll_until
+from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
@@ -93,11 +95,22 @@ class RunningWebhook:
         self.api = webhook_api_client(kube, cluster, self.name)  # the webhook's own, least-privilege client
         self.cache = SliceCache(self.api)
         self.cache.start()
-        self.certificates = SelfManagedCertificates([], ["127.0.0.1"], ca_lifetime, serving_lifetime)
-        self.app = WebhookApp(
-            lambda: self.cache.fleet, TemplateStore(self.api), ready=self.cache.synced.is_set
+        assert cluster.webhook_client_ca is not None
+        # Only the API server may post reviews: it presents the test bed's webhook client certificate.
+        self.certificates = SelfManagedCertificates(
+            [], ["127.0.0.1"], ca_lifetime, serving_lifetime, client_ca=cluster.webhook_client_ca.pair.cert
         )
-        self.server = WebhookServer(self.app, self.certificates, "127.0.0.1", 0, metrics_port=0)
+        self.templates = TemplateStore(self.api)
+        self.templates.start()
+        self.app = WebhookApp(lambda: self.cache.fleet, self.templates, ready=self.cache.synced.is_set)
+        self.server = WebhookServer(
+            self.app,
+            self.certificates,
+            "127.0.0.1",
+            0,
+            metrics_port=0,
+            clients=ClientPolicy(frozenset({DEFAULT_CLIENT_NAME})),
+        )
         self.server.start()
         self.url = f"https://127.0.0.1:{self.server.port}/mutate"
         registration = client.AdmissionregistrationV1Api(kube)
@@ -140,5 +153,6 @@ class RunningWebhook:
         with contextlib.suppress(ApiException):
             client.AdmissionregistrationV1Api(self.kube).delete_mutating_webhook_configuration(self.name)
         self.server.stop()
+        self.templates.stop()
         self.cache.stop()
         remove_account(self.kube, self.name)

@@ -424,7 +424,7 @@ def test_the_webhook_configuration_is_the_shipped_file_pointed_at_the_release(ho
 
 
 def test_the_chart_made_certificate_is_trusted_by_the_configuration(default: list[dict[str, Any]]) -> None:
-    secret = find(default, "Secret")
+    secret = find(default, "Secret", "tessera-webhook-tls")
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
     serving = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     bundle = find(default, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["caBundle"]
@@ -440,7 +440,9 @@ def test_the_chart_made_certificate_is_trusted_by_the_configuration(default: lis
 
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(home: Path) -> None:
     objects = render(home / "cert-manager", {"webhook": {"tls": {"source": "certManager"}}})
-    assert "Secret" not in kinds(objects)
+    # The only Secret is the API server's client certificate (webhook-client-ca.yaml).
+    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert secrets == ["tessera-webhook-apiserver-client"]
     certificate = find(objects, "Certificate")
     assert certificate["spec"]["secretName"] == "tessera-webhook-tls"
     assert "tessera-webhook.tessera.svc" in certificate["spec"]["dnsNames"]
@@ -470,7 +472,9 @@ def test_the_webhooks_own_ca_is_for_one_replica(home: Path) -> None:
     message = refusal(home, {"webhook": {"tls": {"source": "self"}}})
     assert "webhook.replicas" in message and "webhook.tls.source" in message
     objects = render(home / "own-ca", {"webhook": {"tls": {"source": "self"}, "replicas": 1}})
-    assert not kinds(objects) & {"Secret", "Certificate"}
+    assert "Certificate" not in kinds(objects)
+    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert secrets == ["tessera-webhook-apiserver-client"]
     args = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--dns-names=tessera-webhook.tessera.svc" in args
     assert "--webhook-configuration=tessera-webhook" in args

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tessera.webhook.cli import certificates_from, parser
+from tessera.testbed.pki import CertificateAuthority
+from tessera.webhook.cli import certificates_from, client_policy, parser
 
 
 def test_help_lists_every_flag_with_its_environment_variable() -> None:
@@ -25,6 +27,9 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
         "--dns-names",
         "--webhook-configuration",
         "--template-ttl",
+        "--client-ca-file",
+        "--client-names",
+        "--allow-unauthenticated",
     ):
         assert flag in shown.stdout
     assert "TESSERA_WEBHOOK_TLS_DIR" in shown.stdout
@@ -40,3 +45,28 @@ def test_environment_variables_set_the_defaults(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TESSERA_WEBHOOK_DNS_NAMES", "a.svc, b.svc")
     args = parser().parse_args([])
     assert (args.port, args.dns_names) == (9443, ["a.svc", "b.svc"])
+
+
+def test_without_a_client_ca_the_webhook_refuses_to_start_unless_told_to_serve_anyone() -> None:
+    with pytest.raises(SystemExit, match=r"give --client-ca-file .* or --allow-unauthenticated"):
+        client_policy(parser().parse_args([]))
+    assert client_policy(parser().parse_args(["--allow-unauthenticated"])) is None
+
+
+def test_the_client_ca_must_hold_a_certificate(tmp_path: Path) -> None:
+    empty = tmp_path / "ca.crt"
+    empty.write_text("not a certificate\n")
+    with pytest.raises(SystemExit, match="holds no PEM certificate"):
+        client_policy(parser().parse_args(["--client-ca-file", str(empty)]))
+    with pytest.raises(SystemExit, match="cannot read the client CA bundle"):
+        client_policy(parser().parse_args(["--client-ca-file", str(tmp_path / "missing.crt")]))
+
+
+def test_allowed_client_names_default_to_the_documented_one(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path)
+    policy = client_policy(parser().parse_args(["--client-ca-file", str(ca.pair.cert)]))
+    assert policy is not None and policy.names == {"kube-apiserver-webhook-client"}
+    policy = client_policy(
+        parser().parse_args(["--client-ca-file", str(ca.pair.cert), "--client-names", "a, b"])
+    )
+    assert policy is not None and policy.names == {"a", "b"}

@@ -1,20 +1,27 @@
 """The HTTPS server with real sockets and TLS: routes, content types, dry-run, failures, metrics,
-readiness and a shutdown that answers the review in flight."""
+readiness, a shutdown that answers the review in flight, and what it does with hostile callers:
+no client certificate or a wrong one, huge or unannounced bodies, slow connections by the hundred,
+malformed reviews. Every server here requires the API server's client certificate, as installed."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
 
+from tessera.testbed.pki import CertificateAuthority, KeyPair
+from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
+from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.server import WebhookApp, WebhookServer
+from tessera.webhook.server import MAX_BODY, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
 
@@ -23,6 +30,7 @@ class FakeTemplates:
     def __init__(self) -> None:
         self.made: list[dict[str, Any]] = []
         self.failure: ApiException | None = None
+        self.refusal: Refusal | None = None
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
@@ -32,24 +40,45 @@ class FakeTemplates:
             self.gate.wait(30)
         if self.failure is not None:
             raise self.failure
+        if self.refusal is not None:
+            raise self.refusal
         self.made.append(template)
         return True
 
 
 class Running:
-    def __init__(self) -> None:
-        self.certificates = SelfManagedCertificates([], ["127.0.0.1"])
+    """A server that requires a client certificate of ``DEFAULT_CLIENT_NAME`` from ``client_ca``;
+    ``https()`` connects with one, ``https(None)`` with none."""
+
+    def __init__(self, folder: Path) -> None:
+        self.client_ca = CertificateAuthority(folder / "client-ca", common_name="apiserver-client-ca")
+        self.apiserver = self.client_ca.issue("apiserver", common_name=DEFAULT_CLIENT_NAME, client=True)
+        self.certificates = SelfManagedCertificates([], ["127.0.0.1"], client_ca=self.client_ca.pair.cert)
         self.templates = FakeTemplates()
         self.is_ready = False
         self.fleet = FLEET
         self.app = WebhookApp(lambda: self.fleet, self.templates, ready=lambda: self.is_ready)
-        self.server = WebhookServer(self.app, self.certificates, "127.0.0.1", 0, metrics_port=0)
+        self.server = WebhookServer(
+            self.app,
+            self.certificates,
+            "127.0.0.1",
+            0,
+            metrics_port=0,
+            clients=ClientPolicy(frozenset({DEFAULT_CLIENT_NAME})),
+        )
         self.server.start()
-        self.client_context = ssl.create_default_context(cadata=self.certificates.ca_bundle().decode())
 
-    def https(self) -> http.client.HTTPSConnection:
+    def context(self, client: KeyPair | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=self.certificates.ca_bundle().decode())
+        if client is not None:
+            context.load_cert_chain(client.cert, client.key)
+        return context
+
+    def https(self, client: KeyPair | str | None = "apiserver") -> http.client.HTTPSConnection:
+        pair = self.apiserver if client == "apiserver" else client
+        assert not isinstance(pair, str)
         return http.client.HTTPSConnection(
-            "127.0.0.1", self.server.port, context=self.client_context, timeout=30
+            "127.0.0.1", self.server.port, context=self.context(pair), timeout=30
         )
 
     def post(self, body: Any, content_type: str = "application/json") -> tuple[int, bytes]:
@@ -80,8 +109,8 @@ class Running:
 
 
 @pytest.fixture
-def running() -> Iterator[Running]:
-    server = Running()
+def running(tmp_path: Path) -> Iterator[Running]:
+    server = Running(tmp_path)
     yield server
     server.server.stop()
 
@@ -168,8 +197,8 @@ def test_one_connection_carries_many_reviews(running: Running) -> None:
         assert response.status == 200 and json.loads(response.read())["response"]["allowed"]
 
 
-def test_stop_answers_the_review_in_flight_before_returning() -> None:
-    running = Running()
+def test_stop_answers_the_review_in_flight_before_returning(tmp_path: Path) -> None:
+    running = Running(tmp_path)
     running.templates.gate = threading.Event()
     answers: list[dict[str, Any]] = []
     poster = threading.Thread(target=lambda: answers.append(running.review(GPU_POD)))
@@ -190,10 +219,10 @@ def test_an_empty_fleet_denies_gpu_pods_and_leaves_others_alone(running: Running
     assert "patch" not in running.review(pod(container("main")))["response"]
 
 
-def test_stop_closes_idle_kept_alive_connections_instead_of_waiting_out_their_timeout() -> None:
+def test_stop_closes_idle_kept_alive_connections_instead_of_waiting_out_their_timeout(tmp_path: Path) -> None:
     """The idle timeout (180 s) outlasts the 60 s join below: stop returns only because it closes the
     idle connection itself, and the client sees it closed."""
-    running = Running()
+    running = Running(tmp_path)
     connection = running.https()
     connection.request("GET", "/healthz")
     assert connection.getresponse().read() == b"ok"  # kept alive, now idle
@@ -204,3 +233,253 @@ def test_stop_closes_idle_kept_alive_connections_instead_of_waiting_out_their_ti
     with pytest.raises((ConnectionError, http.client.HTTPException, ssl.SSLError, OSError)):
         connection.request("GET", "/healthz")
         connection.getresponse()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hostile callers
+
+
+def review_body(obj: dict[str, Any], **changes: Any) -> bytes:
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {**request(obj), **changes},
+        }
+    ).encode()
+
+
+def answer_of(connection: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it closes the connection (b"" if it just closes)."""
+    received = b""
+    while True:
+        try:
+            chunk = connection.recv(65536)
+        except (ConnectionError, ssl.SSLError):
+            return received
+        if not chunk:
+            return received
+        received += chunk
+
+
+def tls_socket(running: Running, client: KeyPair | None = None) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", running.server.port), timeout=30)
+    return running.context(client).wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_a_forged_review_without_a_client_certificate_gets_401_and_creates_nothing(running: Running) -> None:
+    connection = running.https(None)
+    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 401
+    assert response.read() == (
+        b"a client certificate is required: this webhook answers only the Kubernetes API server "
+        b"(see the webhook's authentication in docs/install.md)."
+    )
+    assert running.templates.made == []
+
+
+def test_a_certificate_of_another_name_gets_403_and_creates_nothing(running: Running, tmp_path: Path) -> None:
+    tenant = running.client_ca.issue("tenant", common_name="system:anonymous", client=True)
+    connection = running.https(tenant)
+    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 403
+    assert response.read() == (
+        b'client certificate "system:anonymous" is not allowed to post reviews '
+        b"(allowed: kube-apiserver-webhook-client)."
+    )
+    assert running.templates.made == []
+
+
+def test_a_certificate_from_another_ca_fails_the_handshake(running: Running, tmp_path: Path) -> None:
+    other = CertificateAuthority(tmp_path / "other-ca")
+    impostor = other.issue("impostor", common_name=DEFAULT_CLIENT_NAME, client=True)
+
+    def refused() -> bool:
+        try:
+            connection = tls_socket(running, impostor)
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            return connection.recv(1) == b""  # TLS 1.3 reports a refused certificate on the first read
+        except (ssl.SSLError, ConnectionError):
+            return True
+
+    assert refused()
+    assert running.templates.made == []
+
+
+def test_probes_and_metrics_need_no_certificate(running: Running) -> None:
+    connection = running.https(None)
+    connection.request("GET", "/healthz")
+    assert connection.getresponse().read() == b"ok"
+
+
+@pytest.mark.parametrize("value", ["1e1000000", "1e5000", "1e4299", "Infinity", "-Infinity", "NaN"])
+def test_hostile_quantities_are_denied_with_a_short_sentence(running: Running, value: str) -> None:
+    response = running.review(pod(container("main", {"nvidia.com/gpumem": value})))["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert response["status"]["message"].startswith(
+        'container "main": nvidia.com/gpumem is refused: quantity "'
+    )
+    assert len(response["status"]["message"]) < 160
+    assert running.templates.made == []
+
+
+def test_a_body_past_the_limit_gets_413_without_being_read(running: Running) -> None:
+    connection = tls_socket(running, running.apiserver)
+    size = 10 * 1024 * 1024
+    head = f"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    connection.sendall(head.encode())
+    answer = answer_of(connection)  # not one byte of the 10 MB sent: answered on the head alone
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert answer.endswith(f"the request body is larger than {MAX_BODY // 2**20} MiB.".encode())
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "sentence"),
+    [
+        ("POST /mutate HTTP/1.1\r\nHost: x\r\n\r\n", 411, b"the request has no Content-Length."),
+        (
+            "POST /mutate HTTP/1.1\r\nContent-Length: ten\r\n\r\n",
+            400,
+            b"the request's Content-Length is not a number.",
+        ),
+        (
+            "POST /mutate HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            400,
+            b"the request's Content-Length is not a number.",
+        ),
+        (
+            "POST /mutate HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+            400,
+            b"the request has two different Content-Length headers.",
+        ),
+        (
+            "POST /mutate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            411,
+            b"a chunked body is not accepted; send Content-Length.",
+        ),
+        ("GARBAGE\r\n\r\n", 400, b"the request line is not HTTP/1.x."),
+        (
+            "GET /healthz HTTP/1.1\r\n" + "X-Pad: " + "a" * 20_000 + "\r\n\r\n",
+            431,
+            b"the request's head is larger than 16 KiB.",
+        ),
+    ],
+)
+def test_requests_without_a_usable_length_are_refused_with_a_sentence(
+    running: Running, head: str, status: int, sentence: bytes
+) -> None:
+    connection = tls_socket(running, running.apiserver)
+    connection.sendall(head.encode())
+    answer = answer_of(connection)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and answer.endswith(sentence)
+
+
+def test_a_request_that_stalls_gets_408_and_is_closed(running: Running) -> None:
+    connection = tls_socket(running, running.apiserver)
+    connection.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")  # and nothing more
+    answer = answer_of(connection)
+    assert answer.startswith(b"HTTP/1.1 408 ") and answer.endswith(b"the request did not arrive in time.")
+
+
+def test_two_hundred_slow_connections_do_not_keep_a_real_review_from_being_answered(running: Running) -> None:
+    slow = [tls_socket(running, running.apiserver) for _ in range(200)]
+    for index, connection in enumerate(slow):
+        # Half stall in the head, half in the body; none ever finishes.
+        connection.sendall(
+            b"POST /mutate HTTP/1.1\r\n"
+            if index % 2
+            else b"POST /mutate HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"
+        )
+    answer = running.review(GPU_POD)  # sent while all 200 are open and stalled
+    assert answer["response"]["allowed"] is True and answer["response"]["patchType"] == "JSONPatch"
+    for connection in slow:
+        assert answer_of(connection).startswith(b"HTTP/1.1 408 ")
+    assert running.review(GPU_POD)["response"]["allowed"] is True
+
+
+def test_connections_that_never_start_their_handshake_are_closed(running: Running) -> None:
+    silent = [socket.create_connection(("127.0.0.1", running.server.port), timeout=30) for _ in range(50)]
+    assert running.review(GPU_POD)["response"]["allowed"] is True
+    for connection in silent:
+        assert connection.recv(1) == b""  # closed by the server, nothing sent
+
+
+@pytest.mark.parametrize(
+    ("changes", "sentence"),
+    [
+        (
+            {"namespace": "kube-system"},
+            'the review\'s namespace "kube-system" is not its pod\'s namespace "team".',
+        ),
+        ({"namespace": None}, "the review of a Pod CREATE has no namespace."),
+        ({"uid": ""}, "the review's request has no uid of 1 to 128 characters."),
+        ({"uid": "u" * 129}, "the review's request has no uid of 1 to 128 characters."),
+        ({"kind": "Pod"}, "the review's request.kind is not a JSON object."),
+        ({"dryRun": "yes"}, "the review's request.dryRun is not a boolean."),
+        ({"object": []}, "the review's request.object is not a JSON object."),
+        (
+            {"object": {"metadata": {"namespace": "team"}, "spec": {"containers": {}}}},
+            "the review's pod spec.containers is not a JSON array.",
+        ),
+        (
+            {"object": {"metadata": {"namespace": "team"}, "spec": {"containers": ["c"]}}},
+            "the review's pod spec.containers entry is not a JSON object.",
+        ),
+        (
+            {
+                "object": {
+                    "metadata": {"namespace": "team"},
+                    "spec": {"containers": [{"resources": {"limits": []}}]},
+                }
+            },
+            "the review's pod spec.containers entry's resources.limits is not a JSON object.",
+        ),
+        (
+            {
+                "object": {
+                    "metadata": {"namespace": "team"},
+                    "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpumem": [1]}}}]},
+                }
+            },
+            'the review\'s quantity "nvidia.com/gpumem" is not a string or number.',
+        ),
+        (
+            {"object": {"metadata": {"namespace": "team", "annotations": {"nvidia.com/use-gputype": 1}}}},
+            'the review\'s pod annotation "nvidia.com/use-gputype" is not a string.',
+        ),
+        ({"object": {"metadata": "team"}}, "the review's pod metadata is not a JSON object."),
+    ],
+)
+def test_malformed_reviews_get_400_with_a_sentence_and_create_nothing(
+    running: Running, changes: dict[str, Any], sentence: str
+) -> None:
+    status, body = running.post(review_body(GPU_POD, **changes))
+    assert (status, body.decode()) == (400, sentence)
+    assert running.templates.made == []
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash(running: Running) -> None:
+    status, body = running.post(b"[" * 100_000 + b"]" * 100_000)
+    assert (status, body) == (400, b"the body is not JSON.")
+
+
+def test_a_template_tessera_did_not_write_denies_the_pod_with_its_sentence(running: Running) -> None:
+    running.templates.refusal = Refusal("ResourceClaimTemplate team/tessera-x already exists (test).")
+    response = running.review(GPU_POD)["response"]
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 403,
+        "message": "ResourceClaimTemplate team/tessera-x already exists (test).",
+    }
+
+
+def test_refusals_are_counted_by_status(running: Running) -> None:
+    connection = running.https(None)
+    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
+    assert connection.getresponse().status == 401
+    running.post(b"not json")
+    text = running.get_plain("/metrics")[1]
+    assert 'tessera_webhook_requests_refused_total{status="401"} 1.0' in text
+    assert 'tessera_webhook_reviews_total{outcome="malformed"} 1.0' in text
