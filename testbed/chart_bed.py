@@ -89,12 +89,16 @@ class ChartBed:
         for component in ("kubeletplugin", "webhook", "admissioncheck"):
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
-                try:
-                    tails[f"pod {name}"] = str(
-                        core.read_namespaced_pod_log(name, self.namespace, tail_lines=60)
-                    )
-                except client.ApiException as error:
-                    tails[f"pod {name}"] = f"(no log: {error.reason})"
+                for container in pod["spec"]["containers"]:  # the daemon's pod has two
+                    key = f"pod {name} container {container['name']}"
+                    try:
+                        tails[key] = str(
+                            core.read_namespaced_pod_log(
+                                name, self.namespace, container=container["name"], tail_lines=60
+                            )
+                        )
+                    except client.ApiException as error:
+                        tails[key] = f"(no log: {error.reason})"
         return tails
 
 

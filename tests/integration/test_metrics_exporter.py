@@ -4,7 +4,10 @@ GPUs, and real processes under the shim using a prepared claim's limits file and
 
 The node is kubelet-less (the test makes the kubelet's prepare call), so the claim's processes run
 on the host with the shim preloaded, pointed at the claim's own files, exactly as the container's
-processes are (tests/e2e/test_driver_node.py covers the container side). "Within one scrape" is
+processes are (tests/e2e/test_driver_node.py covers the container side). The test also plays the
+kubelet's part in what ties a process to its container: it starts them in the cgroup a kubelet with
+the cgroupfs driver would give the pod's container, and writes that container's ID into the pod's
+status, as the kubelet reports it. "Within one scrape" is
 checked by scrape number: the exporter counts each scrape as it starts
 (``tessera_exporter_scrapes_total``); the test reads that count after the event, and the next
 scrape Prometheus makes must already show the change.
@@ -12,6 +15,9 @@ scrape Prometheus makes must already show the change.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import subprocess
 import textwrap
 from collections.abc import Callable, Iterator
@@ -32,6 +38,7 @@ from tessera.simgpu.config import library_dir, process_env
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.driver_node import DriverNode, ensure_device_class
 from tessera.testbed.kubelet_client import KubeletClient
+from tessera.testbed.node_host import cgroup_mounts, remove_cgroup_tree
 from tessera.testbed.polling import poll_until
 from tessera.testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
 from tessera.testbed.share_pods import share_pod
@@ -40,6 +47,9 @@ pytestmark = pytest.mark.integration
 
 USED = "tessera_container_gpu_memory_used_bytes"
 LIMIT = "tessera_container_gpu_memory_limit_bytes"
+DRIVER = "tessera_container_gpu_memory_driver_bytes"
+EXCESS = "tessera_container_gpu_memory_excess_bytes"
+UNACCOUNTED = "tessera_gpu_memory_unaccounted_bytes"
 
 
 @dataclass
@@ -109,6 +119,52 @@ def prepared_claim(bed: Bed, namespace: str, claim: str, uid: str, tmp_path: Pat
     )
 
 
+@contextlib.contextmanager
+def in_container(kube: client.ApiClient, namespace: str, pod: str, container: str = "main") -> Iterator[str]:
+    """This process, and every process it starts meanwhile, in the cgroup the kubelet's cgroupfs
+    driver gives container ``container`` of ``pod`` (``kubepods/besteffort/pod<uid>/<id>``), with
+    the pod's status naming that container's ID as the kubelet reports it: the kernel fact and the
+    API fact the exporter ties GPU processes to containers by. Yields the container ID."""
+    core = client.CoreV1Api(kube)
+    metadata = core.read_namespaced_pod(pod, namespace).metadata
+    assert metadata is not None
+    uid = metadata.uid
+    container_id = secrets.token_hex(32)
+    status = {
+        "name": container,
+        "containerID": f"containerd://{container_id}",
+        "image": "none",
+        "imageID": "",
+        "ready": True,
+        "restartCount": 0,
+        "state": {"running": {}},
+    }
+    core.patch_namespaced_pod_status(pod, namespace, {"status": {"containerStatuses": [status]}})
+    mounts = cgroup_mounts()
+    mount = next((m for m in mounts if m.name == "pids"), None) or next(
+        m for m in mounts if (m / "cgroup.controllers").exists()
+    )
+    top = f"tessera-it-{container_id[:12]}"
+    group = mount / top / "kubepods" / "besteffort" / f"pod{uid}" / container_id
+    group.mkdir(parents=True)
+    own = own_cgroup(mount)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        yield container_id
+    finally:
+        (own / "cgroup.procs").write_text(str(os.getpid()))
+        remove_cgroup_tree(top)
+
+
+def own_cgroup(mount: Path) -> Path:
+    """This process's cgroup folder in the hierarchy mounted at ``mount`` (v1 pids, or v2)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if (mount.name == "pids" and "pids" in controllers.split(",")) or (number == "0" and not controllers):
+            return mount / path.lstrip("/")
+    raise AssertionError(f"no line of /proc/self/cgroup for {mount}")
+
+
 def hold(claim: Claim, nbytes: int) -> subprocess.Popen[str]:
     """A process of the claim that allocates ``nbytes`` and holds them until its stdin closes."""
     process = claim.start("shim_probe", "alloc", "mem", str(nbytes), "hold")
@@ -157,39 +213,42 @@ def test_a_containers_usage_shows_within_one_scrape_and_goes_when_its_process_ex
     ((gpu_limit),) = limits
     assert isinstance(gpu_limit, GpuLimit)
     selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
+    with in_container(kube, namespace, "p"):
+        process = hold(proc, 3 * GiB)
+        n = bed.scrape_number()
+        used = one(bed.at_scrape(USED + selector, n + 1))
+        limit = one(bed.at_scrape(LIMIT + selector, n + 1))
+        assert used.value == 3 * GiB
+        assert limit.value == 8 * GiB
+        # What the driver reports for the container's process: the same 3 GiB, nothing past the claim.
+        assert one(bed.at_scrape(DRIVER + selector, n + 1)).value == 3 * GiB
+        assert one(bed.at_scrape(EXCESS + selector, n + 1)).value == 0
+        index = [g.uuid for g in bed.node.simgpu.spec.gpus].index(gpu_limit.uuid)
+        expected = {
+            "namespace": namespace,
+            "pod": "p",
+            "container": "main",
+            "claim": claim,
+            "node": bed.node.node_name,
+            "device_uuid": gpu_limit.uuid,
+            "device_index": str(index),
+        }
+        assert {k: used.labels[k] for k in expected} == expected
+        assert {k: limit.labels[k] for k in expected} == expected
 
-    process = hold(proc, 3 * GiB)
-    n = bed.scrape_number()
-    used = one(bed.at_scrape(USED + selector, n + 1))
-    limit = one(bed.at_scrape(LIMIT + selector, n + 1))
-    assert used.value == 3 * GiB
-    assert limit.value == 8 * GiB
-    index = [g.uuid for g in bed.node.simgpu.spec.gpus].index(gpu_limit.uuid)
-    expected = {
-        "namespace": namespace,
-        "pod": "p",
-        "container": "main",
-        "claim": claim,
-        "node": bed.node.node_name,
-        "device_uuid": gpu_limit.uuid,
-        "device_index": str(index),
-    }
-    assert {k: used.labels[k] for k in expected} == expected
-    assert {k: limit.labels[k] for k in expected} == expected
+        # The process frees and exits: 0 at the next scrape.
+        assert process.stdin is not None
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+        n = bed.scrape_number()
+        assert one(bed.at_scrape(USED + selector, n + 1)).value == 0
 
-    # The process frees and exits: 0 at the next scrape.
-    assert process.stdin is not None
-    process.stdin.close()
-    assert process.wait(timeout=60) == 0
-    n = bed.scrape_number()
-    assert one(bed.at_scrape(USED + selector, n + 1)).value == 0
-
-    # SIGKILL while holding: the exporter sweeps the dead slot, 0 within two scrapes.
-    process = hold(proc, 3 * GiB)
-    n = bed.scrape_number()
-    assert one(bed.at_scrape(USED + selector, n + 1)).value == 3 * GiB
-    process.kill()
-    process.wait(timeout=60)
+        # SIGKILL while holding: the exporter skips the dead slot, 0 within two scrapes.
+        process = hold(proc, 3 * GiB)
+        n = bed.scrape_number()
+        assert one(bed.at_scrape(USED + selector, n + 1)).value == 3 * GiB
+        process.kill()
+        process.wait(timeout=60)
     n = bed.scrape_number()
     assert one(bed.at_scrape(USED + selector, n + 2)).value == 0
 
@@ -215,23 +274,24 @@ def test_a_capped_containers_utilisation_matches_the_simulated_gpus_own_figure(
     assert limits is not None
     uuid = limits[0].uuid
     # 2 ms kernels for 20 s, four in flight: the cap, not the launch rate, sets the share.
-    duty = proc.start("shim_probe", "duty", str(2_000_000), "20", "4")
-    try:
-        selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
-        gpu = f'{{device_uuid="{uuid}"}}'
+    with in_container(kube, namespace, "p"):
+        duty = proc.start("shim_probe", "duty", str(2_000_000), "20", "4")
+        try:
+            selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
+            gpu = f'{{device_uuid="{uuid}"}}'
 
-        def busy_scrape() -> tuple[float, float] | None:
-            n = bed.scrape_number()
-            ours = bed.at_scrape("tessera_container_gpu_utilization_ratio" + selector, n + 1)
-            simulated = bed.at_scrape("tessera_gpu_utilization_ratio" + gpu, n + 1)
-            if not ours or not simulated or simulated[0].value < 0.2:
-                return None  # the workload has not filled NVML's sample window yet
-            return ours[0].value, simulated[0].value
+            def busy_scrape() -> tuple[float, float] | None:
+                n = bed.scrape_number()
+                ours = bed.at_scrape("tessera_container_gpu_utilization_ratio" + selector, n + 1)
+                simulated = bed.at_scrape("tessera_gpu_utilization_ratio" + gpu, n + 1)
+                if not ours or not simulated or simulated[0].value < 0.2:
+                    return None  # the workload has not filled NVML's sample window yet
+                return ours[0].value, simulated[0].value
 
-        ours, simulated = poll_until(busy_scrape, 60, "a scrape while the capped workload runs")
-    finally:
-        duty.kill()
-        duty.wait(timeout=60)
+            ours, simulated = poll_until(busy_scrape, 60, "a scrape while the capped workload runs")
+        finally:
+            duty.kill()
+            duty.wait(timeout=60)
     # The device's own figure, with this claim its only user, is the simulated driver's count of
     # busy time; the container's comes from the per-process samples of the claim's processes.
     assert abs(ours - simulated) <= 0.03, (ours, simulated)
@@ -265,6 +325,60 @@ def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert
     assert alert["labels"]["namespace"] == namespace
     assert alert["labels"]["container"] == "main"
     assert float(alert["value"]) == pytest.approx(950 / 1024, abs=0.001)
+
+
+def test_a_process_that_bypasses_the_shim_shows_as_its_containers_excess_and_fires_the_alert(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """A process of the container that reaches the driver without the shim (no preload: the real
+    library by its path) allocates past the claim: the shim charged nothing for it, the driver
+    reports it all, and the excess names the container, is memory the GPU has that no claim accounts
+    for, is logged once naming the container, and fires TesseraGpuMemoryUnaccounted."""
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    with in_container(kube, namespace, "p"):
+        shimmed = hold(proc, 512 * 1024 * 1024)
+        bypass = proc.start("shim_probe", "alloc", "mem", str(3 * GiB), "hold", env={"LD_PRELOAD": ""})
+        try:
+            assert bypass.stdout is not None
+            lines = [bypass.stdout.readline()]
+            while not lines[-1].startswith("HOLD") and lines[-1]:
+                lines.append(bypass.stdout.readline())
+            assert values("".join(lines)).get("rc") == "0", lines
+            selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
+            n = bed.scrape_number()
+            assert one(bed.at_scrape(USED + selector, n + 1)).value == 512 * 1024 * 1024
+            assert one(bed.at_scrape(DRIVER + selector, n + 1)).value == 3 * GiB + 512 * 1024 * 1024
+            excess = one(bed.at_scrape(EXCESS + selector, n + 1))
+            assert excess.value == 2.5 * GiB
+            assert excess.labels["claim"] == claim
+            gpu = f'{{device_uuid="{excess.labels["device_uuid"]}"}}'
+            assert one(bed.at_scrape(UNACCOUNTED + gpu, n + 1)).value == 2.5 * GiB
+
+            def firing() -> dict[str, Any] | None:
+                for alert in bed.prometheus.alerts():
+                    labels = alert["labels"]
+                    if (
+                        labels["alertname"] == "TesseraGpuMemoryUnaccounted"
+                        and labels.get("device_uuid") == excess.labels["device_uuid"]
+                    ):
+                        return alert if alert["state"] == "firing" else None
+                return None
+
+            # The rule's `for: 1m` holds it pending for a minute of evaluations first.
+            alert = poll_until(firing, 150, "TesseraGpuMemoryUnaccounted firing", interval=1.0)
+            assert alert["labels"]["node"] == bed.node.node_name
+        finally:
+            for process in (shimmed, bypass):
+                process.kill()
+                process.wait(timeout=60)
+    named = [
+        line
+        for log in bed.node.work_dir.glob("tessera-exporter-*.log")
+        for line in log.read_text().splitlines()
+        if f"{namespace}/p/main" in line and "past its limit" in line
+    ]
+    assert len(named) == 1, named  # once when it started, not at every scrape
 
 
 def test_promtool_fires_the_unaccounted_memory_alert_only_past_the_per_process_tolerance(
