@@ -3,7 +3,10 @@ layout), reloaded when the files change, or, when none is mounted, from a CA thi
 rotates itself, whose certificate it keeps in the webhook configuration's ``caBundle``.
 
 Either way the server asks :meth:`Certificates.context` for every new connection, so a rotation takes
-effect without a restart and connections in flight keep the context they started with.
+effect without a restart and connections in flight keep the context they started with. Given a client
+CA bundle (``--client-ca-file``), the context also asks every client for a certificate and verifies it
+against that bundle, re-read with the serving certificate (webhook/authentication.py decides which
+verified names may post reviews).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes.client import ApiException
 
 from tessera.testbed.pki import CertificateAuthority, KeyPair
@@ -483,3 +485,52 @@ def test_refusals_are_counted_by_status(running: Running) -> None:
     text = running.get_plain("/metrics")[1]
     assert 'tessera_webhook_requests_refused_total{status="401"} 1.0' in text
     assert 'tessera_webhook_reviews_total{outcome="malformed"} 1.0' in text
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
+    | st.sampled_from(["1e5000", "8000", "Infinity"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+PLACES = [
+    ("object",),
+    ("object", "metadata"),
+    ("object", "metadata", "annotations"),
+    ("object", "spec"),
+    ("object", "spec", "containers"),
+    ("object", "spec", "containers", 0),
+    ("object", "spec", "containers", 0, "resources"),
+    ("object", "spec", "containers", 0, "resources", "limits"),
+    ("object", "spec", "containers", 0, "resources", "limits", "nvidia.com/gpumem"),
+    ("object", "spec", "containers", 0, "resources", "claims"),
+    ("object", "spec", "resourceClaims"),
+    ("object", "spec", "initContainers"),
+    ("kind",),
+    ("namespace",),
+    ("uid",),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(place=st.sampled_from(PLACES), value=JSON)
+def test_no_shape_of_review_reaches_the_internal_error(place: tuple[Any, ...], value: Any) -> None:
+    """Any JSON at any place the webhook reads: a 400 with a sentence, or a decision; never the 500
+    kept for the webhook's own faults."""
+    app = WebhookApp(lambda: FLEET, FakeTemplates())
+    body = request(pod(container("main", {"nvidia.com/gpumem": 8000}), annotations={"a": "b"}))
+    target: Any = body
+    for key in place[:-1]:
+        target = target[key]
+    target[place[-1]] = value
+    status, answer = app.review(json.dumps({"apiVersion": "admission.k8s.io/v1", "request": body}).encode())
+    assert status in (200, 400)
+    if status == 400:
+        assert answer.decode().endswith(".") and len(answer) < 200
+    else:
+        response = json.loads(answer)["response"]
+        assert response.get("status", {}).get("code") != 500, response
+    assert app.metrics.registry.get_sample_value("tessera_webhook_reviews_total", {"outcome": "error"}) == 0

@@ -1,13 +1,17 @@
-"""Serving certificates: the self-made CA and its rotation, and mounted files reloaded on change."""
+"""Serving certificates: the self-made CA and its rotation, mounted files reloaded on change, and the
+client CA that decides whose certificates pass the handshake."""
 
 from __future__ import annotations
 
 import datetime
+import socket
 import ssl
+import threading
 from pathlib import Path
 
 from cryptography import x509
 
+from tessera.testbed.pki import CertificateAuthority, KeyPair
 from tessera.webhook.tls import FileCertificates, SelfManagedCertificates, write_pem_pair
 
 DAY = datetime.timedelta(days=1)
@@ -57,3 +61,48 @@ def test_mounted_files_are_reloaded_only_when_they_change(tmp_path: Path) -> Non
     assert mounted.refresh() is False and mounted.context() is first
     write_pem_pair(tmp_path, two.serving_certificate(), two._serving.key_pem)  # type: ignore[union-attr]
     assert mounted.refresh() is True and mounted.context() is not first
+
+
+def handshake(context: ssl.SSLContext, ca_bundle: bytes, client: KeyPair) -> bool:
+    """Whether a client presenting ``client`` completes a request with a server using ``context``."""
+    server_side, client_side = socket.socketpair()
+    client_context = ssl.create_default_context(cadata=ca_bundle.decode())
+    client_context.check_hostname = False
+    client_context.load_cert_chain(client.cert, client.key)
+    outcome: list[bool] = []
+
+    def serve() -> None:
+        try:
+            with context.wrap_socket(server_side, server_side=True) as tls:
+                tls.sendall(b"ok")
+                outcome.append(True)
+        except (ssl.SSLError, OSError):
+            outcome.append(False)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client_context.wrap_socket(client_side) as tls:
+            tls.recv(2)
+    except (ssl.SSLError, OSError):
+        pass
+    thread.join(30)
+    return outcome == [True]
+
+
+def test_the_client_ca_is_reread_when_it_changes_and_only_its_certificates_pass(tmp_path: Path) -> None:
+    first, second = CertificateAuthority(tmp_path / "first"), CertificateAuthority(tmp_path / "second")
+    first_client = first.issue("c1", common_name="kube-apiserver-webhook-client", client=True)
+    second_client = second.issue("c2", common_name="kube-apiserver-webhook-client", client=True)
+    trusted = tmp_path / "client-ca.crt"
+    trusted.write_bytes(first.pair.cert.read_bytes())
+    made = SelfManagedCertificates([], ["127.0.0.1"], client_ca=trusted)
+    assert handshake(made.context(), made.ca_bundle(), first_client)
+    assert not handshake(made.context(), made.ca_bundle(), second_client)
+    trusted.write_bytes(second.pair.cert.read_bytes())
+    made.refresh()
+    assert handshake(made.context(), made.ca_bundle(), second_client)
+    assert not handshake(made.context(), made.ca_bundle(), first_client)
+    trusted.write_bytes(b"")  # mid-swap: the bundle in use stays
+    made.refresh()
+    assert handshake(made.context(), made.ca_bundle(), second_client)
