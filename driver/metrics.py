@@ -14,9 +14,10 @@ from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-ERROR_SOURCES = ("claim", "limits", "region", "nvml", "proc")
-"""Where a scrape can fail, part by part: a claim folder's identity file, its limits file, its
-usage region, an NVML query, a process's /proc entry. Every source is exported from the start (at
+ERROR_SOURCES = ("claim", "limits", "region", "nvml")
+"""Where a scrape can fail, part by part: a claim folder's identity file (or the daemon's record of
+prepared claims), its limits file, its usage region, an NVML query. (A process's /proc entry that
+is gone is a process that exited, not an error.) Every source is exported from the start (at
 0), so ``rate()`` and alerts see a series before the first error."""
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -60,8 +61,9 @@ class DaemonMetrics:
         ).labels(node)
         errors = Counter(
             "tessera_exporter_scrape_errors",
-            "Parts of a scrape that failed and were left out, by source: claim (claim.json), limits "
-            "(limits file), region (usage region), nvml (a GPU query), proc (a process's /proc entry).",
+            "Parts of a scrape that failed and were left out, by source: claim (claim.json or the "
+            "daemon's checkpoint), limits "
+            "(limits file), region (usage region), nvml (a GPU query).",
             ["node", "source"],
             registry=registry,
         )
