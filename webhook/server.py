@@ -259,9 +259,12 @@ class _Listener:
         except HttpError as error:
             await self._send(writer, error.status, str(error).encode(), "text/plain", close=True)
             return False
-        status, answer, content_type = await loop.run_in_executor(
-            self.server.workers, self._route, request, body
-        )
+        if request.method == "POST":  # a review: decided in the pool
+            status, answer, content_type = await loop.run_in_executor(
+                self.server.workers, self._route, request, body
+            )
+        else:  # probes and metrics: answered here, so a busy pool never fails a liveness probe
+            status, answer, content_type = self._route(request, body)
         close = not request.keep_alive or self.app.closing.is_set()
         await self._send(writer, status, answer, content_type, close)
         return not close
@@ -276,7 +279,7 @@ class _Listener:
             raise HttpError(*refusal)
 
     def _route(self, request: _Request, body: bytes) -> tuple[int, bytes, str]:
-        """Status, body and content type for one complete request (in a worker thread)."""
+        """Status, body and content type for one complete request (a review in a worker thread)."""
         app = self.app
         if request.method == "GET":
             if request.path == "/healthz":

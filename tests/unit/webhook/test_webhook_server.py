@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 from kubernetes.client import ApiException
 
 from tessera.testbed.pki import CertificateAuthority, KeyPair
+from tessera.testbed.polling import poll_until
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.server import MAX_BODY, WebhookApp, WebhookServer
+from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
 
@@ -35,8 +36,11 @@ class FakeTemplates:
         self.refusal: Refusal | None = None
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
+        self.waiting: list[dict[str, Any]] = []
+        """Every call so far, appended on entry (before the gate)."""
 
     def ensure(self, template: dict[str, Any]) -> bool:
+        self.waiting.append(template)
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(30)
@@ -534,3 +538,18 @@ def test_no_shape_of_review_reaches_the_internal_error(place: tuple[Any, ...], v
         response = json.loads(answer)["response"]
         assert response.get("status", {}).get("code") != 500, response
     assert app.metrics.registry.get_sample_value("tessera_webhook_reviews_total", {"outcome": "error"}) == 0
+
+
+def test_probes_are_answered_while_every_worker_is_busy_with_a_review(running: Running) -> None:
+    running.templates.gate = threading.Event()
+    posters = [threading.Thread(target=running.review, args=(GPU_POD,)) for _ in range(WORKERS + 2)]
+    for poster in posters:
+        poster.start()
+    poll_until(lambda: len(running.templates.waiting) == WORKERS, 30, "every worker held in a review")
+    try:
+        assert running.get_plain("/healthz") == (200, "ok")
+        assert len(running.templates.waiting) == WORKERS  # the two extra reviews still queue
+    finally:
+        running.templates.gate.set()
+        for poster in posters:
+            poster.join(60)
