@@ -201,6 +201,8 @@ def test_the_exporter_runs_beside_the_plugin_in_its_own_container_with_its_own_p
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "exporter-health"}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "exporter-health"}
     assert [p["name"] for p in plugin_container(default)["ports"]] == ["health"]
+    template = find(default, "DaemonSet")["spec"]["template"]
+    assert template["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "plugin"
 
 
 def test_the_daemons_probes_use_its_health_port(default: list[dict[str, Any]]) -> None:
