@@ -224,11 +224,11 @@ class _Listener:
                 # The context current right now, so a rotated certificate serves new connections.
                 await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
             while not self.app.closing.is_set():
-                server.idle.add(task)
+                server.idle[task] = writer
                 try:
                     first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
                 finally:
-                    server.idle.discard(task)
+                    server.idle.pop(task, None)
                 if not await self._one_request(first, reader, writer):
                     return
         except (OSError, EOFError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
@@ -328,7 +328,7 @@ class WebhookServer:
         self.clients = clients
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="webhook-review")
         self.connections: set[asyncio.Task[Any]] = set()
-        self.idle: set[asyncio.Task[Any]] = set()
+        self.idle: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         """Connections waiting for their next request: what shutdown may close at once."""
         self._loop = asyncio.new_event_loop()
         self._servers: list[asyncio.Server] = []
@@ -376,8 +376,8 @@ class WebhookServer:
     async def _shutdown(self) -> None:
         for server in self._servers:
             server.close()
-        for task in list(self.idle):  # waiting for a request that will not be served
-            task.cancel()
+        for writer in list(self.idle.values()):  # waiting for a request that will not be served
+            writer.transport.abort()  # its read ends at once; its task closes up and returns
         pending = list(self.connections)
         if pending:
             await asyncio.wait(pending)
