@@ -319,6 +319,7 @@ class GpuCollector(Collector):
         over: set[tuple[str, str]] = set()
         excess_on: dict[str, int] = {}  # GPU UUID -> claims' memory past their limits there
         accounted: dict[str, set[int]] = {}  # GPU UUID -> pids of containers with a claim on it
+        unknown: set[str] = set()  # GPUs where a claim's excess is unknown (a figure not given)
         users = {claim.uid: self._s.containers(claim.namespace, claim.name) for claim in claims}
         for claim in claims:
             containers = users[claim.uid]
@@ -347,6 +348,8 @@ class GpuCollector(Collector):
                 known = listed is not None and all(v is not None for v in on_gpu.values())
                 driver_total = sum(v or 0 for v in on_gpu.values())
                 excess = max(0, driver_total - memory_limit) if known else None
+                if listed is not None and excess is None:
+                    unknown.add(limit.uuid)
                 if excess:
                     excess_on[limit.uuid] = excess_on.get(limit.uuid, 0) + excess
                     over.add((claim.uid, limit.uuid))
@@ -385,7 +388,7 @@ class GpuCollector(Collector):
                 for pid, used in sample.compute_memory.items()
                 if pid not in accounted.get(gpu.uuid, set())
             ]
-            if None in outside:
+            if None in outside or gpu.uuid in unknown:
                 continue  # the driver does not say how much: unknown, not 0
             self._report_outside(gpu, sample.compute_memory, accounted.get(gpu.uuid, set()), owners)
             total = excess_on.get(gpu.uuid, 0) + sum(v or 0 for v in outside)
