@@ -137,6 +137,12 @@ PLUGIN_MUST_NOT = [
 
 WEBHOOK_MUST = [
     Ask("create", f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE),
+    # webhook/templates.py: read an existing template to use it only if Tessera wrote it, and watch
+    # its own to forget deleted ones (issue 21: planted templates).
+    *(
+        Ask(verb, f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE)
+        for verb in ("get", "list", "watch")
+    ),
     Ask("list", f"{RESOURCE}/resourceslices"),
     Ask("watch", f"{RESOURCE}/resourceslices"),
 ]
@@ -145,7 +151,7 @@ WEBHOOK_MUST_NOT = [
     *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("create", "get", "delete")),
     *(
         Ask(verb, f"{RESOURCE}/resourceclaimtemplates", namespace=ANYWHERE)
-        for verb in ("update", "delete", "list")
+        for verb in ("update", "patch", "delete")
     ),
     *(Ask(verb, f"{RESOURCE}/resourceslices") for verb in ("create", "update", "delete")),
     Ask("create", f"{RESOURCE}/deviceclasses"),
