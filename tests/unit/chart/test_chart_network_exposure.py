@@ -113,7 +113,8 @@ def test_only_prometheus_reaches_the_exporter_and_no_one_the_health_port(
 ) -> None:
     ports = container_ports(default, "tessera-kubeletplugin")
     assert admitted(policies(default)["tessera-kubeletplugin"]) == {ports["metrics"]: [PROMETHEUS_PEER]}
-    assert ports["health"] not in admitted(policies(default)["tessera-kubeletplugin"])
+    for health in ("health", "exporter-health"):
+        assert ports[health] not in admitted(policies(default)["tessera-kubeletplugin"])
 
 
 def test_only_prometheus_reaches_the_admission_checks_metrics(with_check: list[dict[str, Any]]) -> None:
@@ -259,6 +260,7 @@ def test_notes_say_where_the_metrics_are_open(home: Path) -> None:
     assert "WARNING: exporter.service.type is NodePort: every node answers on port 31995" in node_port
     host_network = notes(home, HOST_NETWORK)
     assert "WARNING: the daemon runs on the host network, where no NetworkPolicy applies" in host_network
+    assert "from port 31995 (and the health ports 51515, 51516)" in host_network
     assert "the daemons' port" not in host_network
     off = notes(home, {"networkPolicy": {"enabled": False}})
     assert "WARNING: networkPolicy.enabled is false: any pod can read every node's metrics" in off
