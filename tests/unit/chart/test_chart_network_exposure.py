@@ -165,6 +165,12 @@ def test_policies_can_be_turned_off_but_not_half_configured(home: Path) -> None:
     assert "networkPolicy.webhook sets rules, but networkPolicy.enabled is false" in message
 
 
+def test_no_scrapers_is_refused_since_an_empty_from_admits_everyone(home: Path) -> None:
+    # In a NetworkPolicy rule, from: [] means every source: an emptied list must not open the port.
+    assert "scrapers" in refusal(home, {"networkPolicy": {"scrapers": []}})
+    assert "scrapers" in refusal(home, {"networkPolicy": {"scrapers": [{}]}})
+
+
 @pytest.mark.parametrize("cidr", ["10.0.0.0", "10.0.0.0/8; rm", "any"])
 def test_the_schema_refuses_what_is_not_a_cidr(home: Path, cidr: str) -> None:
     assert "apiServerCIDRs" in refusal(home, {"networkPolicy": {"webhook": {"apiServerCIDRs": [cidr]}}})
