@@ -200,6 +200,17 @@ def _answer(status: int, body: bytes, content_type: str, close: bool) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection, within REQUEST_TIMEOUT. A TLS close waits for the client's close_notify,
+    by default for 30 s: a client still uploading a body the server refused from its head (a 10 MB
+    review without a certificate) held the connection that long. Past the bound it is aborted."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), REQUEST_TIMEOUT)
+    except (TimeoutError, OSError, ssl.SSLError):
+        writer.transport.abort()
+
+
 class _Listener:
     """One port's connections on the event loop: HTTPS with /mutate, or plain HTTP for probes."""
 
@@ -234,8 +245,8 @@ class _Listener:
         except (OSError, EOFError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
             log.debug("connection %s ended", writer.get_extra_info("peername"), exc_info=True)
         finally:
+            await _close(writer)
             server.connections.discard(task)
-            writer.close()
 
     async def _one_request(
         self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -553,3 +553,18 @@ def test_probes_are_answered_while_every_worker_is_busy_with_a_review(running: R
         running.templates.gate.set()
         for poster in posters:
             poster.join(60)
+
+
+def test_a_refused_upload_is_cut_off_while_its_client_keeps_sending(running: Running) -> None:
+    """Refused from its head (no certificate), a 10 MB review's client keeps writing: the server
+    resets the connection rather than wait on the client's TLS close (30 s by default, while the
+    client's writes stall). Its writes fail with a reset, not the 10 s timeout of a stalled send."""
+    connection = tls_socket(running)
+    connection.settimeout(10)
+    connection.sendall(
+        b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n"
+    )
+    chunk = b"x" * 65536
+    with pytest.raises((ConnectionError, ssl.SSLError)):
+        for _ in range(10485760 // len(chunk) * 4):
+            connection.sendall(chunk)
