@@ -66,6 +66,10 @@ REQUEST_TIMEOUT = 0.8
 of it has arrived. The API server writes a review in one go (a pod is at most ~1.5 MB), which takes
 milliseconds; a client slower than this is holding the connection, not sending a review."""
 
+CLOSE_TIMEOUT = 0.25
+"""Seconds a closing connection may take for the client's TLS close_notify before it is reset: a
+client that answers does so in milliseconds, one still uploading a refused body never does."""
+
 MAX_BODY = 3 * MiB
 """Largest review body read. etcd stores objects of at most 1.5 MiB (its default request limit), so
 a pod under review is smaller than that; the review wraps it with the request's few fields, and a
@@ -201,12 +205,12 @@ def _answer(status: int, body: bytes, content_type: str, close: bool) -> bytes:
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
-    """Close a connection, within REQUEST_TIMEOUT. A TLS close waits for the client's close_notify,
+    """Close a connection, within CLOSE_TIMEOUT. A TLS close waits for the client's close_notify,
     by default for 30 s: a client still uploading a body the server refused from its head (a 10 MB
     review without a certificate) held the connection that long. Past the bound it is aborted."""
     writer.close()
     try:
-        await asyncio.wait_for(writer.wait_closed(), REQUEST_TIMEOUT)
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
     except (TimeoutError, OSError, ssl.SSLError):
         writer.transport.abort()
 
