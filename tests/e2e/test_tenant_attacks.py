@@ -1,0 +1,742 @@
+"""Issue 21's bar: a hostile tenant, from inside an ordinary GPU pod on a real node with the chart
+installed, cannot lift its limits, reach the node daemon, or touch another tenant.
+
+The tenant is one pod written for HAMi (``gpumem: 2000``, ``gpucores: 25``, converted by the
+webhook): a container with the C attack programs (tests/shim/programs/tenant_attack.c and
+shim_probe) and a container of the webhook's own image, for its Python, that talks to the webhook
+replicas at their pod IPs (tests/e2e/programs/webhook_attack.py). A neighbour pod on the same GPU
+re-allocates its whole claim once a second for the whole module, so any memory the tenant takes
+past its claim shows up as the neighbour's failed round.
+
+What each test tries, and what must hold afterwards, is in its docstring. Waits are bounded and
+say what they saw; timings are reported (print), never asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from demo.story import Placement, placement, wait_running
+from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS, METRICS_PORT
+from tessera.quantity import GiB, MiB
+from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
+from tessera.simgpu.config import make_gpus
+from tessera.testbed import chart_bed as charts
+from tessera.testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
+from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
+from tessera.testbed.names import unique_name
+from tessera.testbed.node import NodeFactory, RealNode
+from tessera.testbed.node_runtime import node_root
+from tessera.testbed.pod_state import events, sections
+from tessera.testbed.polling import poll_until
+from tessera.testbed.product_images import load_manifest, product_images
+from tessera.testbed.prometheus import Prometheus
+from tests.conftest import made_namespace
+from tests.e2e.test_driver_node import DONE, wait_done
+
+pytestmark = pytest.mark.e2e
+
+ATTACK_IMAGE = "tessera.local/tenant-attack:v1"
+ATTACK_SCRIPT = Path(__file__).with_name("programs") / "webhook_attack.py"
+ATTACKER, ATTACKER_CORES = "tenant", 25
+ATTACKER_MIB = 2000
+NEIGHBOUR, NEIGHBOUR_MIB = "neighbour", 4096
+HOLDER_MIB = 1024
+CHUNK = 256 * MiB
+# The tenant's own limits file: its GPU with 8 GiB and 100 cores.
+FORGED_MEMORY, FORGED_CORES = 8 * GiB, 100
+# Measured shares are an upper bound under load; a generous tolerance over the 25 % cap, far
+# below the ~100 % an uncapped program gets.
+SHARE_TOLERANCE = 1.5
+# Where prepare mounts the driver's own libcuda in a container (docs/driver.md, driverSource own).
+REAL_LIBCUDA = "/usr/local/tessera/driver/libcuda.so.1"
+# Far past the claim, so its excess clears the shipped alert's allowance of 512 MiB per process.
+BYPASS_BYTES = 8 * GiB
+KEEP_RUNNING = "exec sleep 36000"
+WAIT = 180.0
+
+# Series and alert of the exporter (driver/exporter.py, charts/tessera/files/alert-rules.yaml).
+USED = "tessera_container_gpu_memory_used_bytes"
+LIMIT = "tessera_container_gpu_memory_limit_bytes"
+COMPUTE_LIMIT = "tessera_container_gpu_compute_limit_ratio"
+UTILIZATION = "tessera_container_gpu_utilization_ratio"
+PROCESSES = "tessera_container_gpu_processes"
+DRIVER_MEMORY = "tessera_container_gpu_memory_driver_bytes"
+EXCESS = "tessera_container_gpu_memory_excess_bytes"
+UNACCOUNTED = "tessera_gpu_memory_unaccounted_bytes"
+UNACCOUNTED_ALERT = "TesseraGpuMemoryUnaccounted"
+# The neighbour's figures that nothing the tenant does may move (its memory, by the shim's count
+# and the driver's, flickers with its own rounds, so it is compared once settled).
+STEADY = (LIMIT, COMPUTE_LIMIT, UTILIZATION, PROCESSES, EXCESS)
+HELD = (USED, DRIVER_MEMORY)
+
+
+# -- the bed ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attack_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tools, shim_probe and tenant_attack: CUDA programs that load libcuda.so.1 as
+    applications do."""
+    programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
+    files = {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS}
+    for program in ("shim_probe", "tenant_attack"):
+        files[f"/bin/{program}"] = programs / program
+    return build_image(
+        ImageSpec(ATTACK_IMAGE, files, command=("/bin/sh",)), tmp_path_factory.mktemp("images")
+    )
+
+
+@pytest.fixture(scope="module")
+def bed(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    node_factory: NodeFactory,
+    attack_image: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ChartBed]:
+    """The chart on one real node: the daemon, both webhook replicas and every tenant share it."""
+    [node] = node_factory.start(1, extra_images=[*product_images().values(), attack_image])
+    charts.prepare_nodes(cluster, kube, [node])
+    with charts.installed_release(
+        cluster, kube, [node], tmp_path_factory.mktemp("helm"), charts.chart_values()
+    ) as installed:
+        try:
+            charts.wait_rolled_out(installed)
+        except Exception as error:
+            raise AssertionError(f"{error}\nevents:\n{events(kube, installed.namespace)}") from error
+        yield installed
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """The tenant and its neighbour, running on the bed's node, on one GPU."""
+
+    bed: ChartBed
+    namespace: str
+    attacker: Placement
+    neighbour: Placement
+    neighbour_claim_uid: str
+
+    @property
+    def node(self) -> RealNode:
+        [node] = self.bed.nodes
+        return node
+
+    @property
+    def gpus(self) -> list[str]:
+        """The node's GPU UUIDs in NVML's (and an unset CUDA_VISIBLE_DEVICES's) order."""
+        return [g.uuid for g in make_gpus(GPUS_PER_NODE, self.node.name, memory_bytes=GPU_MEMORY)]
+
+    def run(self, script: str, container: str = "gpu", timeout: float = 300) -> str:
+        """Run a shell script in the tenant's container; its output, stderr included."""
+        return self.bed.kubectl(
+            "exec", "-n", self.namespace, ATTACKER, "-c", container, "--", "sh", "-c", script, timeout=timeout
+        )
+
+    def python(self, *args: str, timeout: float = 300) -> str:
+        """Run the webhook attacks (webhook_attack.py) in the tenant's Python container."""
+        python = f"{load_manifest().venv}/bin/python"
+        return self.bed.kubectl(
+            "exec",
+            "-n",
+            self.namespace,
+            ATTACKER,
+            "-c",
+            "net",
+            "--",
+            python,
+            f"/attack/{ATTACK_SCRIPT.name}",
+            *args,
+            timeout=timeout,
+        )
+
+    def neighbour_rounds(self) -> tuple[int, int]:
+        """(rounds, failed rounds) the neighbour has counted: its last line."""
+        core = client.CoreV1Api(self.bed.kube)
+        seen = words(str(core.read_namespaced_pod_log(NEIGHBOUR, self.namespace, tail_lines=1)))
+        return int(seen["rounds"]), int(seen["failed"])
+
+    def neighbour_figures(self) -> dict[str, float]:
+        """The neighbour's container series in one scrape of the node's exporter: name -> value."""
+        return container_figures(scrape(self.node.address), self.namespace, NEIGHBOUR)
+
+    def settled_neighbour_figures(self) -> dict[str, float]:
+        """The neighbour's figures from a scrape taken while it held its whole claim."""
+
+        def settled() -> dict[str, float] | None:
+            figures = self.neighbour_figures()
+            held = [figures[name] for name in HELD if name in figures]
+            return figures if USED in figures and held == [NEIGHBOUR_MIB * MiB] * len(held) else None
+
+        return poll_until(settled, 60, "a scrape showing the neighbour holding its whole claim", interval=0.5)
+
+
+def hami_pod(
+    name: str, script: str, mib: int, cores: int, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod as a HAMi user writes it: one container of the attack image asking gpumem/gpucores."""
+    return {
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "gpu",
+                    "image": ATTACK_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                    "resources": {
+                        "limits": {"nvidia.com/gpumem": str(mib), "nvidia.com/gpucores": str(cores)}
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def tenants(bed: ChartBed) -> Iterator[Tenants]:
+    """The tenant (2000 MiB, 25 %) and, pinned to its GPU by HAMi's annotation, the neighbour
+    (4096 MiB) re-allocating its whole claim every second."""
+    core = client.CoreV1Api(bed.kube)
+    with made_namespace(bed.kube) as namespace:
+        script = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="attack"), data={ATTACK_SCRIPT.name: ATTACK_SCRIPT.read_text()}
+        )
+        core.create_namespaced_config_map(namespace, script)
+        webhook = charts.local_image("webhook")
+        tenant = hami_pod(ATTACKER, KEEP_RUNNING, ATTACKER_MIB, ATTACKER_CORES)
+        tenant["spec"]["containers"].append(
+            {
+                "name": "net",
+                "image": f"{webhook['repository']}:{webhook['tag']}",
+                "imagePullPolicy": "Never",
+                "command": [f"{load_manifest().venv}/bin/python", "-c", "import signal; signal.pause()"],
+                "volumeMounts": [{"name": "attack", "mountPath": "/attack"}],
+            }
+        )
+        tenant["spec"]["volumes"] = [{"name": "attack", "configMap": {"name": "attack"}}]
+        core.create_namespaced_pod(namespace, client.V1Pod.model_validate(tenant))
+        attacker = placement(bed.kube, wait_running(bed.kube, namespace, ATTACKER))
+        neighbour_script = f"exec tenant_attack neighbour {NEIGHBOUR_MIB * MiB} 1000 20"
+        pinned = {"nvidia.com/use-gpuuuid": attacker.uuid}
+        core.create_namespaced_pod(
+            namespace,
+            client.V1Pod.model_validate(hami_pod(NEIGHBOUR, neighbour_script, NEIGHBOUR_MIB, 30, pinned)),
+        )
+        neighbour = placement(bed.kube, wait_running(bed.kube, namespace, NEIGHBOUR))
+        assert (neighbour.node, neighbour.uuid) == (attacker.node, attacker.uuid), (attacker, neighbour)
+        claim = raw_json(
+            client.ResourceV1Api(bed.kube).read_namespaced_resource_claim(
+                neighbour.claim, namespace, _preload_content=False
+            )
+        )
+        made = Tenants(bed, namespace, attacker, neighbour, claim["metadata"]["uid"])
+        poll_until(lambda: made.neighbour_rounds()[0] >= 1, 60, "the neighbour's first round")
+        yield made
+
+
+def container_figures(text: str, namespace: str, pod: str) -> dict[str, float]:
+    """A pod's ``tessera_container_*`` samples in exporter text: name -> value (one container)."""
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("tessera_container_")
+        and s.labels.get("namespace") == namespace
+        and s.labels.get("pod") == pod
+    }
+
+
+def daemon_restarts(bed: ChartBed) -> dict[str, int]:
+    """Each node-daemon container (by pod UID and name) and its restart count."""
+    return {
+        f"{pod['metadata']['uid']}/{status['name']}": status["restartCount"]
+        for pod in bed.pods("kubeletplugin")
+        for status in pod["status"].get("containerStatuses") or []
+    }
+
+
+def assert_neighbour_unharmed(tenants: Tenants, before: tuple[int, int], what: str) -> None:
+    """The neighbour kept running rounds through ``what``, and every round got its whole claim."""
+    rounds, failed = tenants.neighbour_rounds()
+    assert rounds > before[0], f"the neighbour ran no round during {what} ({before} -> {rounds, failed})"
+    assert failed == before[1] == 0, (
+        f"the neighbour could not allocate its whole claim in {failed} of {rounds} rounds during {what}"
+    )
+
+
+# -- limits ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way the tenant changes a CUDA program's environment, and the CUDA devices it then sees
+    (ordinal -> GPU UUID)."""
+
+    name: str
+    prefix: str
+    devices: dict[int, str]
+
+
+def variants(tenants: Tenants) -> list[Variant]:
+    gpus, own = tenants.gpus, tenants.attacker.uuid
+    other = next(i for i, uuid in enumerate(gpus) if uuid != own)
+    return [
+        Variant("limits-unset", "env -u TESSERA_LIMITS_FILE", {0: own}),
+        Variant("limits-empty", "env TESSERA_LIMITS_FILE=", {0: own}),
+        Variant("limits-missing", "env TESSERA_LIMITS_FILE=/nonexistent", {0: own}),
+        Variant("limits-own-file", "env TESSERA_LIMITS_FILE=/tmp/own-limits", {0: own}),
+        Variant("region-unset", "env -u TESSERA_USAGE_REGION", {0: own}),
+        Variant("preload-unset", "env -u LD_PRELOAD", {0: own}),
+        Variant("visible-unset", "env -u CUDA_VISIBLE_DEVICES", dict(enumerate(gpus))),
+        Variant("visible-other-gpu", f"env CUDA_VISIBLE_DEVICES={other}", {0: gpus[other]}),
+    ]
+
+
+def holding(name: str, command: str) -> str:
+    """Script lines that start ``command`` (a shim_probe that holds what it allocated while its
+    stdin stays open) in the background, keep its PID in /tmp/<name>.pid, and print its output,
+    in a section of that name, once it holds (or after 30 s). Nothing it runs keeps the exec's
+    own output open, so the exec ends with the script."""
+    out = f"/tmp/{name}.out"
+    return "\n".join(
+        [
+            f"sleep 36000 </dev/null 2>/dev/null | {command} > {out} 2>&1 &",
+            f"echo $! > /tmp/{name}.pid",
+            f"i=0; while ! grep -q HOLD {out} && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+            f"echo '== {name}'; cat {out}",
+        ]
+    )
+
+
+def limits_script(tenants: Tenants, tried: list[Variant]) -> str:
+    """Hold HOLDER_MIB in the claim as its programs normally run; then, under each variant, a
+    greedy allocation and a compute duty on each device; then let go of the held memory."""
+    lines = [
+        f"tenant_attack limits /tmp/own-limits $CUDA_VISIBLE_DEVICES {FORGED_MEMORY} {FORGED_CORES}",
+        holding("holder", f"shim_probe alloc mem {HOLDER_MIB * MiB} hold"),
+    ]
+    for variant in tried:
+        for ordinal in variant.devices:
+            lines += [
+                f"echo '== grab {variant.name} {ordinal}'",
+                f"{variant.prefix} tenant_attack grab {ordinal} {CHUNK} 2 2>&1; echo exit=$?",
+                f"echo '== duty {variant.name} {ordinal}'",
+                f"{variant.prefix} PROBE_DEVICE={ordinal} shim_probe duty 2000000 3 4 2>&1; echo exit=$?",
+            ]
+    lines += ["kill $(cat /tmp/holder.pid)", "echo '== end'"]
+    return "\n".join(lines)
+
+
+def test_nothing_in_the_container_lifts_its_limits(tenants: Tenants) -> None:
+    """With TESSERA_LIMITS_FILE unset, empty, missing or pointing at a limits file the tenant wrote
+    (8 GiB, 100 cores), with TESSERA_USAGE_REGION or LD_PRELOAD unset, with CUDA_VISIBLE_DEVICES
+    unset or naming the node's other GPU, while the claim already holds 1024 MiB: no program gets
+    memory past the claim's 2000 MiB (on a GPU the claim does not name, none at all), its kernels
+    stay under the 25 % cap (with a generous tolerance), and the neighbour on the same GPU gets its
+    whole claim in every round meanwhile."""
+    tried = variants(tenants)
+    before = tenants.neighbour_rounds()
+    seen = sections(tenants.run(limits_script(tenants, tried)))
+    assert seen.get("holder", {}).get("rc") == "0", (
+        f"the claim's own process could not hold {HOLDER_MIB} MiB: {seen}"
+    )
+    assert "end" in seen, seen
+    broken: list[str] = []
+    for variant in tried:
+        for ordinal, uuid in variant.devices.items():
+            grab, duty = seen[f"grab {variant.name} {ordinal}"], seen[f"duty {variant.name} {ordinal}"]
+            allowed = (ATTACKER_MIB - HOLDER_MIB) * MiB if uuid == tenants.attacker.uuid else 0
+            where = f"{variant.name} (`{variant.prefix}`) on CUDA device {ordinal} ({uuid})"
+            if "obtained" not in grab and grab.get("exit") == "0":
+                broken.append(f"{where}: the greedy allocator reported nothing: {grab}")
+            elif int(grab.get("obtained", 0)) > allowed:
+                broken.append(
+                    f"{where}: allocated {int(grab['obtained']) // MiB} MiB beside the claim's "
+                    f"{HOLDER_MIB} MiB; at most {allowed // MiB} MiB fit in the claim"
+                )
+            if "share" not in duty and duty.get("exit") == "0":
+                broken.append(f"{where}: the duty program reported no share: {duty}")
+            elif float(duty.get("share", 0)) > ATTACKER_CORES * SHARE_TOLERANCE:
+                broken.append(
+                    f"{where}: its kernels took {duty['share']} % of the GPU (cap {ATTACKER_CORES} %)"
+                )
+    assert not broken, "limits lifted from inside the container:\n" + "\n".join(broken)
+    assert_neighbour_unharmed(tenants, before, "the limit attacks")
+
+
+# -- around the shim -------------------------------------------------------------------------------
+
+
+def test_memory_taken_around_the_shim_is_shown_as_unaccounted_and_fires_the_shipped_alert(
+    tenants: Tenants,
+) -> None:
+    """A process that opens the driver's libcuda by its real path (no shim hook applies: the
+    documented limit of enforcement in user space) and holds 8 GiB: the exporter shows the
+    tenant's container holding that much by the driver's count while the shim charged nothing, the
+    container's excess past its 2000 MiB claim and the GPU's unaccounted memory cover the
+    difference, and the shipped alert fires in a real Prometheus."""
+    node = tenants.node
+    out = tenants.run(
+        holding("bypass", f"TEST_LIBCUDA={REAL_LIBCUDA} shim_probe alloc mem {BYPASS_BYTES} hold")
+    )
+    assert "HOLD" in out, f"the process around the shim could not take {BYPASS_BYTES} bytes:\n{out}"
+    prometheus = Prometheus([f"{node.address}:{METRICS_PORT}"])
+    try:
+
+        def shown() -> dict[str, float] | None:
+            text = scrape(node.address)
+            mine = container_figures(text, tenants.namespace, ATTACKER)
+            return mine if mine.get(DRIVER_MEMORY, 0) >= BYPASS_BYTES else None
+
+        try:
+            mine = poll_until(shown, 60, f"{DRIVER_MEMORY} of the tenant's container at {BYPASS_BYTES}")
+        except TimeoutError as error:
+            series = container_figures(scrape(node.address), tenants.namespace, ATTACKER)
+            raise AssertionError(f"{error}\nthe tenant's series: {series}") from error
+        assert mine[USED] == 0, f"the shim charged the claim for memory it never saw: {mine}"
+        past = BYPASS_BYTES - ATTACKER_MIB * MiB
+        assert mine.get(EXCESS, 0) >= past, f"the container is not named past its claim: {mine}"
+        gpu = {
+            s.labels["device_uuid"]: s.value
+            for family in text_string_to_metric_families(scrape(node.address))
+            for s in family.samples
+            if s.name == UNACCOUNTED
+        }
+        assert gpu.get(tenants.attacker.uuid, 0) >= past, gpu
+
+        def firing() -> dict[str, str] | None:
+            for alert in prometheus.alerts():
+                labels = alert["labels"]
+                if labels["alertname"] == UNACCOUNTED_ALERT and alert["state"] == "firing":
+                    return dict(labels)
+            return None
+
+        labels = poll_until(firing, 240, f"{UNACCOUNTED_ALERT} firing", interval=1.0)
+        assert labels.get("device_uuid") == tenants.attacker.uuid, labels
+    finally:
+        prometheus.stop()
+        tenants.run("kill $(cat /tmp/bypass.pid) 2>/dev/null; true")
+
+
+# -- the usage region ------------------------------------------------------------------------------
+
+
+@dataclass
+class Scrapes:
+    """Every scrape made while the tenant worked: the neighbour's figures, or why it failed."""
+
+    figures: list[dict[str, float]]
+    failures: list[str]
+
+
+@contextlib.contextmanager
+def scraping_every_second(tenants: Tenants, limit: int = 600) -> Iterator[Scrapes]:
+    """Scrape the node's exporter (at the node's address) once a second, at most ``limit`` times,
+    until the block ends."""
+    done = threading.Event()
+    seen = Scrapes([], [])
+
+    def loop() -> None:
+        for _ in range(limit):
+            try:
+                seen.figures.append(tenants.neighbour_figures())
+            except Exception as error:
+                seen.failures.append(f"{type(error).__name__}: {error}")
+            if done.wait(1.0):
+                return
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(30)
+
+
+def test_tampering_with_the_usage_region_harms_neither_the_daemon_nor_the_neighbour(tenants: Tenants) -> None:
+    """While the exporter is scraped every second, the tenant points a CUDA process's usage region
+    at the neighbour's region (a symlink the daemon, not the container, would resolve), then
+    scribbles over its own region, grows it and truncates it to nothing. Every scrape is answered;
+    the node daemon's containers never restart; the neighbour's figures never move and it gets its
+    whole claim in every round; and afterwards a new pod on the node is prepared and runs with its
+    limit."""
+    bed, node = tenants.bed, tenants.node
+    restarts = daemon_restarts(bed)
+    steady = tenants.settled_neighbour_figures()
+    before = tenants.neighbour_rounds()
+    neighbours_region = f"{node_root()}/{node.name}/tessera/claims/{tenants.neighbour_claim_uid}/usage"
+    script = "\n".join(
+        [
+            'cp() { cat "$1" > "$2"; }',
+            "cp /run/tessera/usage /tmp/usage.bak",
+            "echo '== pointed'",
+            f"tenant_attack link {neighbours_region} /tmp/elsewhere",
+            f"cp /tmp/usage.bak {neighbours_region}",
+            "TESSERA_USAGE_REGION=/tmp/elsewhere shim_probe duty 2000000 6 4 2>&1; echo exit=$?",
+            *(
+                f"echo '== {how}'; tenant_attack region {how} /run/tessera/usage 2>&1; sleep 4"
+                for how in ("scribble", "grow", "truncate")
+            ),
+            "echo '== restored'; cp /tmp/usage.bak /run/tessera/usage; echo exit=$?",
+        ]
+    )
+    with scraping_every_second(tenants) as scrapes:
+        seen = sections(tenants.run(script))
+    for how in ("scribble", "grow", "truncate"):
+        assert seen[how].get("region") == how, f"the tenant could not {how} its region: {seen}"
+    assert not scrapes.failures, (
+        f"{len(scrapes.failures)} of {len(scrapes.failures) + len(scrapes.figures)} scrapes failed: "
+        f"{scrapes.failures[:5]}"
+    )
+    moved = [
+        f for f in scrapes.figures if {k: f.get(k) for k in STEADY} != {k: steady.get(k) for k in STEADY}
+    ]
+    assert not moved, f"the neighbour's figures moved from {steady}: {moved[:5]}"
+    assert daemon_restarts(bed) == restarts, (
+        f"the node daemon restarted: {restarts} -> {daemon_restarts(bed)}"
+    )
+    assert tenants.settled_neighbour_figures() == steady
+    assert_neighbour_unharmed(tenants, before, "the region attacks")
+
+    core = client.CoreV1Api(bed.kube)
+    fresh = unique_name("after")
+    script = f"echo '== info'; shim_probe info; echo '{DONE}'; {KEEP_RUNNING}"
+    core.create_namespaced_pod(
+        tenants.namespace, client.V1Pod.model_validate(hami_pod(fresh, script, 1000, 10))
+    )
+    log = wait_done(bed.kube, tenants.namespace, fresh, timeout=120)
+    assert int(sections(log)["info"]["total"]) == 1000 * MiB, log
+    core.delete_namespaced_pod(fresh, tenants.namespace, grace_period_seconds=0)
+
+
+# -- the webhook -----------------------------------------------------------------------------------
+
+
+def webhook_endpoints(bed: ChartBed) -> list[tuple[str, int]]:
+    """Each webhook replica's pod IP and HTTPS port."""
+    found = []
+    for pod in bed.pods("webhook"):
+        [container] = pod["spec"]["containers"]
+        [port] = [p["containerPort"] for p in container["ports"] if p["name"] == "https"]
+        found.append((pod["status"]["podIP"], port))
+    return found
+
+
+def webhook_readiness(bed: ChartBed) -> dict[str, tuple[bool, int]]:
+    """Each webhook replica: (Ready, restart count)."""
+    return {
+        pod["metadata"]["name"]: (
+            any(
+                c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or []
+            ),
+            sum(s["restartCount"] for s in pod["status"].get("containerStatuses") or []),
+        )
+        for pod in bed.pods("webhook")
+    }
+
+
+def templates_everywhere(kube: client.ApiClient) -> set[tuple[str, str]]:
+    listed = raw_json(
+        client.ResourceV1Api(kube).list_resource_claim_template_for_all_namespaces(_preload_content=False)
+    )
+    return {(t["metadata"]["namespace"], t["metadata"]["name"]) for t in listed["items"]}
+
+
+def refused(outcome: str) -> bool:
+    """An answer an unauthenticated caller may get: 401/403, or no answer at all (the TLS handshake
+    wants a client certificate)."""
+    return outcome in ("http-401", "http-403") or outcome.startswith("refused-")
+
+
+def test_a_forged_admission_review_from_a_pod_is_refused_and_creates_nothing(
+    tenants: Tenants, kube: client.ApiClient
+) -> None:
+    """From inside the tenant's pod, straight to each replica's pod IP, with no certificate and no
+    token: reviews of a pod asking 80000 MiB in another tenant's namespace and in kube-system are
+    refused, and no ResourceClaimTemplate appears in any namespace."""
+    with made_namespace(kube) as victim:
+        before = templates_everywhere(kube)
+        for host, port in webhook_endpoints(tenants.bed):
+            out = tenants.python("forged", host, str(port), victim, "kube-system")
+            answers = {
+                line["namespace"]: line["outcome"]
+                for line in map(words, out.splitlines())
+                if "namespace" in line
+            }
+            assert set(answers) == {victim, "kube-system"}, out
+            assert all(refused(o) for o in answers.values()), (
+                f"{host}:{port} accepted a forged review:\n{out}"
+            )
+        created = templates_everywhere(kube) - before
+        resource = client.ResourceV1Api(kube)
+        for namespace, name in created:  # the session's cluster is shared: leave kube-system clean
+            resource.delete_namespaced_resource_claim_template(name, namespace)
+        assert not created, f"forged reviews created templates: {sorted(created)}"
+
+
+def words(line: str) -> dict[str, str]:
+    return dict(w.split("=", 1) for w in line.split() if "=" in w and not line.startswith("#"))
+
+
+def test_a_template_planted_under_the_webhooks_name_is_not_used(tenants: Tenants) -> None:
+    """The tenant asks (by a server-side dry-run) which template name a 1500 MiB / 20 % pod would
+    get, plants a template of that name asking the whole GPU's cores and 8 GiB, then creates the
+    pod: it is refused with a sentence naming the template, or admitted with a template that is
+    not the planted one."""
+    kube, namespace = tenants.bed.kube, tenants.namespace
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    pod = hami_pod(unique_name("planted"), KEEP_RUNNING, 1500, 20)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": tenants.node.name}
+    dry = raw_json(
+        core.create_namespaced_pod(
+            namespace, client.V1Pod.model_validate(pod), dry_run="All", _preload_content=False
+        )
+    )
+    [entry] = dry["spec"]["resourceClaims"]
+    name = entry["resourceClaimTemplateName"]
+    planted = {
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DEVICE_CLASS,
+                                "capacity": {
+                                    "requests": {"memory": f"{FORGED_MEMORY}", "cores": str(FORGED_CORES)}
+                                },
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    resource.create_namespaced_resource_claim_template(
+        namespace, client.V1ResourceClaimTemplate.model_validate(planted)
+    )
+    try:
+        made = raw_json(
+            core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod), _preload_content=False)
+        )
+    except client.ApiException as error:
+        assert error.status is not None and 400 <= error.status < 500, (error.status, error.body)
+        assert name in str(error.body), f"the refusal does not name the planted template {name}: {error.body}"
+        return
+    core.delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=0)
+    used = [c.get("resourceClaimTemplateName") for c in made["spec"]["resourceClaims"]]
+    assert name not in used, f"the pod was admitted with the planted template {name}"
+
+
+def admitting(
+    tenants: Tenants, done: threading.Event, seen: list[tuple[bool, str, float]], limit: int = 600
+) -> None:
+    """Until ``done``: every half second, a GPU pod (1000 MiB) created as a server-side dry-run,
+    which the API server sends to the webhook; each outcome and its seconds appended to ``seen``."""
+    core = client.CoreV1Api(tenants.bed.kube)
+    pod = client.V1Pod.model_validate(hami_pod("admitted", KEEP_RUNNING, 1000, 10))
+    for _ in range(limit):
+        started = time.monotonic()
+        try:
+            core.create_namespaced_pod(tenants.namespace, pod, dry_run="All", _preload_content=False)
+            seen.append((True, "admitted", time.monotonic() - started))
+        except client.ApiException as error:
+            seen.append((False, f"{error.status}: {error.body}", time.monotonic() - started))
+        if done.wait(0.5):
+            return
+
+
+@contextlib.contextmanager
+def real_pods_admitted(tenants: Tenants) -> Iterator[list[tuple[bool, str, float]]]:
+    done = threading.Event()
+    seen: list[tuple[bool, str, float]] = []
+    thread = threading.Thread(target=admitting, args=(tenants, done, seen), daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(60)
+
+
+def hostile_quantity(tenants: Tenants, value: str) -> tuple[int, str, float]:
+    """A GPU pod asking ``gpumem: value`` (server-side dry-run): the API server's status, its
+    message, and the seconds the answer took."""
+    core = client.CoreV1Api(tenants.bed.kube)
+    body = hami_pod("hostile", KEEP_RUNNING, 1, 10)
+    body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = value
+    started = time.monotonic()
+    try:
+        core.create_namespaced_pod(tenants.namespace, client.V1Pod.model_validate(body), dry_run="All")
+        return 201, "admitted", time.monotonic() - started
+    except client.ApiException as error:
+        return int(error.status or 0), str(error.body)[:300], time.monotonic() - started
+
+
+def test_hostile_input_gets_a_4xx_while_real_pods_keep_being_admitted(
+    tenants: Tenants, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpumem 1e1000000, 1e5000 and Infinity (through the API server), a 10 MiB review and 200
+    connections that send their headers a byte a second (from the tenant's pod, at each replica's
+    pod IP) each get a 4xx or are refused, while GPU pods keep being admitted and both replicas stay
+    Ready without a restart. What each answer took is reported, not asserted."""
+    bed = tenants.bed
+    readiness = webhook_readiness(bed)
+    assert len(readiness) == 2 and all(ready for ready, _ in readiness.values()), readiness
+    report: list[str] = []
+    broken: list[str] = []
+    with real_pods_admitted(tenants) as admissions:
+        for value in ("1e1000000", "1e5000", "Infinity"):
+            status, message, seconds = hostile_quantity(tenants, value)
+            report.append(f"gpumem {value}: {status} in {seconds * 1000:.0f} ms")
+            if not 400 <= status < 500:
+                broken.append(f"gpumem {value}: {status} {message}")
+        for host, port in webhook_endpoints(bed):
+            [answer] = [
+                words(line)
+                for line in tenants.python("body", host, str(port), "10").splitlines()
+                if "bytes=" in line
+            ]
+            report.append(f"10 MiB review to {host}:{port}: {answer['outcome']} in {answer['ms']} ms")
+            if not (answer["outcome"].startswith("http-4") or answer["outcome"].startswith("refused-")):
+                broken.append(f"10 MiB review to {host}:{port}: {answer}")
+            out = tenants.python("slow", host, str(port), "200", "20", timeout=200)
+            outcomes = {w["outcome"]: int(w["count"]) for w in map(words, out.splitlines()) if "outcome" in w}
+            report.append(f"200 slow connections to {host}:{port}: {outcomes}")
+            bad = {
+                o: n for o, n in outcomes.items() if not (o.startswith("http-4") or o.startswith("refused-"))
+            }
+            if bad or sum(outcomes.values()) != 200:
+                broken.append(f"slow connections to {host}:{port}: {outcomes}")
+            readiness_now = webhook_readiness(bed)
+            if readiness_now != readiness:
+                broken.append(f"webhook replicas changed during the attacks: {readiness} -> {readiness_now}")
+    with capsys.disabled():
+        print("\nwebhook under attack: " + "; ".join(report))
+        if admissions:
+            admitted = sum(ok for ok, _, _ in admissions)
+            slowest = max(seconds for _, _, seconds in admissions)
+            print(f"real pods admitted meanwhile: {admitted} of {len(admissions)}, slowest {slowest:.3f} s")
+    refusals = [what for ok, what, _ in admissions if not ok]
+    assert admissions and not refusals, f"real pods were refused during the attacks: {refusals[:5]}"
+    assert not broken, "\n".join(broken)
+    assert webhook_readiness(bed) == readiness
