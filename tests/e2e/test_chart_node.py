@@ -78,11 +78,11 @@ def test_helm_install_runs_the_daemonset_and_the_webhook_as_pods_from_the_local_
     daemons = bed.pods("kubeletplugin")
     assert sorted(p["spec"]["nodeName"] for p in daemons) == sorted(n.name for n in bed.nodes)
     manifest = load_manifest()
+    driver_image = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
     for pod in daemons:
-        [container] = pod["spec"]["containers"]
-        assert (
-            container["image"] == f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
-        )
+        # The kubelet plugin and the exporter run apart, both from the driver's image.
+        containers = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        assert containers == {"plugin": driver_image, "exporter": driver_image}
     webhooks = bed.pods("webhook")
     assert len(webhooks) == 2
     assert all(
