@@ -347,7 +347,9 @@ def limits_script(tenants: Tenants, tried: list[Variant]) -> str:
     return "\n".join(lines)
 
 
-def test_nothing_in_the_container_lifts_its_limits(tenants: Tenants) -> None:
+def test_nothing_in_the_container_lifts_its_limits(
+    tenants: Tenants, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With TESSERA_LIMITS_FILE unset, empty, missing or pointing at a limits file the tenant wrote
     (8 GiB, 100 cores), with TESSERA_USAGE_REGION or LD_PRELOAD unset, with CUDA_VISIBLE_DEVICES
     unset or naming the node's other GPU, while the claim already holds 1024 MiB: no program gets
@@ -362,9 +364,14 @@ def test_nothing_in_the_container_lifts_its_limits(tenants: Tenants) -> None:
     )
     assert "end" in seen, seen
     broken: list[str] = []
+    report: list[str] = []
     for variant in tried:
         for ordinal, uuid in variant.devices.items():
             grab, duty = seen[f"grab {variant.name} {ordinal}"], seen[f"duty {variant.name} {ordinal}"]
+            report.append(
+                f"{variant.name} device {ordinal}: {int(grab.get('obtained', 0)) // MiB} MiB"
+                f" (exit {grab.get('exit')}), {duty.get('share', '-')} % (exit {duty.get('exit')})"
+            )
             allowed = (ATTACKER_MIB - HOLDER_MIB) * MiB if uuid == tenants.attacker.uuid else 0
             where = f"{variant.name} (`{variant.prefix}`) on CUDA device {ordinal} ({uuid})"
             if "obtained" not in grab and grab.get("exit") == "0":
@@ -381,6 +388,8 @@ def test_nothing_in_the_container_lifts_its_limits(tenants: Tenants) -> None:
                     f"{where}: its kernels took {duty['share']} % of the GPU (cap {ATTACKER_CORES} %)"
                 )
     broken += neighbour_harm(tenants, before, "the limit attacks")
+    with capsys.disabled():
+        print("\nwhat the tenant got past its 1024 MiB: " + "; ".join(report))
     assert not broken, "limits lifted from inside the container:\n" + "\n".join(broken)
 
 
