@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from tessera import logs
 from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
 from tessera.kube import api_client
+from tessera.lifecycle import run_until_signalled
 from tessera.settings import repeated, setting, switch
 
 log = logging.getLogger("tessera.driver")
@@ -169,24 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     daemon = Daemon(config, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        daemon.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        daemon.start()
-        daemon.wait()
-    except Exception as error:
-        log.exception("cannot run: %s", error)
-        daemon.fatal = str(error)
-    finally:
-        daemon.stop()
-    if daemon.fatal:
-        log.error("stopped because %s", daemon.fatal)
-        return 1
-    return 0
+    return run_until_signalled(daemon, log)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry
@@ -33,6 +31,7 @@ from tessera.driver.health import HealthServer
 from tessera.driver.metrics import DaemonMetrics
 from tessera.driver.metrics_server import MetricsServer
 from tessera.kube import api_client
+from tessera.lifecycle import run_until_signalled
 from tessera.names import METRICS_PORT
 from tessera.settings import setting
 
@@ -180,24 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     exporter = Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        exporter.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        exporter.start()
-        exporter.wait()
-    except Exception as error:
-        log.exception("cannot run: %s", error)
-        exporter.fatal = str(error)
-    finally:
-        exporter.stop()
-    if exporter.fatal:
-        log.error("stopped because %s", exporter.fatal)
-        return 1
-    return 0
+    return run_until_signalled(exporter, log)
 
 
 if __name__ == "__main__":

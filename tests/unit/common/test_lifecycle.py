@@ -1,0 +1,76 @@
+"""The node processes' lifecycle: a signal stops the service cleanly (exit 0), a failure to start or
+a fatal fault stops it too and exits 1, and stop() runs whatever happened."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tessera.lifecycle import run_until_signalled
+
+
+class Recorder:
+    """A service that records what it was asked to do; ``wait`` signals the process itself."""
+
+    def __init__(self, start_error: Exception | None = None, fatal: str | None = None) -> None:
+        self.fatal: str | None = None
+        self.calls: list[str] = []
+        self._start_error = start_error
+        self._fatal = fatal
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        self.calls.append("start")
+        if self._start_error is not None:
+            raise self._start_error
+
+    def wait(self) -> None:
+        self.calls.append("wait")
+        if self._fatal is not None:
+            self.fatal = self._fatal
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert self._stopped.wait(5)
+
+    def request_stop(self) -> None:
+        self.calls.append("request_stop")
+        self._stopped.set()
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+@pytest.fixture(autouse=True)
+def _restore_handlers() -> Iterator[None]:
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, saved[0])
+    signal.signal(signal.SIGINT, saved[1])
+
+
+def test_sigterm_requests_a_stop_and_exits_0(caplog: pytest.LogCaptureFixture) -> None:
+    service = Recorder()
+    with caplog.at_level(logging.INFO):
+        assert run_until_signalled(service, logging.getLogger("t")) == 0
+    assert service.calls == ["start", "wait", "request_stop", "stop"]
+    assert "received SIGTERM; shutting down" in caplog.text
+
+
+def test_a_start_that_raises_is_stopped_and_exits_1_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    service = Recorder(start_error=OSError("no NVML"))
+    assert run_until_signalled(service, logging.getLogger("t")) == 1
+    assert service.calls == ["start", "stop"]
+    assert service.fatal == "no NVML"
+    assert "stopped because no NVML" in caplog.text
+
+
+def test_a_fatal_fault_is_stopped_and_exits_1_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    service = Recorder(fatal="pod watch: gone")
+    assert run_until_signalled(service, logging.getLogger("t")) == 1
+    assert service.calls == ["start", "wait", "stop"]
+    assert "stopped because pod watch: gone" in caplog.text
