@@ -162,7 +162,7 @@ ffibuilder.set_source(
     ),
     include_dirs=[str(SHIM_DIR / "include")],
     extra_compile_args=["-std=gnu11", "-O2", "-D_GNU_SOURCE"],
-    depends=[str(SHIM_DIR / "src" / name) for name in (*FORMAT_SOURCES, *READER_SOURCES)],
+    depends=[str(SHIM_DIR / "src" / name) for name in (*FORMAT_SOURCES, *READER_SOURCES, "fail.h")],
 )
 
 # --------------------------------------------------------------------- preload libraries ---

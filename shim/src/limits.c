@@ -6,28 +6,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fail.h"
 #include "tessera_shim.h"
-
-static int limits_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int limits_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* A GPU UUID as drivers print it: a "GPU-" or "MIG-" prefix, then hex digits and dashes. */
 static bool valid_uuid(const char *s, size_t n)
@@ -99,31 +85,31 @@ static int parse_gpu_line(const char **w, const size_t *l, int nwords, int linen
                           struct tessera_gpu_limit *g, char *err, size_t errlen)
 {
     if (nwords != 3)
-        return limits_fail(err, errlen, "line %d: expected '<uuid> memory=<bytes|none> cores=<0-100>'",
-                    lineno);
+        return tessera_fail(err, errlen, "line %d: expected '<uuid> memory=<bytes|none> cores=<0-100>'",
+                     lineno);
     if (!valid_uuid(w[0], l[0]))
-        return limits_fail(err, errlen, "line %d: '%.*s' is not a GPU UUID", lineno, (int)l[0], w[0]);
+        return tessera_fail(err, errlen, "line %d: '%.*s' is not a GPU UUID", lineno, (int)l[0], w[0]);
     memcpy(g->uuid, w[0], l[0]);
     g->uuid[l[0]] = '\0';
 
     size_t vlen = 0;
     const char *v = value_of(w[1], l[1], "memory", &vlen);
     if (v == NULL)
-        return limits_fail(err, errlen, "line %d: expected memory=<bytes|none>, got '%.*s'", lineno,
-                    (int)l[1], w[1]);
+        return tessera_fail(err, errlen, "line %d: expected memory=<bytes|none>, got '%.*s'", lineno,
+                     (int)l[1], w[1]);
     if (vlen == 4 && strncmp(v, "none", 4) == 0)
         g->memory_bytes = TESSERA_NO_MEMORY_LIMIT;
     else if (!parse_u64(v, vlen, &g->memory_bytes) || g->memory_bytes == TESSERA_NO_MEMORY_LIMIT)
-        return limits_fail(err, errlen, "line %d: memory must be a byte count or 'none', got '%.*s'",
-                    lineno, (int)vlen, v);
+        return tessera_fail(err, errlen, "line %d: memory must be a byte count or 'none', got '%.*s'",
+                     lineno, (int)vlen, v);
 
     v = value_of(w[2], l[2], "cores", &vlen);
     uint64_t cores = 0;
     if (v == NULL)
-        return limits_fail(err, errlen, "line %d: expected cores=<0-100>, got '%.*s'", lineno, (int)l[2],
-                    w[2]);
+        return tessera_fail(err, errlen, "line %d: expected cores=<0-100>, got '%.*s'", lineno, (int)l[2],
+                     w[2]);
     if (!parse_u64(v, vlen, &cores) || cores > 100)
-        return limits_fail(err, errlen, "line %d: cores must be 0-100, got '%.*s'", lineno, (int)vlen, v);
+        return tessera_fail(err, errlen, "line %d: cores must be 0-100, got '%.*s'", lineno, (int)vlen, v);
     g->cores = (uint32_t)cores;
     return 0;
 }
@@ -133,7 +119,7 @@ int tessera_limits_parse(const char *text, size_t len, struct tessera_limits *ou
 {
     memset(out, 0, sizeof *out);
     if (len > TESSERA_LIMITS_MAX_BYTES)
-        return limits_fail(err, errlen, "larger than %d bytes", TESSERA_LIMITS_MAX_BYTES);
+        return tessera_fail(err, errlen, "larger than %d bytes", TESSERA_LIMITS_MAX_BYTES);
     bool have_version = false;
     int lineno = 0;
     size_t pos = 0;
@@ -147,7 +133,7 @@ int tessera_limits_parse(const char *text, size_t len, struct tessera_limits *ou
             n--;
         for (size_t i = 0; i < n; i++)
             if (line[i] == '\0' || (unsigned char)line[i] >= 0x80)
-                return limits_fail(err, errlen, "line %d: not ASCII text", lineno);
+                return tessera_fail(err, errlen, "line %d: not ASCII text", lineno);
         const char *w[4];
         size_t l[4];
         int nwords = split(line, n, w, l, 3);
@@ -157,27 +143,27 @@ int tessera_limits_parse(const char *text, size_t len, struct tessera_limits *ou
             uint64_t version = 0;
             if (nwords != 2 || l[0] != 14 || strncmp(w[0], "tessera-limits", 14) != 0 ||
                 !parse_u64(w[1], l[1], &version))
-                return limits_fail(err, errlen, "line %d: expected 'tessera-limits %d' first", lineno,
-                            TESSERA_LIMITS_VERSION);
+                return tessera_fail(err, errlen, "line %d: expected 'tessera-limits %d' first", lineno,
+                             TESSERA_LIMITS_VERSION);
             if (version != TESSERA_LIMITS_VERSION)
-                return limits_fail(err, errlen, "line %d: format version %" PRIu64 " is not supported "
-                            "(this shim reads version %d)", lineno, version,
-                            TESSERA_LIMITS_VERSION);
+                return tessera_fail(err, errlen, "line %d: format version %" PRIu64 " is not supported "
+                             "(this shim reads version %d)", lineno, version,
+                             TESSERA_LIMITS_VERSION);
             have_version = true;
             continue;
         }
         if (out->count == TESSERA_MAX_GPUS)
-            return limits_fail(err, errlen, "line %d: more than %d GPUs", lineno, TESSERA_MAX_GPUS);
+            return tessera_fail(err, errlen, "line %d: more than %d GPUs", lineno, TESSERA_MAX_GPUS);
         struct tessera_gpu_limit *g = &out->gpus[out->count];
         if (parse_gpu_line(w, l, nwords, lineno, g, err, errlen) != 0)
             return -1;
         for (uint32_t i = 0; i < out->count; i++)
             if (strcmp(out->gpus[i].uuid, g->uuid) == 0)
-                return limits_fail(err, errlen, "line %d: GPU %s listed twice", lineno, g->uuid);
+                return tessera_fail(err, errlen, "line %d: GPU %s listed twice", lineno, g->uuid);
         out->count++;
     }
     if (!have_version)
-        return limits_fail(err, errlen, "empty: expected 'tessera-limits %d'", TESSERA_LIMITS_VERSION);
+        return tessera_fail(err, errlen, "empty: expected 'tessera-limits %d'", TESSERA_LIMITS_VERSION);
     return 0;
 }
 
@@ -188,17 +174,17 @@ int tessera_limits_read(const char *path, struct tessera_limits *out, char *err,
     if (fd < 0) {
         if (errno == ENOENT)
             return 1;
-        return limits_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return tessera_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return limits_fail(err, errlen, "%s: not a regular file", path);
+        return tessera_fail(err, errlen, "%s: not a regular file", path);
     }
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
         close(fd);
-        return limits_fail(err, errlen, "%s: writable by group or others (mode %03o); limits must not "
-                    "be changeable from inside the container", path, st.st_mode & 0777);
+        return tessera_fail(err, errlen, "%s: writable by group or others (mode %03o); limits must not "
+                     "be changeable from inside the container", path, st.st_mode & 0777);
     }
     static const size_t cap = TESSERA_LIMITS_MAX_BYTES + 1;
     char buf[TESSERA_LIMITS_MAX_BYTES + 1];
@@ -210,7 +196,7 @@ int tessera_limits_read(const char *path, struct tessera_limits *out, char *err,
         if (got < 0) {
             int e = errno;
             close(fd);
-            return limits_fail(err, errlen, "%s: cannot read: %s", path, strerror(e));
+            return tessera_fail(err, errlen, "%s: cannot read: %s", path, strerror(e));
         }
         if (got == 0 || len + (size_t)got == cap) {
             len += (size_t)got;
@@ -221,7 +207,7 @@ int tessera_limits_read(const char *path, struct tessera_limits *out, char *err,
     close(fd);
     char why[256];
     if (tessera_limits_parse(buf, len, out, why, sizeof why) != 0)
-        return limits_fail(err, errlen, "%s: malformed: %s", path, why);
+        return tessera_fail(err, errlen, "%s: malformed: %s", path, why);
     return 0;
 }
 
@@ -229,23 +215,23 @@ int tessera_limits_format(const struct tessera_limits *limits, char *buf, size_t
                           char *err, size_t errlen)
 {
     if (limits->count > TESSERA_MAX_GPUS)
-        return limits_fail(err, errlen, "more than %d GPUs", TESSERA_MAX_GPUS);
+        return tessera_fail(err, errlen, "more than %d GPUs", TESSERA_MAX_GPUS);
     size_t pos = 0;
     int n = snprintf(buf, buflen, "# Tessera claim limits (format: shim/include/tessera_shim.h)\n"
                                   "tessera-limits %d\n", TESSERA_LIMITS_VERSION);
     if (n < 0 || (size_t)n >= buflen)
-        return limits_fail(err, errlen, "buffer too small");
+        return tessera_fail(err, errlen, "buffer too small");
     pos = (size_t)n;
     for (uint32_t i = 0; i < limits->count; i++) {
         const struct tessera_gpu_limit *g = &limits->gpus[i];
         size_t ulen = strnlen(g->uuid, TESSERA_UUID_MAX);
         if (!valid_uuid(g->uuid, ulen))
-            return limits_fail(err, errlen, "GPU %u: '%.*s' is not a GPU UUID", i, (int)ulen, g->uuid);
+            return tessera_fail(err, errlen, "GPU %u: '%.*s' is not a GPU UUID", i, (int)ulen, g->uuid);
         if (g->cores > 100)
-            return limits_fail(err, errlen, "GPU %s: cores must be 0-100", g->uuid);
+            return tessera_fail(err, errlen, "GPU %s: cores must be 0-100", g->uuid);
         for (uint32_t j = 0; j < i; j++)
             if (strcmp(limits->gpus[j].uuid, g->uuid) == 0)
-                return limits_fail(err, errlen, "GPU %s listed twice", g->uuid);
+                return tessera_fail(err, errlen, "GPU %s listed twice", g->uuid);
         char mem[24];
         if (g->memory_bytes == TESSERA_NO_MEMORY_LIMIT)
             snprintf(mem, sizeof mem, "none");
@@ -253,7 +239,7 @@ int tessera_limits_format(const struct tessera_limits *limits, char *buf, size_t
             snprintf(mem, sizeof mem, "%" PRIu64, g->memory_bytes);
         n = snprintf(buf + pos, buflen - pos, "%s memory=%s cores=%u\n", g->uuid, mem, g->cores);
         if (n < 0 || (size_t)n >= buflen - pos)
-            return limits_fail(err, errlen, "buffer too small");
+            return tessera_fail(err, errlen, "buffer too small");
         pos += (size_t)n;
     }
     return (int)pos;

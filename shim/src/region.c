@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fail.h"
 #include "tessera_shim.h"
 
 _Static_assert(sizeof(struct tessera_region_slot) == 192, "slot layout is part of the format");
@@ -30,20 +30,6 @@ _Static_assert(offsetof(struct tessera_region, gpus) == 64, "header layout is pa
 /* Reaping takes other slots' record locks; two threads of one process must not interleave (a
  * record lock belongs to the process, so one thread's unlock would end the other's hold). */
 static pthread_mutex_t reap_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int region_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int region_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 uint64_t tessera_now_ns(void)
 {
@@ -65,11 +51,11 @@ static void init_header(struct tessera_region *r)
 static int check_header(const struct tessera_region *r, const char *path, char *err, size_t errlen)
 {
     if (memcmp(r->magic, TESSERA_REGION_MAGIC, sizeof r->magic) != 0)
-        return region_fail(err, errlen, "%s: not a Tessera usage region (bad magic)", path);
+        return tessera_fail(err, errlen, "%s: not a Tessera usage region (bad magic)", path);
     if (r->version != TESSERA_REGION_VERSION || r->size != sizeof *r ||
         r->max_gpus != TESSERA_MAX_GPUS || r->max_slots != TESSERA_REGION_SLOTS)
-        return region_fail(err, errlen, "%s: usage region version %u (size %u) is not version %d",
-                    path, r->version, r->size, TESSERA_REGION_VERSION);
+        return tessera_fail(err, errlen, "%s: usage region version %u (size %u) is not version %d",
+                     path, r->version, r->size, TESSERA_REGION_VERSION);
     return 0;
 }
 
@@ -95,13 +81,13 @@ int tessera_region_create(const char *path, char *err, size_t errlen)
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (tmp == NULL)
-        return region_fail(err, errlen, "out of memory");
+        return tessera_fail(err, errlen, "out of memory");
     snprintf(tmp, plen + 32, "%s.%ld.tmp", path, (long)getpid());
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
         int e = errno;
         free(tmp);
-        return region_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
+        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
     }
     struct tessera_region *r = calloc(1, sizeof *r);
     int rc = -1;
@@ -121,7 +107,7 @@ int tessera_region_create(const char *path, char *err, size_t errlen)
     unlink(tmp);
     free(tmp);
     if (rc != 0)
-        return region_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
+        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
     return 0;
 }
 
@@ -135,17 +121,17 @@ int tessera_region_open(const char *path, struct tessera_region_handle *h, char 
         return -1;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
-        return region_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return tessera_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != sizeof *h->map) {
         close(fd);
-        return region_fail(err, errlen, "%s: not a usage region of %zu bytes", path, sizeof *h->map);
+        return tessera_fail(err, errlen, "%s: not a usage region of %zu bytes", path, sizeof *h->map);
     }
     void *map = mmap(NULL, sizeof *h->map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         int e = errno;
         close(fd);
-        return region_fail(err, errlen, "%s: cannot map: %s", path, strerror(e));
+        return tessera_fail(err, errlen, "%s: cannot map: %s", path, strerror(e));
     }
     if (check_header(map, path, err, errlen) != 0) {
         munmap(map, sizeof *h->map);
@@ -164,17 +150,17 @@ int tessera_region_open_private(struct tessera_region_handle *h, char *err, size
     h->slot = -1;
     int fd = memfd_create("tessera-usage", MFD_CLOEXEC);
     if (fd < 0)
-        return region_fail(err, errlen, "cannot create a private usage region: %s", strerror(errno));
+        return tessera_fail(err, errlen, "cannot create a private usage region: %s", strerror(errno));
     if (ftruncate(fd, sizeof *h->map) != 0) {
         int e = errno;
         close(fd);
-        return region_fail(err, errlen, "cannot size a private usage region: %s", strerror(e));
+        return tessera_fail(err, errlen, "cannot size a private usage region: %s", strerror(e));
     }
     void *map = mmap(NULL, sizeof *h->map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         int e = errno;
         close(fd);
-        return region_fail(err, errlen, "cannot map a private usage region: %s", strerror(e));
+        return tessera_fail(err, errlen, "cannot map a private usage region: %s", strerror(e));
     }
     init_header(map);
     h->map = map;

@@ -11,27 +11,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fail.h"
 #include "tessera_shim.h"
-
-static int read_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int read_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* 1 if another process holds the record lock on slot i's byte (its owner is alive), 0 if not,
  * -1 if the kernel cannot say. F_OFD_GETLK reports traditional (F_SETLK) locks of any process,
@@ -50,27 +36,27 @@ static int slot_owned(int fd, uint32_t slot)
 static int check_copy(const struct tessera_region *r, const char *path, char *err, size_t errlen)
 {
     if (memcmp(r->magic, TESSERA_REGION_MAGIC, sizeof r->magic) != 0)
-        return read_fail(err, errlen, "%s: not a Tessera usage region (bad magic)", path);
+        return tessera_fail(err, errlen, "%s: not a Tessera usage region (bad magic)", path);
     if (r->version != TESSERA_REGION_VERSION || r->size != sizeof *r ||
         r->max_gpus != TESSERA_MAX_GPUS || r->max_slots != TESSERA_REGION_SLOTS)
-        return read_fail(err, errlen,
-                         "%s: header says version %u, size %u, %u GPUs, %u slots; expected version "
-                         "%d, size %zu, %d GPUs, %d slots",
-                         path, r->version, r->size, r->max_gpus, r->max_slots,
-                         TESSERA_REGION_VERSION, sizeof *r, TESSERA_MAX_GPUS, TESSERA_REGION_SLOTS);
+        return tessera_fail(err, errlen,
+                            "%s: header says version %u, size %u, %u GPUs, %u slots; expected version "
+                            "%d, size %zu, %d GPUs, %d slots",
+                            path, r->version, r->size, r->max_gpus, r->max_slots,
+                            TESSERA_REGION_VERSION, sizeof *r, TESSERA_MAX_GPUS, TESSERA_REGION_SLOTS);
     if (r->slot_hwm > TESSERA_REGION_SLOTS)
-        return read_fail(err, errlen, "%s: slot_hwm %u is past the %d slots", path, r->slot_hwm,
-                         TESSERA_REGION_SLOTS);
+        return tessera_fail(err, errlen, "%s: slot_hwm %u is past the %d slots", path, r->slot_hwm,
+                            TESSERA_REGION_SLOTS);
     for (int g = 0; g < TESSERA_MAX_GPUS; g++) {
         const struct tessera_region_gpu *gpu = &r->gpus[g];
         if (gpu->state > TESSERA_GPU_READY)
-            return read_fail(err, errlen, "%s: GPU entry %d has state %u", path, g, gpu->state);
+            return tessera_fail(err, errlen, "%s: GPU entry %d has state %u", path, g, gpu->state);
         if (gpu->state == TESSERA_GPU_READY && memchr(gpu->uuid, '\0', sizeof gpu->uuid) == NULL)
-            return read_fail(err, errlen, "%s: GPU entry %d has a UUID without an end", path, g);
+            return tessera_fail(err, errlen, "%s: GPU entry %d has a UUID without an end", path, g);
     }
     for (uint32_t i = 0; i < r->slot_hwm; i++) {
         if (r->slots[i].state > TESSERA_SLOT_ACTIVE)
-            return read_fail(err, errlen, "%s: slot %u has state %u", path, i, r->slots[i].state);
+            return tessera_fail(err, errlen, "%s: slot %u has state %u", path, i, r->slots[i].state);
     }
     return 0;
 }
@@ -84,21 +70,21 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
     if (fd < 0) {
         if (errno == ENOENT)
             return 1;
-        return read_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return tessera_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     }
     struct stat st;
     int rc = -1;
     if (fstat(fd, &st) != 0) {
-        read_fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        tessera_fail(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         goto done;
     }
     if (!S_ISREG(st.st_mode)) {
-        read_fail(err, errlen, "%s: not a regular file", path);
+        tessera_fail(err, errlen, "%s: not a regular file", path);
         goto done;
     }
     if ((uint64_t)st.st_size != sizeof out->region) {
-        read_fail(err, errlen, "%s: %lld bytes, not the %zu of a usage region", path,
-                  (long long)st.st_size, sizeof out->region);
+        tessera_fail(err, errlen, "%s: %lld bytes, not the %zu of a usage region", path,
+                     (long long)st.st_size, sizeof out->region);
         goto done;
     }
     size_t have = 0;
@@ -108,11 +94,11 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            read_fail(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+            tessera_fail(err, errlen, "%s: cannot read: %s", path, strerror(errno));
             goto done;
         }
         if (n == 0) {
-            read_fail(err, errlen, "%s: truncated to %zu bytes while read", path, have);
+            tessera_fail(err, errlen, "%s: truncated to %zu bytes while read", path, have);
             goto done;
         }
         have += (size_t)n;
@@ -124,8 +110,8 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
             continue;
         int owned = slot_owned(fd, i);
         if (owned < 0) {
-            read_fail(err, errlen, "%s: cannot ask for slot %u's lock: %s", path, i,
-                      strerror(errno));
+            tessera_fail(err, errlen, "%s: cannot ask for slot %u's lock: %s", path, i,
+                         strerror(errno));
             goto done;
         }
         out->live[i] = (uint8_t)owned;
