@@ -1,21 +1,22 @@
-"""The daemon's command line: help that is true, refusals that say what to fix."""
+"""The daemon's command line: help that is true (the exporter's too, both node programs' flags having
+an environment fallback), refusals that say what to fix."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
-from tessera.driver import cli
+from tessera.driver import cli, exporter_cli
 
 
-def test_help_lists_every_setting_with_its_environment_variable() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tessera.driver.cli", "--help"], capture_output=True, text=True
-    )
+@pytest.mark.parametrize("program", [cli, exporter_cli], ids=["tessera-driver", "tessera-exporter"])
+def test_help_lists_every_setting_with_its_environment_variable(program: ModuleType) -> None:
+    done = subprocess.run([sys.executable, "-m", program.__name__, "--help"], capture_output=True, text=True)
     assert done.returncode == 0
-    for action in cli.parser()._actions:
+    for action in program.parser()._actions:
         if action.dest != "help":
             assert action.option_strings[0] in done.stdout
             assert "[env " in (action.help or ""), f"{action.option_strings[0]} has no environment fallback"

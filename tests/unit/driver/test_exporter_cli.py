@@ -1,27 +1,15 @@
-"""``tessera-exporter``'s command line: help that is true, refusals that say what to fix, and the
-prepared claims read from the daemon's checkpoint without ever writing it."""
+"""``tessera-exporter``'s command line: refusals that say what to fix, and the prepared claims read
+from the daemon's checkpoint without ever writing it (its help is tested with the daemon's, in
+test_cli.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tessera.driver import checkpoint, exporter_cli
 from tessera.driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-
-
-def test_help_lists_every_setting_with_its_environment_variable() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tessera.driver.exporter_cli", "--help"], capture_output=True, text=True
-    )
-    assert done.returncode == 0
-    for action in exporter_cli.parser()._actions:
-        if action.dest != "help":
-            assert action.option_strings[0] in done.stdout
-            assert "[env " in (action.help or ""), f"{action.option_strings[0]} has no environment fallback"
 
 
 def test_environment_variables_configure_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
