@@ -75,3 +75,30 @@ def watch_forever(
             log.warning("watch of %s failed (%s); relisting in %.1fs", what, error, backoff)
             stop.wait(backoff)
             backoff = min(backoff * 2, max_backoff)
+
+
+class WatchThread:
+    """``watch_forever`` in a daemon thread of its own, for a cache that starts and stops with its
+    owner (the webhook's slice cache and template store): the thread, its stop event and the
+    bounded join on stop are written once here."""
+
+    def __init__(
+        self, list_call: Callable[..., Any], handler: Handler, what: str, name: str, **selectors: str
+    ) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=watch_forever,
+            args=(list_call, handler, self._stop, what),
+            kwargs=selectors,
+            name=name,
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the watch and wait up to ``timeout`` seconds for its thread; safe before start."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=timeout)

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 
 from tessera.names import DRIVER_NAME
-from tessera.watching import watch_forever
+from tessera.watching import WatchThread
 from tessera.webhook.fleet import Fleet, fleet_from_slices
 
 
@@ -23,8 +23,13 @@ class SliceCache:
     def __init__(self, api: client.ApiClient) -> None:
         self._resource = client.ResourceV1Api(api)
         self._slices: dict[str, Mapping[str, Any]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch = WatchThread(
+            self._resource.list_resource_slice,
+            self._handle,
+            "ResourceSlices",
+            "slice-cache",
+            field_selector=f"spec.driver={DRIVER_NAME}",
+        )
         self.synced = threading.Event()
         self.fleet = Fleet(synced=False)
 
@@ -40,16 +45,7 @@ class SliceCache:
             self.synced.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=watch_forever,
-            args=(self._resource.list_resource_slice, self._handle, self._stop, "ResourceSlices"),
-            kwargs={"field_selector": f"spec.driver={DRIVER_NAME}"},
-            name="slice-cache",
-            daemon=True,
-        )
-        self._thread.start()
+        self._watch.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._watch.stop()

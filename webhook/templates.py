@@ -28,7 +28,7 @@ from kubernetes.client import ApiException
 from tessera.kube import raw_json
 from tessera.names import WEBHOOK_MANAGED_BY
 from tessera.quantity import parse_quantity
-from tessera.watching import watch_forever
+from tessera.watching import WatchThread
 from tessera.webhook.conversion import MANAGED_BY_LABEL, Refusal
 
 _FORGOTTEN = 4096
@@ -101,8 +101,13 @@ class TemplateStore:
         """(namespace, name) -> (UID of the verified template, when to verify again)."""
         self._gone: deque[str] = deque(maxlen=_FORGOTTEN)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch = WatchThread(
+            self._resource.list_resource_claim_template_for_all_namespaces,
+            self._handle,
+            "ResourceClaimTemplates",
+            "template-watch",
+            label_selector=f"{MANAGED_BY_LABEL}={WEBHOOK_MANAGED_BY}",
+        )
 
     def ensure(self, template: Mapping[str, Any]) -> bool:
         """Create ``template`` unless a verified one is known; True if the API was called. Raises
@@ -148,21 +153,7 @@ class TemplateStore:
                     del self._known[key]
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=watch_forever,
-            args=(
-                self._resource.list_resource_claim_template_for_all_namespaces,
-                self._handle,
-                self._stop,
-                "ResourceClaimTemplates",
-            ),
-            kwargs={"label_selector": f"{MANAGED_BY_LABEL}={WEBHOOK_MANAGED_BY}"},
-            name="template-watch",
-            daemon=True,
-        )
-        self._thread.start()
+        self._watch.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._watch.stop()
