@@ -112,6 +112,13 @@ class Bed:
                 out[(s.name, frozenset(s.labels.items()))] = s.value
         return out
 
+    def claimed_container(self, gpu: Gpu) -> None:
+        """Claim ns/c1 (4 GiB of ``gpu``) held by container ns/p1/main, whose process is pid 100."""
+        write_claim(self.claims_dir, "u1", "c1", [shim_format.GpuLimit(gpu.uuid, 4 * GiB, 0)])
+        ref = ContainerRef("ns", "p1", "main")
+        self.pods[("ns", "c1")] = [ref]
+        self.fake_process(100, ref)
+
     def fake_process(self, pid: int, ref: ContainerRef | None, cgroup: str | None = None) -> None:
         """/proc/<pid>/cgroup of a process in container ``ref`` (its pod's UID and the runtime's ID
         made up from the names, as the kubelet's cgroupfs driver on cgroup v1 lays them out), or of
@@ -380,10 +387,7 @@ def test_the_driver_memory_of_each_container_stands_next_to_what_the_shim_charge
 
 def test_a_container_using_a_gpu_its_claims_do_not_cover_is_unaccounted_there(bed: Bed) -> None:
     g0, g1 = bed.gpus
-    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g0.uuid, 4 * GiB, 0)])
-    ref = ContainerRef("ns", "p1", "main")
-    bed.pods[("ns", "c1")] = [ref]
-    bed.fake_process(100, ref)
+    bed.claimed_container(g0)
     bed.samples[g0.uuid] = sample(compute_memory={100: GiB})
     bed.samples[g1.uuid] = sample(compute_memory={100: 3 * GiB})
     series = bed.scrape()
@@ -401,10 +405,7 @@ def test_a_process_the_driver_gives_no_memory_figure_for_leaves_the_figures_it_i
 ) -> None:
     """NVML's "not available" is not 0: a sum that would hide memory is not exported."""
     g = bed.gpus[0]
-    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
-    ref = ContainerRef("ns", "p1", "main")
-    bed.pods[("ns", "c1")] = [ref]
-    bed.fake_process(100, ref)
+    bed.claimed_container(g)
     bed.fake_process(200, None)
     bed.samples[g.uuid] = sample(compute_memory={100: None, 200: GiB})
     series = bed.scrape()
@@ -419,10 +420,7 @@ def test_a_container_past_its_claim_is_named_in_the_log_once_per_change(
     bed: Bed, caplog: pytest.LogCaptureFixture
 ) -> None:
     g = bed.gpus[0]
-    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 4 * GiB, 0)])
-    ref = ContainerRef("ns", "p1", "main")
-    bed.pods[("ns", "c1")] = [ref]
-    bed.fake_process(100, ref)
+    bed.claimed_container(g)
     bed.fake_process(200, None)
     bed.samples[g.uuid] = sample(compute_memory={100: 5 * GiB, 200: GiB})
     caplog.set_level(logging.INFO, logger="tessera.driver.exporter")
