@@ -35,6 +35,7 @@ from tessera.simgpu.config import make_gpus
 from tessera.testbed import chart_bed as charts
 from tessera.testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
 from tessera.testbed.cluster import LocalCluster
+from tessera.testbed.dra_objects import share_claim_template
 from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from tessera.testbed.names import unique_name
 from tessera.testbed.node import NodeFactory, RealNode
@@ -632,28 +633,9 @@ def test_a_template_planted_under_the_webhooks_name_is_not_used(tenants: Tenants
     )
     [entry] = dry["spec"]["resourceClaims"]
     name = entry["resourceClaimTemplateName"]
-    planted = {
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DEVICE_CLASS,
-                                "capacity": {
-                                    "requests": {"memory": f"{FORGED_MEMORY}", "cores": str(FORGED_CORES)}
-                                },
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    forged = {"memory": f"{FORGED_MEMORY}", "cores": str(FORGED_CORES)}
     resource.create_namespaced_resource_claim_template(
-        namespace, client.V1ResourceClaimTemplate.model_validate(planted)
+        namespace, share_claim_template(name, DEVICE_CLASS, forged)
     )
     try:
         made = raw_json(
