@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
-import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +32,7 @@ from tessera.webhook.conversion import claim_spec, claim_template, container_req
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.templates import TemplateStore
 from tests.integration.webhook_bed import RunningWebhook
+from tests.webhook_clients import answer_of, client_context, tls_socket
 
 pytestmark = pytest.mark.integration
 
@@ -118,16 +117,12 @@ def forged_review(namespace: str, pod_namespace: str | None = None) -> bytes:
     return json.dumps(review).encode()
 
 
-def context(webhook: RunningWebhook, client_pair: KeyPair | None) -> ssl.SSLContext:
-    made = ssl.create_default_context(cadata=webhook.certificates.ca_bundle().decode())
-    if client_pair is not None:
-        made.load_cert_chain(client_pair.cert, client_pair.key)
-    return made
-
-
 def post(webhook: RunningWebhook, body: bytes, client_pair: KeyPair | None) -> tuple[int, str]:
     connection = http.client.HTTPSConnection(
-        "127.0.0.1", webhook.server.port, context=context(webhook, client_pair), timeout=30
+        "127.0.0.1",
+        webhook.server.port,
+        context=client_context(webhook.certificates, client_pair),
+        timeout=30,
     )
     connection.request("POST", "/mutate", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
@@ -313,37 +308,23 @@ def test_slow_connections_and_huge_bodies_do_not_stop_the_api_servers_reviews(
     """200 connections stalled in their heads and two 10 MB bodies (one unauthenticated, one with the
     API server's certificate), all open while the API server has a GPU pod reviewed: the pod is
     converted, each stalled connection gets 408, and each body is answered from its head alone."""
-    anyone = context(webhook, None)
+    anyone = client_context(webhook.certificates, None)
     slow = []
     for index in range(200):
-        raw = socket.create_connection(("127.0.0.1", webhook.server.port), timeout=30)
-        connection = anyone.wrap_socket(raw, server_hostname="127.0.0.1")
+        connection = tls_socket(webhook.server.port, anyone)
         connection.sendall(
             b"POST /mutate HTTP/1.1\r\n" if index % 2 else b"POST /mutate HTTP/1.1\r\nContent-Len"
         )
         slow.append(connection)
     huge = {}
     for who, pair in (("anyone", None), ("apiserver", cluster.webhook_client)):
-        raw = socket.create_connection(("127.0.0.1", webhook.server.port), timeout=30)
-        huge[who] = context(webhook, pair).wrap_socket(raw, server_hostname="127.0.0.1")
+        huge[who] = tls_socket(webhook.server.port, client_context(webhook.certificates, pair))
         huge[who].sendall(
             b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n"
         )
     created = create_pod(kube, ns, gpu_pod("during", GPU), dry_run="All")
     assert created["spec"]["resourceClaims"][0]["name"] == "tessera-main"
-    assert read_all(huge["anyone"]).startswith(b"HTTP/1.1 401 ")
-    assert read_all(huge["apiserver"]).startswith(b"HTTP/1.1 413 ")
+    assert answer_of(huge["anyone"]).startswith(b"HTTP/1.1 401 ")
+    assert answer_of(huge["apiserver"]).startswith(b"HTTP/1.1 413 ")
     for connection in slow:
-        assert read_all(connection).startswith(b"HTTP/1.1 408 ")
-
-
-def read_all(connection: ssl.SSLSocket) -> bytes:
-    received = b""
-    while True:
-        try:
-            chunk = connection.recv(65536)
-        except (ConnectionError, ssl.SSLError):
-            return received
-        if not chunk:
-            return received
-        received += chunk
+        assert answer_of(connection).startswith(b"HTTP/1.1 408 ")

@@ -27,6 +27,7 @@ from tessera.webhook.fleet import Fleet
 from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
+from tests.webhook_clients import answer_of, client_context, tls_socket
 
 
 class FakeTemplates:
@@ -74,17 +75,11 @@ class Running:
         )
         self.server.start()
 
-    def context(self, client: KeyPair | None) -> ssl.SSLContext:
-        context = ssl.create_default_context(cadata=self.certificates.ca_bundle().decode())
-        if client is not None:
-            context.load_cert_chain(client.cert, client.key)
-        return context
-
     def https(self, client: KeyPair | str | None = "apiserver") -> http.client.HTTPSConnection:
         pair = self.apiserver if client == "apiserver" else client
         assert not isinstance(pair, str)
         return http.client.HTTPSConnection(
-            "127.0.0.1", self.server.port, context=self.context(pair), timeout=30
+            "127.0.0.1", self.server.port, context=client_context(self.certificates, pair), timeout=30
         )
 
     def post(self, body: Any, content_type: str = "application/json") -> tuple[int, bytes]:
@@ -255,22 +250,8 @@ def review_body(obj: dict[str, Any], **changes: Any) -> bytes:
     ).encode()
 
 
-def answer_of(connection: ssl.SSLSocket) -> bytes:
-    """Everything the server sends until it closes the connection (b"" if it just closes)."""
-    received = b""
-    while True:
-        try:
-            chunk = connection.recv(65536)
-        except (ConnectionError, ssl.SSLError):
-            return received
-        if not chunk:
-            return received
-        received += chunk
-
-
-def tls_socket(running: Running, client: KeyPair | None = None) -> ssl.SSLSocket:
-    raw = socket.create_connection(("127.0.0.1", running.server.port), timeout=30)
-    return running.context(client).wrap_socket(raw, server_hostname="127.0.0.1")
+def connect(running: Running, client: KeyPair | None = None) -> ssl.SSLSocket:
+    return tls_socket(running.server.port, client_context(running.certificates, client))
 
 
 def test_a_forged_review_without_a_client_certificate_gets_401_and_creates_nothing(running: Running) -> None:
@@ -304,7 +285,7 @@ def test_a_certificate_from_another_ca_fails_the_handshake(running: Running, tmp
 
     def refused() -> bool:
         try:
-            connection = tls_socket(running, impostor)
+            connection = connect(running, impostor)
             connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             return connection.recv(1) == b""  # TLS 1.3 reports a refused certificate on the first read
         except (ssl.SSLError, ConnectionError):
@@ -332,7 +313,7 @@ def test_hostile_quantities_are_denied_with_a_short_sentence(running: Running, v
 
 
 def test_a_body_past_the_limit_gets_413_without_being_read(running: Running) -> None:
-    connection = tls_socket(running, running.apiserver)
+    connection = connect(running, running.apiserver)
     size = 10 * 1024 * 1024
     head = f"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
     connection.sendall(head.encode())
@@ -376,21 +357,21 @@ def test_a_body_past_the_limit_gets_413_without_being_read(running: Running) -> 
 def test_requests_without_a_usable_length_are_refused_with_a_sentence(
     running: Running, head: str, status: int, sentence: bytes
 ) -> None:
-    connection = tls_socket(running, running.apiserver)
+    connection = connect(running, running.apiserver)
     connection.sendall(head.encode())
     answer = answer_of(connection)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and answer.endswith(sentence)
 
 
 def test_a_request_that_stalls_gets_408_and_is_closed(running: Running) -> None:
-    connection = tls_socket(running, running.apiserver)
+    connection = connect(running, running.apiserver)
     connection.sendall(b"POST /mutate HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")  # and nothing more
     answer = answer_of(connection)
     assert answer.startswith(b"HTTP/1.1 408 ") and answer.endswith(b"the request did not arrive in time.")
 
 
 def test_two_hundred_slow_connections_do_not_keep_a_real_review_from_being_answered(running: Running) -> None:
-    slow = [tls_socket(running, running.apiserver) for _ in range(200)]
+    slow = [connect(running, running.apiserver) for _ in range(200)]
     for index, connection in enumerate(slow):
         # Half stall in the head, half in the body; none ever finishes.
         connection.sendall(
@@ -559,7 +540,7 @@ def test_a_refused_upload_is_cut_off_while_its_client_keeps_sending(running: Run
     """Refused from its head (no certificate), a 10 MB review's client keeps writing: the server
     resets the connection rather than wait on the client's TLS close (30 s by default, while the
     client's writes stall). Its writes fail with a reset, not the 10 s timeout of a stalled send."""
-    connection = tls_socket(running)
+    connection = connect(running)
     connection.settimeout(10)
     connection.sendall(
         b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n"
