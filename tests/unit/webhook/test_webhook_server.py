@@ -82,8 +82,10 @@ class Running:
             "127.0.0.1", self.server.port, context=client_context(self.certificates, pair), timeout=30
         )
 
-    def post(self, body: Any, content_type: str = "application/json") -> tuple[int, bytes]:
-        connection = self.https()
+    def post(
+        self, body: Any, content_type: str = "application/json", client: KeyPair | str | None = "apiserver"
+    ) -> tuple[int, bytes]:
+        connection = self.https(client)
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         connection.request("POST", "/mutate", raw, {"Content-Type": content_type})
         response = connection.getresponse()
@@ -255,26 +257,20 @@ def connect(running: Running, client: KeyPair | None = None) -> ssl.SSLSocket:
 
 
 def test_a_forged_review_without_a_client_certificate_gets_401_and_creates_nothing(running: Running) -> None:
-    connection = running.https(None)
-    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    assert response.status == 401
-    assert response.read() == (
+    assert running.post(review_body(GPU_POD), client=None) == (
+        401,
         b"a client certificate is required: this webhook answers only the Kubernetes API server "
-        b"(see the webhook's authentication in docs/install.md)."
+        b"(see the webhook's authentication in docs/install.md).",
     )
     assert running.templates.made == []
 
 
 def test_a_certificate_of_another_name_gets_403_and_creates_nothing(running: Running, tmp_path: Path) -> None:
     tenant = running.client_ca.issue("tenant", common_name="system:anonymous", client=True)
-    connection = running.https(tenant)
-    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    assert response.status == 403
-    assert response.read() == (
+    assert running.post(review_body(GPU_POD), client=tenant) == (
+        403,
         b'client certificate "system:anonymous" is not allowed to post reviews '
-        b"(allowed: kube-apiserver-webhook-client)."
+        b"(allowed: kube-apiserver-webhook-client).",
     )
     assert running.templates.made == []
 
