@@ -36,6 +36,7 @@ from tessera.testbed import chart_bed as charts
 from tessera.testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
 from tessera.testbed.cluster import LocalCluster
 from tessera.testbed.dra_objects import share_claim_template
+from tessera.testbed.driver_node import ensure_device_class
 from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from tessera.testbed.names import unique_name
 from tessera.testbed.node import NodeFactory, RealNode
@@ -111,8 +112,12 @@ def bed(
     """The chart on one real node: the daemon, both webhook replicas and every tenant share it."""
     [node] = node_factory.start(1, extra_images=[*product_images().values(), attack_image])
     charts.prepare_nodes(cluster, kube, [node])
+    # The cluster is the session's: an earlier module may have made the DeviceClass outside Helm,
+    # which the chart could not then adopt. The same DeviceClass either way, made here.
+    ensure_device_class(kube)
+    values = {**charts.chart_values(), "deviceClass": {"enabled": False}}
     with charts.installed_release(
-        cluster, kube, [node], tmp_path_factory.mktemp("helm"), charts.chart_values()
+        cluster, kube, [node], tmp_path_factory.mktemp("helm"), values
     ) as installed:
         try:
             charts.wait_rolled_out(installed)
@@ -186,12 +191,15 @@ class Tenants:
 
 
 def hami_pod(
-    name: str, script: str, mib: int, cores: int, annotations: dict[str, str] | None = None
+    name: str, node: str, script: str, mib: int, cores: int, annotations: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """A pod as a HAMi user writes it: one container of the attack image asking gpumem/gpucores."""
+    """A pod as a HAMi user writes it: one container of the attack image asking gpumem/gpucores,
+    kept to the bed's node (the session's cluster may still list nodes of earlier modules whose
+    drivers are gone)."""
     return {
         "metadata": {"name": name, "annotations": annotations or {}},
         "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
             "containers": [
@@ -220,7 +228,8 @@ def tenants(bed: ChartBed) -> Iterator[Tenants]:
         )
         core.create_namespaced_config_map(namespace, script)
         webhook = charts.local_image("webhook")
-        tenant = hami_pod(ATTACKER, KEEP_RUNNING, ATTACKER_MIB, ATTACKER_CORES)
+        [node] = bed.nodes
+        tenant = hami_pod(ATTACKER, node.name, KEEP_RUNNING, ATTACKER_MIB, ATTACKER_CORES)
         tenant["spec"]["containers"].append(
             {
                 "name": "net",
@@ -235,10 +244,8 @@ def tenants(bed: ChartBed) -> Iterator[Tenants]:
         attacker = placement(bed.kube, wait_running(bed.kube, namespace, ATTACKER))
         neighbour_script = f"exec tenant_attack neighbour {NEIGHBOUR_MIB * MiB} 1000 20"
         pinned = {"nvidia.com/use-gpuuuid": attacker.uuid}
-        core.create_namespaced_pod(
-            namespace,
-            client.V1Pod.model_validate(hami_pod(NEIGHBOUR, neighbour_script, NEIGHBOUR_MIB, 30, pinned)),
-        )
+        neighbour_pod = hami_pod(NEIGHBOUR, node.name, neighbour_script, NEIGHBOUR_MIB, 30, pinned)
+        core.create_namespaced_pod(namespace, client.V1Pod.model_validate(neighbour_pod))
         neighbour = placement(bed.kube, wait_running(bed.kube, namespace, NEIGHBOUR))
         assert (neighbour.node, neighbour.uuid) == (attacker.node, attacker.uuid), (attacker, neighbour)
         claim = raw_json(
@@ -536,7 +543,7 @@ def test_tampering_with_the_usage_region_harms_neither_the_daemon_nor_the_neighb
     fresh = unique_name("after")
     script = f"echo '== info'; shim_probe info; echo '{DONE}'; {KEEP_RUNNING}"
     core.create_namespaced_pod(
-        tenants.namespace, client.V1Pod.model_validate(hami_pod(fresh, script, 1000, 10))
+        tenants.namespace, client.V1Pod.model_validate(hami_pod(fresh, tenants.node.name, script, 1000, 10))
     )
     try:
         seen_total = sections(wait_done(bed.kube, tenants.namespace, fresh, timeout=120))["info"].get("total")
@@ -624,8 +631,7 @@ def test_a_template_planted_under_the_webhooks_name_is_not_used(tenants: Tenants
     not the planted one."""
     kube, namespace = tenants.bed.kube, tenants.namespace
     core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
-    pod = hami_pod(unique_name("planted"), KEEP_RUNNING, 1500, 20)
-    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": tenants.node.name}
+    pod = hami_pod(unique_name("planted"), tenants.node.name, KEEP_RUNNING, 1500, 20)
     dry = raw_json(
         core.create_namespaced_pod(
             namespace, client.V1Pod.model_validate(pod), dry_run="All", _preload_content=False
@@ -656,7 +662,7 @@ def admitting(
     """Until ``done``: every half second, a GPU pod (1000 MiB) created as a server-side dry-run,
     which the API server sends to the webhook; each outcome and its seconds appended to ``seen``."""
     core = client.CoreV1Api(tenants.bed.kube)
-    pod = client.V1Pod.model_validate(hami_pod("admitted", KEEP_RUNNING, 1000, 10))
+    pod = client.V1Pod.model_validate(hami_pod("admitted", tenants.node.name, KEEP_RUNNING, 1000, 10))
     for _ in range(limit):
         started = time.monotonic()
         try:
@@ -685,7 +691,7 @@ def hostile_quantity(tenants: Tenants, value: str) -> tuple[int, str, float]:
     """A GPU pod asking ``gpumem: value`` (server-side dry-run): the API server's status, its
     message, and the seconds the answer took."""
     core = client.CoreV1Api(tenants.bed.kube)
-    body = hami_pod("hostile", KEEP_RUNNING, 1, 10)
+    body = hami_pod("hostile", tenants.node.name, KEEP_RUNNING, 1, 10)
     body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = value
     started = time.monotonic()
     try:
