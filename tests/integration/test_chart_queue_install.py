@@ -41,10 +41,9 @@ pytestmark = pytest.mark.integration
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 RESOURCE = "resource.k8s.io"
 ANYWHERE = "some-namespace"
-# Beside another release in the same cluster: the DeviceClass and NodePort 31995 exist once.
+# Beside another release in the same cluster: the DeviceClass exists once.
 NO_CLUSTER_SINGLETONS: dict[str, Any] = {
     "deviceClass": {"enabled": False},
-    "exporter": {"service": {"type": "ClusterIP"}},
 }
 
 

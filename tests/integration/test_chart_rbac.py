@@ -35,9 +35,8 @@ class Ask:
         return f"{self.verb} {self.resource}{'/' + self.name if self.name else ''}{where}"
 
 
-# Two releases at once: the DeviceClass (one per cluster, the driver's) and the NodePort 31995 (one per
-# cluster) are left to others.
-BASE: dict[str, Any] = {"deviceClass": {"enabled": False}, "exporter": {"service": {"type": "ClusterIP"}}}
+# Two releases at once: the DeviceClass (one per cluster, the driver's) is left to others.
+BASE: dict[str, Any] = {"deviceClass": {"enabled": False}}
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,6 @@ def release(
     values = {
         "deviceClass": {"enabled": False},
         "webhook": {"enabled": False},
-        "exporter": {"service": {"type": "ClusterIP"}},
     }
     with installed(cluster, kube, tmp_path_factory.mktemp("slice-policy"), values) as release:
         yield release
