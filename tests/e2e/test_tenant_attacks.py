@@ -113,9 +113,14 @@ def bed(
     [node] = node_factory.start(1, extra_images=[*product_images().values(), attack_image])
     charts.prepare_nodes(cluster, kube, [node])
     # The cluster is the session's: an earlier module may have made the DeviceClass outside Helm,
-    # which the chart could not then adopt. The same DeviceClass either way, made here.
+    # which the chart could not then adopt (the same DeviceClass either way, made here), and nodes
+    # of earlier modules may still carry the chart's node label. The tenant reaches the webhook
+    # replicas at their pod IPs, and the test bed routes pod IPs only within a node: both replicas
+    # run on the bed's node.
     ensure_device_class(kube)
-    values = {**charts.chart_values(), "deviceClass": {"enabled": False}}
+    values = charts.chart_values()
+    values["webhook"] = {**values["webhook"], "nodeSelector": {"kubernetes.io/hostname": node.name}}
+    values["deviceClass"] = {"enabled": False}
     with charts.installed_release(
         cluster, kube, [node], tmp_path_factory.mktemp("helm"), values
     ) as installed:
