@@ -52,13 +52,14 @@ def test_the_fixed_limits_hold(make_claim: ClaimFactory) -> None:
 
 @pytest.mark.parametrize(
     "redirect",
-    ["unset", "empty", "missing file", "own file"],
+    ["unset", "empty", "missing file", "own file", "huge"],
 )
 def test_the_environment_cannot_redirect_the_limits(
     make_claim: ClaimFactory, tmp_path: Path, redirect: str
 ) -> None:
-    """$TESSERA_LIMITS_FILE unset, empty, naming a missing file or a limits file the tenant wrote:
-    the claim's limits still apply, and a redirect is named as ignored."""
+    """$TESSERA_LIMITS_FILE unset, empty, naming a missing file, a limits file the tenant wrote or
+    a path of 100 000 characters: the claim's limits still apply, and a redirect is named as
+    ignored in one bounded log line."""
     claim = make_claim(limits=[(0, LIMIT, 0)])
     assert claim.limits is not None
     (own_gpu,) = read_limits(claim.limits) or []
@@ -67,12 +68,14 @@ def test_the_environment_cannot_redirect_the_limits(
         "empty": {"TESSERA_LIMITS_FILE": ""},
         "missing file": {"TESSERA_LIMITS_FILE": str(tmp_path / "nonexistent")},
         "own file": {"TESSERA_LIMITS_FILE": str(_own_limits_file(tmp_path, own_gpu.uuid))},
+        "huge": {"TESSERA_LIMITS_FILE": "/" + "x" * 100_000},
     }[redirect]
     done = claim.run_prepared("shim_probe", "alloc", "mem", str(LIMIT + MiB), env=env)
     assert done.returncode == 0, done.stderr
     assert values(done.stdout.splitlines()[0])["rc"] == OUT_OF_MEMORY
     if env.get("TESSERA_LIMITS_FILE"):
         assert "ignoring TESSERA_LIMITS_FILE=" in done.stderr
+        assert max(len(line) for line in done.stderr.splitlines()) < 1024
 
 
 def test_the_environment_cannot_make_the_region_private(make_claim: ClaimFactory, tmp_path: Path) -> None:
