@@ -8,10 +8,9 @@ PYTHON ?= python3
 VENV := .venv
 VENV_STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
-# ruff does not follow the tessera/<part> links, so it is given the real folders; mypy is given the
-# import root (and must not see a module under two names), so it is not.
-RUFF_SOURCES := tessera testbed simgpu shim proto tests demo benchmarks setup.py driver webhook admissioncheck tools
-MYPY_SOURCES := tessera tests demo benchmarks setup.py tools
+# The product (tessera/), the development distribution (dev/pyproject.toml: testbed, simgpu, demo,
+# tools), and what checks and measures them.
+PY_SOURCES := tessera testbed simgpu demo tools tests benchmarks setup.py
 
 .PHONY: help test demo venv host-packages binaries simgpu images lint unit integration e2e clean
 
@@ -21,11 +20,12 @@ help:
 	@echo "make host-packages | binaries | simgpu | images | venv | lint | unit | integration | e2e | clean"
 
 # Reinstall when the dependency list changes; pip does nothing for what is already there. The install
-# also regenerates the gRPC stubs, so a changed .proto file triggers it too.
-$(VENV_STAMP): pyproject.toml $(wildcard proto/*/*/*.proto)
+# also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and the
+# development distribution (dev/) are both installed editable: tests and the test bed import both.
+$(VENV_STAMP): pyproject.toml dev/pyproject.toml $(wildcard tessera/proto/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e '.[dev]' -e dev
 	touch $@
 
 venv: $(VENV_STAMP)
@@ -44,12 +44,12 @@ simgpu:
 # Tessera's driver and webhook images as OCI archives, with no container engine or registry
 # (images/README.md); the end-to-end tests build them on demand, into the same cache.
 images: venv
-	$(PY) -m tessera.testbed.product_images
+	$(PY) -m testbed.product_images
 
 lint: venv
-	$(VENV)/bin/ruff check $(RUFF_SOURCES)
-	$(VENV)/bin/ruff format --check $(RUFF_SOURCES)
-	$(VENV)/bin/mypy $(MYPY_SOURCES)
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+	$(VENV)/bin/mypy $(PY_SOURCES)
 
 unit: venv simgpu
 	$(PY) -m pytest -m "not integration and not e2e"
@@ -69,5 +69,5 @@ demo: venv binaries simgpu
 	$(PY) -m demo
 
 clean:
-	rm -rf build $(VENV) shim/lib shim/_format*.so tessera.egg-info
-	find proto -name '*_pb2.py' -delete -o -name '*_pb2_grpc.py' -delete
+	rm -rf build $(VENV) tessera/shim/lib tessera/shim/_format*.so *.egg-info dev/*.egg-info
+	find tessera/proto -name '*_pb2.py' -delete -o -name '*_pb2_grpc.py' -delete

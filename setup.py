@@ -1,9 +1,9 @@
 """Compiled and generated parts of the package; everything else is in pyproject.toml.
 
 cffi builds ``tessera.shim._format`` (the Python binding of the shim's formats) from
-``shim/build.py:ffibuilder``; the build_ext step then compiles the preload libraries (plain C,
-no Python) into ``tessera/shim/lib`` and generates the kubelet gRPC stubs (``api_pb2.py``,
-``api_pb2_grpc.py``) from ``proto/**/*.proto`` into ``tessera/proto`` - in place for editable
+``tessera/shim/build.py:ffibuilder``; the build_ext step then compiles the preload libraries (plain
+C, no Python) into ``tessera/shim/lib`` and generates the kubelet gRPC stubs (``api_pb2.py``,
+``api_pb2_grpc.py``) from ``tessera/proto/**/*.proto`` beside them - in place for editable
 installs, into the build tree for wheels - so both carry them.
 """
 
@@ -31,12 +31,12 @@ def load(name: str, path: Path) -> ModuleType:
 class BuildExtWithShim(build_ext):
     def run(self) -> None:
         super().run()
-        out = ROOT / "shim" / "lib" if self.inplace else Path(self.build_lib) / "tessera" / "shim" / "lib"
-        load("tessera_shim_build", ROOT / "shim" / "build.py").build_preload(out)
-        # generate() writes below <root>/tessera/proto: here that is the tessera/proto -> ../proto link.
-        load("tessera_proto_generate", ROOT / "proto" / "generate.py").generate(
+        shim = ROOT / "tessera" / "shim"
+        out = shim / "lib" if self.inplace else Path(self.build_lib) / "tessera" / "shim" / "lib"
+        load("tessera_shim_build", shim / "build.py").build_preload(out)
+        load("tessera_proto_generate", ROOT / "tessera" / "proto" / "generate.py").generate(
             ROOT if self.inplace else Path(self.build_lib)
         )
 
 
-setup(cffi_modules=["shim/build.py:ffibuilder"], cmdclass={"build_ext": BuildExtWithShim})
+setup(cffi_modules=["tessera/shim/build.py:ffibuilder"], cmdclass={"build_ext": BuildExtWithShim})

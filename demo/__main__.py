@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 
 from demo import story
-from tessera.testbed.binaries import binary
-from tessera.testbed.interrupts import interrupt_on_sigterm
+from testbed.binaries import binary
+from testbed.interrupts import interrupt_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:

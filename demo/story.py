@@ -23,15 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB, MiB, quantity_to_int
-from tessera.testbed import chart_bed as charts
-from tessera.testbed import queue_bed
-from tessera.testbed.chart_bed import CHART_NODE_LABEL, EXAMPLES, ChartBed
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kueue import KueueOptions
-from tessera.testbed.node import NodeFactory
-from tessera.testbed.pod_state import events, sections
-from tessera.testbed.polling import poll_until
-from tessera.testbed.product_images import product_images
+from testbed import chart_bed as charts
+from testbed import queue_bed
+from testbed.chart_bed import CHART_NODE_LABEL, EXAMPLES, ChartBed
+from testbed.cluster import LocalCluster
+from testbed.kueue import KueueOptions
+from testbed.node import NodeFactory
+from testbed.pod_state import events, sections
+from testbed.polling import poll_until
+from testbed.product_images import product_images
 
 NAMESPACE = "demo"
 TEAM = "team-a"  # the chart's first example ClusterQueue serves this namespace

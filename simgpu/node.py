@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.simgpu.config import NodeSpec, library_dir, process_env, write_config
+from simgpu.config import NodeSpec, library_dir, process_env, write_config
 
 
 def program_dir() -> Path:

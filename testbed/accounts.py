@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client
 
 from tessera.kube import create_if_absent
-from tessera.testbed.cluster import LocalCluster
+from testbed.cluster import LocalCluster
 
 
 def service_account_token(

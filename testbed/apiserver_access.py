@@ -17,8 +17,8 @@ from typing import Any
 from kubernetes import client
 
 from tessera.kube import create_if_absent, raw_json
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.polling import poll_until
+from testbed.cluster import LocalCluster
+from testbed.polling import poll_until
 
 LABEL = "testbed.tessera.dev/apiserver-at-node-address"
 POLICY = "tessera-testbed-apiserver-at-node-address"

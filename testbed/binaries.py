@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.testbed.versions import version_of
+from testbed.versions import version_of
 
 BUILD_SCRIPT = Path(__file__).with_name("build-binaries.sh")
 

@@ -25,20 +25,20 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from simgpu.config import NodeSpec, library_dir, make_gpus, write_config
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
 from tessera.quantity import GiB
-from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
-from tessera.simgpu.config import NodeSpec, library_dir, make_gpus, write_config
-from tessera.testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.helm import CHART, REPO, helm, values_file
-from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.names import unique_name
-from tessera.testbed.node import RealNode
-from tessera.testbed.node_runtime import node_root
-from tessera.testbed.product_images import load_manifest, project_version
+from testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
+from testbed.cluster import LocalCluster
+from testbed.helm import CHART, REPO, helm, values_file
+from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
+from testbed.kubectl import kubectl
+from testbed.names import unique_name
+from testbed.node import RealNode
+from testbed.node_runtime import node_root
+from testbed.product_images import load_manifest, project_version
+from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 
 EXAMPLES = REPO / "examples"
 GPU_LABEL = "nvidia.com/gpu.present"

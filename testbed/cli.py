@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tessera.testbed.binaries import ensure_built
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.interrupts import interrupt_on_sigterm
-from tessera.testbed.node import RealNode, running_nodes
-from tessera.testbed.node_runtime import sweep_stale_nodes
+from testbed.binaries import ensure_built
+from testbed.cluster import LocalCluster
+from testbed.interrupts import interrupt_on_sigterm
+from testbed.node import RealNode, running_nodes
+from testbed.node_runtime import sweep_stale_nodes
 
 
 def node_summary(node: RealNode) -> str:

@@ -19,12 +19,12 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from tessera.testbed.binaries import binary, ensure_built
-from tessera.testbed.kueue import Kueue, KueueOptions
-from tessera.testbed.node_host import node_addresses
-from tessera.testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
-from tessera.testbed.process import ManagedProcess, free_port
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME
+from testbed.binaries import binary, ensure_built
+from testbed.kueue import Kueue, KueueOptions
+from testbed.node_host import node_addresses
+from testbed.pki import CertificateAuthority, KeyPair, write_service_account_keys
+from testbed.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ def _toml_string(value: str | Path) -> str:
 def containerd_config(paths: ContainerdPaths, *, runc: Path, sandbox_image: str) -> str:
     """The config.toml (version 3, the format containerd 2.x documents) for one node."""
     s = _toml_string
-    return f"""# Written by tessera.testbed.containerd_config for one test-bed node.
+    return f"""# Written by testbed.containerd_config for one test-bed node.
 version = 3
 root = {s(paths.root)}
 state = {s(paths.state)}

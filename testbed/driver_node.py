@@ -27,15 +27,15 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from simgpu.config import GiB, NodeSpec, library_dir, make_gpus, process_env, write_config
+from simgpu.node import Node
 from tessera.driver.config import DriverConfig
 from tessera.driver.health import dra_socket_answers
 from tessera.kube import api_client, create_if_absent, raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME
-from tessera.simgpu.config import GiB, NodeSpec, library_dir, make_gpus, process_env, write_config
-from tessera.simgpu.node import Node
-from tessera.testbed.accounts import service_account_token, token_kubeconfig
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.process import ManagedProcess, free_port
+from testbed.accounts import service_account_token, token_kubeconfig
+from testbed.cluster import LocalCluster
+from testbed.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class DriverNode:
         return [
             sys.executable,
             "-m",
-            "tessera.driver.exporter_cli",
+            "tessera.exporter.cli",
             f"--node-name={self.node_name}",
             f"--kubeconfig={self.kubeconfig}",
             f"--state-dir={self.state_dir}",
@@ -163,8 +163,8 @@ class DriverNode:
 
     def start(self, crash_point: str | None = None, extra_args: Sequence[str] = ()) -> None:
         """Start the daemon (again), with ``extra_args`` added to its command line, and the exporter
-        anew. With ``crash_point``, the daemon kills itself at that step of its next prepare (see
-        driver/state.py)."""
+        anew. With ``crash_point``, the daemon kills itself at that step of its next prepare
+        (testbed/crashing_driver.py)."""
         assert self.process is None or not self.process.running(), "already running"
         if self.exporter is not None:
             self.exporter.stop()
@@ -173,12 +173,10 @@ class DriverNode:
         self.metrics_port = self.fixed_metrics_port or free_port()
         env = process_env(self.simgpu.config)
         env.pop("KUBECONFIG", None)
+        argv = [*self.argv(), *extra_args]
         if crash_point:
-            env["TESSERA_DRIVER_CRASH_POINT"] = crash_point
-        self.process = ManagedProcess(
-            f"tessera-driver-{self.starts}", [*self.argv(), *extra_args], self.work_dir, env=env
-        )
-        env.pop("TESSERA_DRIVER_CRASH_POINT", None)
+            argv[1:3] = ["-m", "testbed.crashing_driver", crash_point]
+        self.process = ManagedProcess(f"tessera-driver-{self.starts}", argv, self.work_dir, env=env)
         self.exporter = ManagedProcess(
             f"tessera-exporter-{self.starts}", self.exporter_argv(), self.work_dir, env=env
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tessera.testbed.binaries import binary, ensure_built
+from testbed.binaries import binary, ensure_built
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "tessera"

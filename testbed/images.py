@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tessera.testbed.binaries import cache_root
-from tessera.testbed.commands import run_checked
+from testbed.binaries import cache_root
+from testbed.commands import run_checked
 
 PAUSE_IMAGE = "tessera.local/pause:v1"
 TOOLS_IMAGE = "tessera.local/tools:v1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tessera.testbed.binaries import binary
-from tessera.testbed.commands import run_checked
+from testbed.binaries import binary
+from testbed.commands import run_checked
 
 
 def kubectl_argv(kubeconfig: Path, *args: str) -> list[str]:

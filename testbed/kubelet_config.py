@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.testbed.pki import KeyPair
+from testbed.pki import KeyPair
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,12 @@ import yaml
 from kubernetes import client
 
 from tessera.kube import api_client, create_if_absent
-from tessera.testbed.binaries import COMPONENTS, binary
-from tessera.testbed.polling import poll_until
-from tessera.testbed.process import ManagedProcess, free_port
+from testbed.binaries import COMPONENTS, binary
+from testbed.polling import poll_until
+from testbed.process import ManagedProcess, free_port
 
 if TYPE_CHECKING:
-    from tessera.testbed.cluster import LocalCluster
+    from testbed.cluster import LocalCluster
 
 log = logging.getLogger(__name__)
 

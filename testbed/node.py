@@ -21,13 +21,13 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kube import api_client
-from tessera.testbed.binaries import binary, ensure_built
-from tessera.testbed.cluster import LocalCluster, write_kubeconfig
-from tessera.testbed.images import standard_images
-from tessera.testbed.kubelet_config import KubeletSettings, kubelet_flags, write_kubelet_configuration
-from tessera.testbed.names import unique_name
-from tessera.testbed.node_runtime import Cleanup, NodePaths, NodeRuntime, sweep_stale_nodes
-from tessera.testbed.process import ManagedProcess, free_port
+from testbed.binaries import binary, ensure_built
+from testbed.cluster import LocalCluster, write_kubeconfig
+from testbed.images import standard_images
+from testbed.kubelet_config import KubeletSettings, kubelet_flags, write_kubelet_configuration
+from testbed.names import unique_name
+from testbed.node_runtime import Cleanup, NodePaths, NodeRuntime, sweep_stale_nodes
+from testbed.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 

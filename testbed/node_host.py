@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.testbed.commands import CommandError, run_checked
-from tessera.testbed.containerd_config import PodNetwork
+from testbed.commands import CommandError, run_checked
+from testbed.containerd_config import PodNetwork
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.files import write_atomically
-from tessera.testbed import node_host
-from tessera.testbed.binaries import binary
-from tessera.testbed.commands import CommandError, run_checked
-from tessera.testbed.containerd_config import ContainerdPaths, cni_network_config, containerd_config
-from tessera.testbed.images import PAUSE_IMAGE, import_image
-from tessera.testbed.process import ManagedProcess
+from testbed import node_host
+from testbed.binaries import binary
+from testbed.commands import CommandError, run_checked
+from testbed.containerd_config import ContainerdPaths, cni_network_config, containerd_config
+from testbed.images import PAUSE_IMAGE, import_image
+from testbed.process import ManagedProcess
 
 log = logging.getLogger(__name__)
 

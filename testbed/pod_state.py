@@ -13,7 +13,7 @@ from typing import TypeVar
 from kubernetes import client
 
 from tessera.kube import raw_json
-from tessera.testbed.polling import poll_until
+from testbed.polling import poll_until
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tessera.testbed.polling import Fatal, poll_until
+from testbed.polling import Fatal, poll_until
 
 log = logging.getLogger(__name__)
 

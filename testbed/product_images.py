@@ -16,7 +16,7 @@ images/images.toml is the one list of what goes in; this module lays it out in a
 
 Both images share that one layer and differ only in their configuration (user, entrypoint). They are
 built once per set of inputs into the cache (``product_images``); ``python -m
-tessera.testbed.product_images`` prints their archives.
+testbed.product_images`` prints their archives.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.testbed.binaries import cache_root
-from tessera.testbed.commands import run_checked
-from tessera.testbed.images import ImageSpec, archive_name, build_image, cached_build, shared_libraries
+from testbed.binaries import cache_root
+from testbed.commands import run_checked
+from testbed.images import ImageSpec, archive_name, build_image, cached_build, shared_libraries
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "images" / "images.toml"
@@ -126,7 +126,7 @@ def context_files(repo: Path = REPO) -> list[str]:
 
 
 def copy_context(repo: Path, dest: Path) -> None:
-    """Copy the build context, links as links (tessera/<part> -> ../<part>)."""
+    """Copy the build context, a link as a link."""
     for name in context_files(repo):
         source, target = repo / name, dest / name
         target.parent.mkdir(parents=True, exist_ok=True)

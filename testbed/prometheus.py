@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from tessera.testbed.binaries import binary, ensure_built
-from tessera.testbed.process import ManagedProcess, free_port
+from testbed.binaries import binary, ensure_built
+from testbed.process import ManagedProcess, free_port
 
 SCRAPE_INTERVAL_S = 1
 RULES_FILE = Path(__file__).resolve().parent.parent / "charts" / "tessera" / "files" / "alert-rules.yaml"

@@ -27,16 +27,16 @@ from tessera.driver.slices import slice_object
 from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
-from tessera.testbed.accounts import service_account_token, token_kubeconfig
-from tessera.testbed.binaries import COMPONENTS
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.kueue import KueueOptions
-from tessera.testbed.polling import poll_until
-from tessera.testbed.process import ManagedProcess, free_port
 from tessera.webhook.conversion import claim_spec, claim_template, read_request
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.selectors import selectors_for
+from testbed.accounts import service_account_token, token_kubeconfig
+from testbed.binaries import COMPONENTS
+from testbed.cluster import LocalCluster
+from testbed.fake_nodes import create_ready_node
+from testbed.kueue import KueueOptions
+from testbed.polling import poll_until
+from testbed.process import ManagedProcess, free_port
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

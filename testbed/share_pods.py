@@ -14,10 +14,10 @@ from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS
-from tessera.testbed.dra_objects import share_claim_template
-from tessera.testbed.kubelet_client import ClaimRef
-from tessera.testbed.pod_state import generated_claim_name, wait_until_bound
-from tessera.testbed.polling import poll_until
+from testbed.dra_objects import share_claim_template
+from testbed.kubelet_client import ClaimRef
+from testbed.pod_state import generated_claim_name, wait_until_bound
+from testbed.polling import poll_until
 
 
 def share_pod(

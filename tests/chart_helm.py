@@ -2,7 +2,7 @@
 a folder of the test's own, rendering (no cluster) or talking to the local control plane.
 
 Shared by the chart's unit tests (``helm lint``/``helm template``) and its integration tests
-(``helm install``/``uninstall`` into :class:`~tessera.testbed.cluster.LocalCluster`).
+(``helm install``/``uninstall`` into :class:`~testbed.cluster.LocalCluster`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.helm import CHART, REPO, HelmError, helm, values_file
-from tessera.testbed.names import unique_name
-from tessera.testbed.versions import version_of
+from testbed.cluster import LocalCluster
+from testbed.helm import CHART, REPO, HelmError, helm, values_file
+from testbed.names import unique_name
+from testbed.versions import version_of
 
 __all__ = ["CHART", "REPO", "HelmError", "Release", "helm", "installed", "render", "values_file"]
 

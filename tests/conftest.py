@@ -15,12 +15,12 @@ import pytest
 from kubernetes import client
 
 from tessera.kube import api_client
-from tessera.testbed.binaries import COMPONENTS
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.interrupts import interrupt_on_sigterm
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
+from testbed.binaries import COMPONENTS
+from testbed.cluster import LocalCluster
+from testbed.fake_nodes import create_ready_node
+from testbed.interrupts import interrupt_on_sigterm
+from testbed.names import unique_name
+from testbed.polling import poll_until
 
 
 @pytest.fixture(scope="session")

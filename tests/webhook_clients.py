@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 import ssl
 
-from tessera.testbed.pki import KeyPair
 from tessera.webhook.tls import SelfManagedCertificates
+from testbed.pki import KeyPair
 
 
 def client_context(certificates: SelfManagedCertificates, client: KeyPair | None) -> ssl.SSLContext:

@@ -305,7 +305,7 @@ _ENV = re.compile(r"\s*\[env (?P<env>[A-Z_][A-Z0-9_]*)(?P<list>, a,b)?\]")
 def _parsers() -> list[tuple[str, Callable[[], argparse.ArgumentParser]]]:
     from tessera.admissioncheck import cli as admission_cli
     from tessera.driver import cli as driver_cli
-    from tessera.driver import exporter_cli
+    from tessera.exporter import cli as exporter_cli
     from tessera.webhook import cli as webhook_cli
 
     return [
@@ -368,7 +368,7 @@ def flags_of(make_parser: Callable[[], argparse.ArgumentParser]) -> tuple[str, l
 # ---------------------------------------------------------------------------------------------------
 # The shim's environment
 
-SHIM_HEADER = REPO / "shim" / "include" / "tessera_shim.h"
+SHIM_HEADER = REPO / "tessera" / "shim" / "include" / "tessera_shim.h"
 
 # What each variable the shim reads means: keyed by its macro in tessera_shim.h, so a new variable there
 # without a line here fails the page's test (``shim_env`` raises).

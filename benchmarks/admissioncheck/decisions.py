@@ -34,9 +34,9 @@ from benchmarks.run_info import RunInfo
 from tessera.admissioncheck.inventory import Inventory
 from tessera.admissioncheck.workloads import WorkloadController
 from tessera.kube import api_client, raw_json
-from tessera.testbed import queue_bed
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.polling import poll_until
+from testbed import queue_bed
+from testbed.cluster import LocalCluster
+from testbed.polling import poll_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "bench"
@@ -94,7 +94,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     info = RunInfo.start(
-        ["admissioncheck", "webhook/conversion.py", "webhook/selectors.py", "tessera/watching.py"]
+        [
+            "tessera/admissioncheck",
+            "tessera/webhook/conversion.py",
+            "tessera/webhook/selectors.py",
+            "tessera/watching.py",
+        ]
     )
     rng = random.Random(args.seed)
     sizes = tuple(int(size) for size in args.sizes.split(","))

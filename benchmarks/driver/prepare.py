@@ -6,7 +6,7 @@ benchmarks/driver/results/ (or --out DIR).
     .venv/bin/python benchmarks/driver/prepare.py [--rounds N] [--out DIR]
 
 It starts a local control plane, a kubelet-less Node and the daemon over 4 simulated GPUs, under
-the chart's RBAC, and makes the kubelet's calls itself (tessera.testbed.kubelet_client). Each claim
+the chart's RBAC, and makes the kubelet's calls itself (testbed.kubelet_client). Each claim
 is created and given its allocation (as the scheduler writes it) just before it is prepared, so
 the daemon's watch has usually not delivered it yet and prepare reads it from the API: the
 figure includes that read.
@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kubernetes import client
 
 from benchmarks.run_info import RunInfo
+from simgpu.config import GpuFaults
 from tessera.kube import api_client, raw_json
-from tessera.simgpu.config import GpuFaults
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import allocated_claim
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.kubelet_client import KubeletClient
+from testbed.cluster import LocalCluster
+from testbed.dra_objects import allocated_claim
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.fake_nodes import create_ready_node
+from testbed.kubelet_client import KubeletClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "bench"
@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="single-claim prepares to time")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    info = RunInfo.start(["driver", "tessera", "proto", "shim"])
+    info = RunInfo.start(["tessera"])
     figures = run(args.rounds)
     info.finish()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,7 @@ def main() -> None:
         "",
         *info.markdown(),
         "- Set-up: local control plane (loopback), a kubelet-less Node, the daemon over 4 simulated",
-        "  80 GiB GPUs under the chart's RBAC; the kubelet's calls made by tessera.testbed.kubelet_client.",
+        "  80 GiB GPUs under the chart's RBAC; the kubelet's calls made by testbed.kubelet_client.",
         "",
         "| figure | target | measured |",
         "|---|---|---|",

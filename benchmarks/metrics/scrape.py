@@ -49,15 +49,15 @@ def measure(work: Path) -> dict[str, object]:
     """Runs inside the re-executed process, whose environment points pynvml at the simulator."""
     from prometheus_client import CollectorRegistry
 
-    from tessera.driver.containers import ContainerIndex
+    from simgpu.config import library_dir
     from tessera.driver.discovery import Nvml
-    from tessera.driver.exporter import GpuCollector, Sources
-    from tessera.driver.metrics import DaemonMetrics
-    from tessera.driver.metrics_server import MetricsServer
+    from tessera.exporter.collector import GpuCollector, Sources
+    from tessera.exporter.containers import ContainerIndex
+    from tessera.exporter.metrics import DaemonMetrics
+    from tessera.exporter.server import MetricsServer
     from tessera.shim.format import GpuLimit, create_region, write_limits
     from tessera.shim.install import install
-    from tessera.shim.testing import PROGRAM_BUILD, Claim
-    from tessera.simgpu.config import library_dir
+    from testbed.shim_harness import PROGRAM_BUILD, Claim
 
     nvml = Nvml()
     gpus = nvml.gpus()
@@ -148,7 +148,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 # What a Prometheus server asks for by default: OpenMetrics text if offered, gzip-compressed. The
-# exporter answers in the text format (driver/exposition.py says why), compressed.
+# exporter answers in the text format (tessera/exporter/exposition.py says why), compressed.
 SCRAPE_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0;q=0.6,application/openmetrics-text;"
     "version=0.0.1;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
@@ -201,14 +201,14 @@ def main() -> None:
         print(json.dumps(measure(args.inner)))
         return
 
-    from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs, build_shim
-    from tessera.simgpu.config import GiB as SIM_GiB
-    from tessera.simgpu.config import NodeSpec, make_gpus, process_env, write_config
+    from simgpu.config import GiB as SIM_GiB
+    from simgpu.config import NodeSpec, make_gpus, process_env, write_config
+    from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs, build_shim
 
     build_shim()
     subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
     build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
-    info = RunInfo.start(["driver", "shim", "tessera"])
+    info = RunInfo.start(["tessera"])
     with tempfile.TemporaryDirectory(prefix="tmetrics-") as tmp:
         work = Path(tmp)
         spec = NodeSpec(state_file=work / "state", gpus=make_gpus(GPUS, "bench", memory_bytes=80 * SIM_GiB))

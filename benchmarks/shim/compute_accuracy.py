@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
 
 from benchmarks.run_info import RunInfo
-from tessera.shim.testing import (
+from testbed.shim_harness import (
     PROGRAM_BUILD,
     REPO,
     SIMGPU_BUILD,
@@ -50,7 +50,7 @@ KERNELS = [20_000, 200_000, 2_000_000, 20_000_000]
 CAPS = [10, 20, 30, 40, 50, 60, 70, 80, 90]
 PROCS = [1, 2, 4, 8]
 # The code whose accuracy is measured: the shim, the simulated driver it runs on, the probe.
-MEASURED = ["shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
+MEASURED = ["tessera/shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
 
 
 def run(

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
 
 from benchmarks.run_info import RunInfo
-from tessera.shim.testing import (
+from testbed.shim_harness import (
     PROGRAM_BUILD,
     REPO,
     SIMGPU_BUILD,
@@ -57,7 +57,7 @@ def added(r: dict[str, int], base: dict[str, int], key: str) -> int:
 
 
 # The code whose cost is measured: the shim, the simulated driver it runs on, the probe.
-MEASURED = ["shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
+MEASURED = ["tessera/shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
 
 
 def bench_once(env: dict[str, str], n: int) -> dict[str, int]:

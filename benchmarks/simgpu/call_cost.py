@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
 
 from benchmarks.run_info import RunInfo
-from tessera.simgpu.config import NodeSpec, make_gpus, process_env, write_config
-from tessera.simgpu.node import program_dir
+from simgpu.config import NodeSpec, make_gpus, process_env, write_config
+from simgpu.node import program_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ITERATIONS = 200_000

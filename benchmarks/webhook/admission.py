@@ -43,7 +43,7 @@ from benchmarks.webhook.harness import (
     running_webhook,
     summary,
 )
-from tessera.testbed.polling import poll_until
+from testbed.polling import poll_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -143,7 +143,9 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    info = RunInfo.start(["webhook", "tessera/names.py", "tessera/watching.py", "charts/tessera/files"])
+    info = RunInfo.start(
+        ["tessera/webhook", "tessera/names.py", "tessera/watching.py", "charts/tessera/files"]
+    )
     figures: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds}
     with running_webhook() as webhook:
         cluster, direct = webhook.cluster, webhook.direct

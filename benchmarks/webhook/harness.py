@@ -30,10 +30,10 @@ import yaml
 from kubernetes import client
 
 from tessera.kube import api_client, raw_json
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.polling import poll_until
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.fake_nodes import create_ready_node
+from testbed.polling import poll_until
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "charts/tessera/files/webhook-configuration.yaml"
 NAMESPACE = "bench"

@@ -282,7 +282,9 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2, help="client processes sending the stream")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    info = RunInfo.start(["webhook", "tessera/quantity.py", "tessera/names.py", "charts/tessera/files"])
+    info = RunInfo.start(
+        ["tessera/webhook", "tessera/quantity.py", "tessera/names.py", "charts/tessera/files"]
+    )
     attacks: dict[str, Attack | None] = {
         "none (baseline)": None,
         "gpumem 1e1000000": _quantity("1e1000000"),

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.node_runtime import NodeRuntime
+from testbed.cluster import LocalCluster
+from testbed.node import NodeFactory, RealNode
+from testbed.node_runtime import NodeRuntime
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tessera.files import write_atomically
-from tessera.testbed.commands import CommandError
-from tessera.testbed.images import TOOLS_IMAGE
-from tessera.testbed.node_runtime import NodeRuntime
-from tessera.testbed.polling import poll_until
+from testbed.commands import CommandError
+from testbed.images import TOOLS_IMAGE
+from testbed.node_runtime import NodeRuntime
+from testbed.polling import poll_until
 
 pytestmark = pytest.mark.e2e
 

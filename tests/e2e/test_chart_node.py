@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from simgpu.config import make_gpus
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
 from tessera.quantity import GiB, MiB, quantity_to_int
-from tessera.simgpu.config import make_gpus
-from tessera.testbed import chart_bed as charts
-from tessera.testbed.chart_bed import (
+from testbed import chart_bed as charts
+from testbed.chart_bed import (
     EXAMPLES,
     GPU_MEMORY,
     GPUS_PER_NODE,
@@ -36,11 +36,11 @@ from tessera.testbed.chart_bed import (
     scrape,
     wait_rolled_out,
 )
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.node import NodeFactory
-from tessera.testbed.pod_state import events, sections
-from tessera.testbed.polling import poll_until
-from tessera.testbed.product_images import load_manifest, product_images, project_version
+from testbed.cluster import LocalCluster
+from testbed.node import NodeFactory
+from testbed.pod_state import events, sections
+from testbed.polling import poll_until
+from testbed.product_images import load_manifest, product_images, project_version
 from tests.chart_helm import CHART, values_file
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from demo import story
-from tessera.testbed.binaries import COMPONENTS
-from tessera.testbed.chart_bed import ChartBed
+from testbed.binaries import COMPONENTS
+from testbed.chart_bed import ChartBed
 
 pytestmark = pytest.mark.e2e
 

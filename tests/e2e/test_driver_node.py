@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera.driver.state import CRASH_POINTS
+from tessera.driver.state import PREPARE_STEPS
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME
 from tessera.quantity import GiB, MiB, quantity_to_int
-from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.pod_state import events, generated_claim_name, sections
-from tessera.testbed.polling import poll_until
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
+from testbed.node import NodeFactory, RealNode
+from testbed.pod_state import events, generated_claim_name, sections
+from testbed.polling import poll_until
+from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 
 pytestmark = pytest.mark.e2e
 
@@ -249,7 +249,7 @@ def test_a_claim_with_two_shares_of_one_gpu_gets_two_cdi_devices_and_both_limits
     assert names == [f"{claim['metadata']['uid']}-{r['device']}-{r['shareID']}" for r in results]
 
 
-@pytest.mark.parametrize("crash_point", CRASH_POINTS)
+@pytest.mark.parametrize("crash_point", PREPARE_STEPS)
 def test_a_daemon_killed_mid_prepare_is_retried_by_the_kubelet_and_prepares_once(
     gpu_nodes: list[GpuNode], kube: client.ApiClient, namespace: str, crash_point: str
 ) -> None:

@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.names import METRICS_PORT
 from tessera.quantity import GiB
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.node import NodeFactory
-from tessera.testbed.polling import poll_until
-from tessera.testbed.prometheus import Prometheus, Sample
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.node import NodeFactory
+from testbed.polling import poll_until
+from testbed.prometheus import Prometheus, Sample
 from tests.e2e.test_driver_node import GpuNode, probe_image, run_share_pod
 
 pytestmark = pytest.mark.e2e

@@ -27,15 +27,15 @@ from kubernetes import client
 
 from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB
-from tessera.testbed import queue_bed
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.kueue import KueueOptions
-from tessera.testbed.names import unique_name
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.polling import poll_until
 from tessera.watching import watch_forever
+from testbed import queue_bed
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.kubectl import kubectl
+from testbed.kueue import KueueOptions
+from testbed.names import unique_name
+from testbed.node import NodeFactory, RealNode
+from testbed.polling import poll_until
 from tests.e2e.test_driver_node import PROBE_IMAGE, probe_image
 from tests.integration.webhook_bed import RunningWebhook
 

@@ -14,12 +14,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.images import TOOLS_IMAGE
-from tessera.testbed.kubectl import kubectl, kubectl_argv
-from tessera.testbed.names import unique_name
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.polling import poll_until
+from testbed.cluster import LocalCluster
+from testbed.images import TOOLS_IMAGE
+from testbed.kubectl import kubectl, kubectl_argv
+from testbed.names import unique_name
+from testbed.node import NodeFactory, RealNode
+from testbed.polling import poll_until
 
 pytestmark = pytest.mark.e2e
 

@@ -27,24 +27,24 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo.story import Placement, placement, wait_running
+from simgpu.config import make_gpus
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS, METRICS_PORT
 from tessera.quantity import GiB, MiB
-from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
-from tessera.simgpu.config import make_gpus
-from tessera.testbed import chart_bed as charts
-from tessera.testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import share_claim_template
-from tessera.testbed.driver_node import ensure_device_class
-from tessera.testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
-from tessera.testbed.names import unique_name
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.node_runtime import node_root
-from tessera.testbed.pod_state import events, sections
-from tessera.testbed.polling import poll_until
-from tessera.testbed.product_images import load_manifest, product_images
-from tessera.testbed.prometheus import Prometheus
+from testbed import chart_bed as charts
+from testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
+from testbed.cluster import LocalCluster
+from testbed.dra_objects import share_claim_template
+from testbed.driver_node import ensure_device_class
+from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
+from testbed.names import unique_name
+from testbed.node import NodeFactory, RealNode
+from testbed.node_runtime import node_root
+from testbed.pod_state import events, sections
+from testbed.polling import poll_until
+from testbed.product_images import load_manifest, product_images
+from testbed.prometheus import Prometheus
+from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 from tests.conftest import made_namespace
 from tests.e2e.test_driver_node import DONE, wait_done
 
@@ -69,7 +69,7 @@ BYPASS_BYTES = 8 * GiB
 KEEP_RUNNING = "exec sleep 36000"
 WAIT = 180.0
 
-# Series and alert of the exporter (driver/exporter.py, charts/tessera/files/alert-rules.yaml).
+# Series and alert of the exporter (tessera/exporter/collector.py, charts/tessera/files/alert-rules.yaml).
 USED = "tessera_container_gpu_memory_used_bytes"
 LIMIT = "tessera_container_gpu_memory_limit_bytes"
 COMPUTE_LIMIT = "tessera_container_gpu_compute_limit_ratio"

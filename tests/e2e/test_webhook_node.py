@@ -13,9 +13,9 @@ from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.quantity import MiB, quantity_to_int
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.node import NodeFactory, RealNode
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.node import NodeFactory, RealNode
 from tests.e2e.test_driver_node import PROBE_IMAGE, limit_script, probe_image, sections, wait_done
 from tests.integration.webhook_bed import RunningWebhook
 

@@ -21,11 +21,11 @@ from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.quantity import quantity_to_int
-from tessera.testbed import queue_bed
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
-from tessera.testbed.process import ManagedProcess
+from testbed import queue_bed
+from testbed.cluster import LocalCluster
+from testbed.names import unique_name
+from testbed.polling import poll_until
+from testbed.process import ManagedProcess
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 
 from tessera.kube import raw_json
-from tessera.testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.names import unique_name
-from tessera.testbed.node_host import node_addresses
+from testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
+from testbed.cluster import LocalCluster
+from testbed.names import unique_name
+from testbed.node_host import node_addresses
 
 pytestmark = pytest.mark.integration
 

@@ -18,12 +18,12 @@ from kubernetes.client.exceptions import ApiException
 
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS
-from tessera.testbed.chart_bed import node_layout_values
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import ensure_device_class
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
+from testbed.chart_bed import node_layout_values
+from testbed.cluster import LocalCluster
+from testbed.driver_node import ensure_device_class
+from testbed.kubectl import kubectl
+from testbed.names import unique_name
+from testbed.polling import poll_until
 from tests.chart_helm import CHART, HelmError, helm, render, values_file
 
 pytestmark = pytest.mark.integration

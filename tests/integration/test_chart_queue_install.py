@@ -24,14 +24,14 @@ from kubernetes import client
 
 from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB, quantity_to_int
-from tessera.testbed import queue_bed
-from tessera.testbed.accounts import token_kubeconfig
-from tessera.testbed.binaries import COMPONENTS
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kueue import VALIDATING_CONFIGURATION, KueueOptions
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
-from tessera.testbed.process import ManagedProcess
+from testbed import queue_bed
+from testbed.accounts import token_kubeconfig
+from testbed.binaries import COMPONENTS
+from testbed.cluster import LocalCluster
+from testbed.kueue import VALIDATING_CONFIGURATION, KueueOptions
+from testbed.names import unique_name
+from testbed.polling import poll_until
+from testbed.process import ManagedProcess
 from tests.chart_helm import CHART, Release, helm, installed, values_file
 from tests.integration.test_chart_install import kubectl_name, labelled, manifest_objects, read_back
 from tests.integration.test_chart_rbac import Ask, failures

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from tessera.kube import raw_json
 from tessera.names import DRIVER_NAME
-from tessera.testbed.cluster import LocalCluster
+from testbed.cluster import LocalCluster
 from tests.chart_helm import Release, installed
 
 pytestmark = pytest.mark.integration

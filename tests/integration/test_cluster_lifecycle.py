@@ -15,11 +15,11 @@ import pytest
 from kubernetes import client
 
 from tessera.kube import api_client
-from tessera.testbed import cluster as cluster_module
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.polling import Fatal
-from tessera.testbed.process import ManagedProcess
-from tessera.testbed.process import free_port as real_free_port
+from testbed import cluster as cluster_module
+from testbed.cluster import LocalCluster
+from testbed.polling import Fatal
+from testbed.process import ManagedProcess
+from testbed.process import free_port as real_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def test_cluster_command_serves_until_sigterm_then_cleans_up(tmp_path: Path) -> 
     stderr = tmp_path / "stderr.log"
     with stderr.open("w") as errors:
         command = subprocess.Popen(
-            [sys.executable, "-m", "tessera.testbed.cli", "up", "--state-dir", str(state)],
+            [sys.executable, "-m", "testbed.cli", "up", "--state-dir", str(state)],
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,

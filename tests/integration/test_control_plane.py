@@ -7,8 +7,8 @@ import re
 import pytest
 from kubernetes import client
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.versions import version_of
+from testbed.cluster import LocalCluster
+from testbed.versions import version_of
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 from kubernetes import client
 
 from tessera.names import DRIVER_NAME
-from tessera.testbed import dra_objects, pod_state
-from tessera.testbed.names import unique_name
+from testbed import dra_objects, pod_state
+from testbed.names import unique_name
 
 pytestmark = pytest.mark.integration
 

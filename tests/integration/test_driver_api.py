@@ -17,20 +17,20 @@ import grpc
 import pytest
 from kubernetes import client
 
-from tessera.driver.state import CRASH_POINTS
+from simgpu.config import GpuFaults
+from tessera.driver.state import PREPARE_STEPS
 from tessera.kube import raw_json
 from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT
 from tessera.proto.health.v1 import api_pb2 as health
 from tessera.proto.health.v1 import api_pb2_grpc as health_grpc
 from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
-from tessera.simgpu.config import GpuFaults
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.dra_objects import allocated_claim
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
-from tessera.testbed.polling import poll_until
-from tessera.testbed.share_pods import share_pod
+from testbed.cluster import LocalCluster
+from testbed.dra_objects import allocated_claim
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
+from testbed.polling import poll_until
+from testbed.share_pods import share_pod
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +144,7 @@ def test_one_bad_claim_fails_alone_with_a_sentence_and_good_ones_are_prepared(
         kubelet.close()
 
 
-@pytest.mark.parametrize("crash_point", CRASH_POINTS)
+@pytest.mark.parametrize("crash_point", PREPARE_STEPS)
 def test_a_daemon_killed_at_any_step_of_prepare_converges_on_the_kubelets_retry(
     driver_node: DriverNode, kube: client.ApiClient, namespace: str, crash_point: str
 ) -> None:

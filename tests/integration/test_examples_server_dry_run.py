@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kubectl import kubectl
+from testbed.cluster import LocalCluster
+from testbed.kubectl import kubectl
 from tests.chart_helm import REPO
 
 pytestmark = pytest.mark.integration

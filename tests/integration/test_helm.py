@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.versions import version_of
+from testbed.cluster import LocalCluster
+from testbed.versions import version_of
 from tests.chart_helm import helm
 
 pytestmark = pytest.mark.integration

@@ -12,12 +12,12 @@ import pytest
 from kubernetes import client
 
 from tessera.kube import api_client
-from tessera.testbed import queue_bed
-from tessera.testbed.binaries import COMPONENTS
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.kueue import KueueOptions
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
+from testbed import queue_bed
+from testbed.binaries import COMPONENTS
+from testbed.cluster import LocalCluster
+from testbed.kueue import KueueOptions
+from testbed.names import unique_name
+from testbed.polling import poll_until
 
 pytestmark = pytest.mark.integration
 

@@ -29,19 +29,19 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tessera.driver.exporter import FAMILIES
+from simgpu.config import library_dir, process_env
+from tessera.exporter.collector import FAMILIES
 from tessera.quantity import GiB
 from tessera.shim.format import GpuLimit, read_limits
 from tessera.shim.install import install
-from tessera.shim.testing import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
-from tessera.simgpu.config import library_dir, process_env
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.kubelet_client import KubeletClient
-from tessera.testbed.node_host import cgroup_mounts, remove_cgroup_tree
-from tessera.testbed.polling import poll_until
-from tessera.testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
-from tessera.testbed.share_pods import share_pod
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.kubelet_client import KubeletClient
+from testbed.node_host import cgroup_mounts, remove_cgroup_tree
+from testbed.polling import poll_until
+from testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
+from testbed.share_pods import share_pod
+from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
 
 pytestmark = pytest.mark.integration
 

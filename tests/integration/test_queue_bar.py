@@ -27,12 +27,12 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
-from tessera.testbed import pod_state, queue_bed
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import ensure_device_class
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
 from tessera.watching import watch_forever
+from testbed import pod_state, queue_bed
+from testbed.cluster import LocalCluster
+from testbed.driver_node import ensure_device_class
+from testbed.names import unique_name
+from testbed.polling import poll_until
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.integration

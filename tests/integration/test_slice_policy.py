@@ -18,9 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME
-from tessera.testbed.accounts import token_kubeconfig
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.polling import poll_until
+from testbed.accounts import token_kubeconfig
+from testbed.cluster import LocalCluster
+from testbed.polling import poll_until
 from tests.chart_helm import Release, installed
 
 pytestmark = pytest.mark.integration

@@ -20,16 +20,16 @@ from kubernetes.client import ApiException
 
 from tessera.kube import create_if_absent, raw_json
 from tessera.quantity import GiB, quantity_to_int
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.commands import CommandError
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.kubectl import kubectl
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
 from tessera.webhook.conversion import GpuRequest, claim_spec, claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.templates import TemplateStore
+from testbed.cluster import LocalCluster
+from testbed.commands import CommandError
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.fake_nodes import create_ready_node
+from testbed.kubectl import kubectl
+from testbed.names import unique_name
+from testbed.polling import poll_until
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.testbed.names import unique_name
 from tessera.webhook.admission import admit
 from tessera.webhook.review import ReviewRequest
+from testbed.names import unique_name
 from tests.unit.webhook.webhook_samples import FLEET, apply_patch, decoded_patch, random_pods, request
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from cryptography import x509
 from kubernetes import client
 
 from tessera.kube import raw_json
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.polling import poll_until
 from tessera.webhook.tls import keep_ca_bundle
+from testbed.cluster import LocalCluster
+from testbed.polling import poll_until
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.integration

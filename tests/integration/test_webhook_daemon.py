@@ -18,9 +18,9 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
+from testbed.cluster import LocalCluster
+from testbed.names import unique_name
+from testbed.polling import poll_until
 from tests.integration.webhook_bed import (
     CONFIGURATION_FILE,
     configuration,

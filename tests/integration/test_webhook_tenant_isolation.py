@@ -22,15 +22,15 @@ from kubernetes.client import ApiException
 from tessera.kube import raw_json
 from tessera.names import HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.driver_node import DriverNode, ensure_device_class
-from tessera.testbed.fake_nodes import create_ready_node
-from tessera.testbed.names import unique_name
-from tessera.testbed.pki import KeyPair
-from tessera.testbed.polling import poll_until
 from tessera.webhook.conversion import claim_spec, claim_template, container_requests
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.templates import TemplateStore
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.fake_nodes import create_ready_node
+from testbed.names import unique_name
+from testbed.pki import KeyPair
+from testbed.polling import poll_until
 from tests.integration.webhook_bed import RunningWebhook
 from tests.webhook_clients import answer_of, client_context, tls_socket
 

@@ -14,15 +14,15 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.testbed.accounts import service_account_token, token_kubeconfig
-from tessera.testbed.cluster import LocalCluster
-from tessera.testbed.names import unique_name
-from tessera.testbed.polling import poll_until
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
 from tessera.webhook.tls import SelfManagedCertificates, keep_ca_bundle
+from testbed.accounts import service_account_token, token_kubeconfig
+from testbed.cluster import LocalCluster
+from testbed.names import unique_name
+from testbed.polling import poll_until
 
 CHART_FILES = Path(__file__).resolve().parents[2] / "charts/tessera/files"
 CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.shim.testing import (
+from testbed.shim_harness import (
     PROGRAM_BUILD,
     REPO,
     SIMGPU_BUILD,
@@ -28,9 +28,9 @@ from tessera.shim.testing import (
 
 build_shim()
 
+from simgpu.config import GiB, NodeSpec, make_gpus, process_env, write_config  # noqa: E402
 from tessera.shim.format import GpuLimit, create_region, write_limits  # noqa: E402
 from tessera.shim.install import install  # noqa: E402
-from tessera.simgpu.config import GiB, NodeSpec, make_gpus, process_env, write_config  # noqa: E402
 
 REAL_DRIVER = (
     Path(os.environ["TESSERA_SHIM_DRIVER_DIR"]) if os.environ.get("TESSERA_SHIM_DRIVER_DIR") else None

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tessera.shim.testing import ClaimFactory, prefixed, values
+from testbed.shim_harness import ClaimFactory, prefixed, values
 
 MiB = 1 << 20
 LIMIT = 256 * MiB

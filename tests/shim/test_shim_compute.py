@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tessera.shim.testing import Claim, ClaimFactory, values
+from testbed.shim_harness import Claim, ClaimFactory, values
 
 TOLERANCE = 3.0  # percentage points
 

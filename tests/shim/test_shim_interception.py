@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tessera.shim.install import built_library_dir
-from tessera.shim.testing import SIMGPU_BUILD, ClaimFactory, values
+from testbed.shim_harness import SIMGPU_BUILD, ClaimFactory, values
 
 MiB = 1 << 20
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from simgpu.node import read_line, release
 from tessera.shim.format import (
     EXIT_BAD_LIMITS,
     GpuLimit,
@@ -18,8 +19,7 @@ from tessera.shim.format import (
     read_region,
     write_limits,
 )
-from tessera.shim.testing import ClaimFactory, values
-from tessera.simgpu.node import read_line, release
+from testbed.shim_harness import ClaimFactory, values
 
 UUID = "GPU-5fd3a0a4-2f3c-4d1e-9a11-0c5b1e4f8d21"
 MiB = 1 << 20

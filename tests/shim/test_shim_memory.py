@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from simgpu.node import read_line, release
 from tessera.shim._format import ffi, lib
 from tessera.shim.format import read_limits, read_region
-from tessera.shim.testing import Claim, ClaimFactory, prefixed, values
-from tessera.simgpu.node import read_line, release
+from testbed.shim_harness import Claim, ClaimFactory, prefixed, values
 
 MiB = 1 << 20
 LIMIT = 256 * MiB

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tessera.shim.format import EXIT_BAD_LIMITS, GpuLimit, read_limits, write_limits
-from tessera.shim.testing import Claim, ClaimFactory, values
+from testbed.shim_harness import Claim, ClaimFactory, values
 
 MiB = 1 << 20
 LIMIT = 256 * MiB
@@ -139,9 +139,9 @@ def test_memory_info_shows_the_fixed_limit(make_claim: ClaimFactory) -> None:
 def test_the_shim_and_the_driver_agree_on_the_fixed_paths() -> None:
     """The paths the shim trusts are the ones prepare's CDI spec mounts at."""
     from tessera.driver.claim_files import CONTAINER_LIMITS, CONTAINER_REGION, CONTAINER_SHIM_DIR
-    from tessera.shim.testing import REPO
+    from testbed.shim_harness import REPO
 
-    header = (REPO / "shim" / "include" / "tessera_shim.h").read_text()
+    header = (REPO / "tessera" / "shim" / "include" / "tessera_shim.h").read_text()
     for macro, path in (
         ("TESSERA_CONTAINER_LIMITS", CONTAINER_LIMITS),
         ("TESSERA_CONTAINER_REGION", CONTAINER_REGION),

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from simgpu.node import read_line
 from tessera.shim.format import read_region
-from tessera.shim.testing import Claim, ClaimFactory, prefixed, values
-from tessera.simgpu.node import read_line
+from testbed.shim_harness import Claim, ClaimFactory, prefixed, values
 
 MiB = 1 << 20
 BUF = 32 * MiB  # each rank's cuMemAlloc buffer

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.simgpu.config import GiB, NodeSpec, make_gpus, write_config
-from tessera.simgpu.node import Node, NodeFactory
+from simgpu.config import GiB, NodeSpec, make_gpus, write_config
+from simgpu.node import Node, NodeFactory
 
 
 @pytest.fixture(scope="session", autouse=True)

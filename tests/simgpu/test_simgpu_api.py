@@ -3,7 +3,7 @@ their error codes; entry points the simulator lacks answer "not supported" inste
 
 from __future__ import annotations
 
-from tessera.simgpu.node import NodeFactory
+from simgpu.node import NodeFactory
 
 
 def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tessera.simgpu.config import GiB, GpuSpec, NodeSpec, write_config
-from tessera.simgpu.node import NodeFactory, read_line
+from simgpu.config import GiB, GpuSpec, NodeSpec, write_config
+from simgpu.node import NodeFactory, read_line
 
 LIST_GPUS = """
 import json, pynvml as n

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from tessera.simgpu.config import GpuFaults
-from tessera.simgpu.node import NodeFactory, read_line
+from simgpu.config import GpuFaults
+from simgpu.node import NodeFactory, read_line
 
 DEVICE_UNAVAILABLE = 46  # what CUDA calls return for a GPU that fell off the bus
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.simgpu.config import (
+from simgpu.config import (
     CONFIG_ENV,
     LIB_DIR_ENV,
     GiB,

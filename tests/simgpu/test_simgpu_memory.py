@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from tessera.simgpu.node import Node, NodeFactory, program_dir, read_line, release
+from simgpu.node import Node, NodeFactory, program_dir, read_line, release
 
 MiB = 1 << 20
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY

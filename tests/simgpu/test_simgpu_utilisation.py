@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tessera.simgpu.node import NodeFactory
+from simgpu.node import NodeFactory
 
 WINDOW_NS = 1_000_000_000  # util_window_ms = 1000, the default
 TOLERANCE = 2.0  # percentage points

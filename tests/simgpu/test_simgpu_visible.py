@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from tessera.simgpu.config import GiB
-from tessera.simgpu.node import Node, NodeFactory, read_line, release
+from simgpu.config import GiB
+from simgpu.node import Node, NodeFactory, read_line, release
 
 NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
 MiB = 1 << 20

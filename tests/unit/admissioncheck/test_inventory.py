@@ -7,7 +7,7 @@ from typing import Any
 
 from tessera.admissioncheck.inventory import allocated_usage, gpus_from_slices, pod_record
 from tessera.quantity import GiB
-from tessera.testbed.queue_bed import gpu_devices
+from testbed.queue_bed import gpu_devices
 
 
 def a_slice(node: str, devices: list[dict[str, Any]], driver: str = "gpu.tessera.dev") -> dict[str, Any]:

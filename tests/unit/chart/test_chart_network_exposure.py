@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.testbed.chart_bed import node_layout_values
+from testbed.chart_bed import node_layout_values
 from tests.chart_helm import CHART, HelmError, find, helm, kube_version, render
 
 WITH_KUEUE = ("--api-versions", "kueue.x-k8s.io/v1beta2")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tessera.admissioncheck import cli
-from tessera.testbed import queue_bed
+from testbed import queue_bed
 from tests.chart_helm import CHART, HelmError, find, render
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tessera.testbed.chart_bed import node_layout_values
+from testbed.chart_bed import node_layout_values
 from tests.chart_helm import CHART, HelmError, find, helm, kinds, render
 
 FILES = CHART / "files"

@@ -12,8 +12,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.testbed.pki import CertificateAuthority
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME
+from testbed.pki import CertificateAuthority
 from tests.chart_helm import HelmError, find, render
 
 CA_FILE = "/etc/tessera-webhook/client-ca/ca.crt"

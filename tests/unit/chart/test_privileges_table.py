@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tessera.testbed.chart_bed import node_layout_values
+from testbed.chart_bed import node_layout_values
 from tests.chart_helm import REPO, render
 
 INSTALL_MD = REPO / "docs" / "install.md"

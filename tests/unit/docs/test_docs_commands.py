@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed.binaries import binary
+from testbed.binaries import binary
 from tests.chart_helm import CHART, helm, kube_version
 from tests.unit.docs.docs_pages import REPO, Fence, fences_of, page_id, pages, split
 

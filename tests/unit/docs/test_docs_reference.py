@@ -104,7 +104,7 @@ def test_every_flag_of_help_is_on_the_page_with_its_variable(program: str) -> No
 def test_defaults_on_the_page_ignore_the_environment_of_whoever_generates_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tessera.driver import exporter_cli
+    from tessera.exporter import cli as exporter_cli
 
     monkeypatch.setenv("TESSERA_LOG_LEVEL", "debug")
     monkeypatch.setenv("TESSERA_METRICS_PORT", "1234")

@@ -24,8 +24,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 PAGE = REPO / "docs" / "troubleshooting.md"
-PYTHON_SOURCES = ("webhook", "driver", "admissioncheck", "tessera")
-C_SOURCES = ("shim/src", "shim/include")
+PYTHON_SOURCES = ("tessera",)
+C_SOURCES = ("tessera/shim/src", "tessera/shim/include")
 SHIM_PREFIX = re.compile(r"^tessera-shim\[<pid>\]: (error|warn|info|debug): ")
 
 HOLE = "\x00"
@@ -61,9 +61,7 @@ def _python_constants(tree: ast.Module) -> dict[str, str]:
 
 def _python_files() -> Iterator[Path]:
     for folder in PYTHON_SOURCES:
-        base = REPO / folder
-        # tessera/ holds links to the other parts; its own modules are the files directly in it.
-        yield from (base.glob("*.py") if folder == "tessera" else base.rglob("*.py"))
+        yield from (REPO / folder).rglob("*.py")
 
 
 def _c_literals(source: str) -> Iterator[str]:
@@ -244,7 +242,7 @@ def test_a_message_left_off_the_page_is_caught() -> None:
     page = PAGE.read_text()
     assert quote in page
     assert undocumented(page.replace(quote, "")) == [
-        "webhook/conversion.py: <...>: nvidia.com/gpucores is <...>; it must be between 1 and 100."
+        "tessera/webhook/conversion.py: <...>: nvidia.com/gpucores is <...>; it must be between 1 and 100."
     ]
 
 

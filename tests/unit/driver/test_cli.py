@@ -9,7 +9,8 @@ from types import ModuleType
 
 import pytest
 
-from tessera.driver import cli, exporter_cli
+from tessera.driver import cli
+from tessera.exporter import cli as exporter_cli
 
 
 @pytest.mark.parametrize("program", [cli, exporter_cli], ids=["tessera-driver", "tessera-exporter"])

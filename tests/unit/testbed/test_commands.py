@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tessera.testbed.commands import CommandError, run_checked
+from testbed.commands import CommandError, run_checked
 
 
 def test_run_checked_returns_standard_output() -> None:

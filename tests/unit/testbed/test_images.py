@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed import images
-from tessera.testbed.images import ImageSpec, build_image, host_program, layer_bytes, shared_libraries
+from testbed import images
+from testbed.images import ImageSpec, build_image, host_program, layer_bytes, shared_libraries
 
 
 def read_layout(archive: Path) -> dict[str, bytes]:

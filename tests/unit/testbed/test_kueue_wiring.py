@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tessera.testbed.kueue import (
+from testbed.kueue import (
     MUTATING_CONFIGURATION,
     NAMESPACE,
     VALIDATING_CONFIGURATION,

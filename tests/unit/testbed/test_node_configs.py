@@ -7,14 +7,14 @@ import json
 import tomllib
 from pathlib import Path
 
-from tessera.testbed.containerd_config import (
+from testbed.containerd_config import (
     ContainerdPaths,
     PodNetwork,
     cni_network_config,
     containerd_config,
 )
-from tessera.testbed.kubelet_config import KubeletSettings, kubelet_configuration, kubelet_flags
-from tessera.testbed.pki import KeyPair
+from testbed.kubelet_config import KubeletSettings, kubelet_configuration, kubelet_flags
+from testbed.pki import KeyPair
 
 
 def containerd_paths(root: Path) -> ContainerdPaths:

@@ -13,11 +13,11 @@ from typing import Any, cast
 
 import pytest
 
-from tessera.testbed import node_host, node_runtime
-from tessera.testbed.commands import CommandError
-from tessera.testbed.node import NodeFactory, RealNode
-from tessera.testbed.node_host import NodeBridge, mounts_under, remove_shim_sockets, shim_socket
-from tessera.testbed.node_runtime import NodeRuntime, release_host_resources, sweep_stale_nodes
+from testbed import node_host, node_runtime
+from testbed.commands import CommandError
+from testbed.node import NodeFactory, RealNode
+from testbed.node_host import NodeBridge, mounts_under, remove_shim_sockets, shim_socket
+from testbed.node_runtime import NodeRuntime, release_host_resources, sweep_stale_nodes
 
 DEAD_PID = 2**31 - 1  # above any pid_max: no process has it
 

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.testbed.pki import CertificateAuthority, write_service_account_keys
+from testbed.pki import CertificateAuthority, write_service_account_keys
 
 
 def test_serving_certificate_is_signed_by_the_ca_for_the_requested_names(tmp_path: Path) -> None:

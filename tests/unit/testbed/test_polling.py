@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tessera.testbed.polling import Fatal, poll_until
+from testbed.polling import Fatal, poll_until
 
 
 def test_returns_the_first_truthy_value() -> None:

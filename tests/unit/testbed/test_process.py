@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed.polling import Fatal
-from tessera.testbed.process import ManagedProcess, free_port
+from testbed.polling import Fatal
+from testbed.process import ManagedProcess, free_port
 
 
 def test_output_goes_to_the_log_file(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path, caplog: pytes
     )
     process = ManagedProcess("stubborn", [sys.executable, "-c", stubborn], tmp_path)
     process.wait_until(lambda: "ignoring" in process.log_path.read_text(), 60, "signal handler")
-    with caplog.at_level(logging.WARNING, logger="tessera.testbed.process"):
+    with caplog.at_level(logging.WARNING, logger="testbed.process"):
         process.stop(grace=0.5)
     assert not process.running()
     assert process._popen.returncode == -signal.SIGKILL

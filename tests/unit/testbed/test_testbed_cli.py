@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed import cli
+from testbed import cli
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tessera.testbed.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True, timeout=60
     )
 
 

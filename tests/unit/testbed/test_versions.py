@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed import versions
-from tessera.testbed.binaries import COMPONENTS
+from testbed import versions
+from testbed.binaries import COMPONENTS
 
 
 def test_every_component_version_is_pinned() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.testbed.pki import CertificateAuthority
 from tessera.webhook.cli import certificates_from, client_policy, parser
+from testbed.pki import CertificateAuthority
 
 
 def test_help_lists_every_flag_with_its_environment_variable() -> None:

@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client import ApiException
 
-from tessera.testbed.pki import CertificateAuthority, KeyPair
-from tessera.testbed.polling import poll_until
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
+from testbed.pki import CertificateAuthority, KeyPair
+from testbed.polling import poll_until
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
 from tests.webhook_clients import answer_of, client_context, tls_socket
 

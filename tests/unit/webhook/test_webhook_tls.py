@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from tessera.testbed.pki import CertificateAuthority, KeyPair
 from tessera.webhook.tls import FileCertificates, SelfManagedCertificates, write_pem_pair
+from testbed.pki import CertificateAuthority, KeyPair
 
 DAY = datetime.timedelta(days=1)
 

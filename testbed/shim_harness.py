@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+SHIM = REPO / "tessera" / "shim"
 SIMGPU_BUILD = REPO / "build" / "simgpu"
 PROGRAM_BUILD = REPO / "build" / "shim" / "tests"
 PROGRAM_SOURCES = REPO / "tests" / "shim" / "programs"
@@ -29,13 +30,13 @@ SIMGPU_TEST_HEADERS = REPO / "tests" / "simgpu" / "programs"
 
 def build_shim() -> None:
     """Build the preload libraries and the cffi binding in place, as the package build does."""
-    spec = importlib.util.spec_from_file_location("tessera_shim_build", REPO / "shim" / "build.py")
+    spec = importlib.util.spec_from_file_location("tessera_shim_build", SHIM / "build.py")
     assert spec is not None and spec.loader is not None
     shim_build: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim_build)
     shim_build.build_preload()
     binding = _binding_python_imports()
-    if binding is None or _stale(binding, REPO / "shim" / "src", REPO / "shim" / "include"):
+    if binding is None or _stale(binding, SHIM / "src", SHIM / "include"):
         shim_build.build_format_inplace()
 
 
@@ -43,7 +44,7 @@ def _binding_python_imports() -> Path | None:
     """The compiled _format module this interpreter would import: the first that exists in the
     order of EXTENSION_SUFFIXES (a version-specific build shadows an abi3 one)."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = REPO / "shim" / f"_format{suffix}"
+        candidate = SHIM / f"_format{suffix}"
         if candidate.exists():
             return candidate
     return None
@@ -229,7 +230,7 @@ def simulated_node(
     directory: Path, gpus: int = 1, memory_bytes: int = 1 << 30
 ) -> tuple[list[str], dict[str, str]]:
     """A simulated node under ``directory``: its GPU UUIDs and the environment of a process on it."""
-    from tessera.simgpu.config import NodeSpec, make_gpus, process_env, write_config
+    from simgpu.config import NodeSpec, make_gpus, process_env, write_config
 
     spec = NodeSpec(
         state_file=directory / "state", gpus=make_gpus(gpus, directory.name, memory_bytes=memory_bytes)

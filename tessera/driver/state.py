@@ -10,8 +10,6 @@ run in parallel; calls for one claim are serialised by that claim's lock.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,17 +26,10 @@ from tessera.shim.format import GpuLimit
 
 log = logging.getLogger(__name__)
 
-CRASH_POINT_ENV = "TESSERA_DRIVER_CRASH_POINT"
-"""Fault injection for the crash tests: the daemon SIGKILLs itself when a prepare reaches the named
-point — "before-checkpoint", "after-checkpoint" (PrepareStarted recorded, nothing written yet) or
-"after-cdi" (the CDI spec written, PrepareCompleted not yet recorded). Never set in production."""
-CRASH_POINTS = ("before-checkpoint", "after-checkpoint", "after-cdi")
-
-
-def _crash_point(point: str) -> None:
-    if os.environ.get(CRASH_POINT_ENV) == point:
-        log.warning("crash point %s reached: killing myself, as %s asks", point, CRASH_POINT_ENV)
-        os.kill(os.getpid(), signal.SIGKILL)
+PREPARE_STEPS = ("before-checkpoint", "after-checkpoint", "after-cdi")
+"""The points of a prepare where a crash leaves different state behind: nothing recorded yet;
+PrepareStarted recorded, nothing written; the CDI spec written, PrepareCompleted not yet recorded.
+:meth:`DeviceState.reached` is called at each; the crash tests stop the daemon there."""
 
 
 @dataclass
@@ -76,6 +67,11 @@ class DeviceState:
 
     # ------------------------------------------------------------------ prepare
 
+    def reached(self, step: str) -> None:
+        """A prepare got to ``step`` (one of :data:`PREPARE_STEPS`). Does nothing: the test bed's
+        crashing daemon (testbed/crashing_driver.py) replaces it to die there, so production code
+        carries no fault switch."""
+
     def prepare(self, claim: Mapping[str, Any]) -> list[PreparedDevice]:
         """Prepare ``claim`` (a ResourceClaim as JSON, allocated); raise AllocationError or
         OSError with a one-sentence reason."""
@@ -87,11 +83,11 @@ class DeviceState:
             record = self.records().get(uid)
             if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
                 return devices
-            _crash_point("before-checkpoint")
+            self.reached("before-checkpoint")
             self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
-            _crash_point("after-checkpoint")
+            self.reached("after-checkpoint")
             self._write_side_effects(uid, namespace, name, shares)
-            _crash_point("after-cdi")
+            self.reached("after-cdi")
             self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
         log.info(
             "prepared claim %s/%s (%s): %s",

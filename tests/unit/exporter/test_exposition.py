@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from tessera.driver import exposition
-from tessera.driver.exporter import _HELP, CONTAINER_LABELS, GPU_LABELS
-from tessera.driver.metrics_server import MetricsServer
+from tessera.exporter import exposition
+from tessera.exporter.collector import _HELP, CONTAINER_LABELS, GPU_LABELS
+from tessera.exporter.server import MetricsServer
 
 # Label values a pod or GPU name could hold that need escaping in the text format.
 AWKWARD = ["plain", 'quote"d', "back\\slash", "new\nline", "ünïcode", ""]

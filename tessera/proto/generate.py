@@ -2,14 +2,13 @@
 
 The stubs are build outputs (``setup.py`` calls :func:`generate`), never committed or edited, so a
 ``.proto`` file is the only thing anyone changes. ``python -m tessera.proto.generate [OUT_ROOT]``
-(or ``python proto/generate.py``) does the same by hand.
+(or ``python tessera/proto/generate.py``) does the same by hand.
 
 Every upstream file is called ``api.proto`` and protobuf keeps one descriptor pool per process keyed
 by file name, so each file is compiled under its path inside the package - ``tessera/proto/dra/v1/
 api.proto`` - which keeps the names unique and makes ``api_pb2_grpc`` import its ``api_pb2`` as
 ``tessera.proto.dra.v1``. protoc's ``-I VIRTUAL=REAL`` mapping gives the files that path wherever
-this folder is (the source tree, an sdist, an installed package) without relying on the
-``tessera/proto`` symlink.
+this folder is (the source tree, an sdist, an installed package).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-#: This folder, which holds the .proto files (the real folder, whichever name it was imported by).
+#: This folder, which holds the .proto files.
 PROTO_ROOT = Path(__file__).resolve().parent
 #: Where the .proto files appear to protoc, and so where the stubs land below an output root.
 PACKAGE_PATH = "tessera/proto"
@@ -55,8 +54,7 @@ def generate(out_root: Path, root: Path = PROTO_ROOT) -> list[Path]:
     """Write ``tessera/proto/<folder>/api_pb2{,_grpc}.py`` below ``out_root`` for every .proto file.
 
     ``out_root`` is the folder that holds the ``tessera`` package: the repository root for an
-    in-place (editable) build, where ``tessera/proto`` leads back to this folder; the build tree for
-    a wheel. Returns the files written.
+    in-place (editable) build; the build tree for a wheel. Returns the files written.
     """
     protos = proto_files(root)
     if not protos:
@@ -67,11 +65,8 @@ def generate(out_root: Path, root: Path = PROTO_ROOT) -> list[Path]:
 
 
 def default_out_root() -> Path:
-    """The output root whose ``tessera/proto`` is this folder, so stubs land beside their .proto."""
-    for candidate in (PROTO_ROOT.parent, PROTO_ROOT.parent.parent):
-        if (candidate / PACKAGE_PATH).resolve() == PROTO_ROOT:
-            return candidate
-    raise RuntimeError(f"no tessera/proto leads to {PROTO_ROOT}: pass the output root")
+    """The output root that holds this folder as ``tessera/proto``, so stubs land beside their .proto."""
+    return PROTO_ROOT.parents[1]
 
 
 def main(argv: Sequence[str] = sys.argv[1:]) -> int:

@@ -2,7 +2,7 @@
 
 A threaded WSGI server from the standard library: each scrape runs the collectors on its own
 thread, so a slow scrape never holds up the DRA socket. It answers in the Prometheus text format
-(driver/exposition.py says why not OpenMetrics), gzip-compressed when the scraper accepts it, as
+(tessera/exporter/exposition.py says why not OpenMetrics), gzip-compressed when the scraper accepts it, as
 Prometheus does by default. Bound to ``--metrics-address`` (all addresses by default, so Prometheus in
 the cluster can reach every node; a node address or loopback where that is too wide).
 """
@@ -20,7 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.registry import Collector
 
-from tessera.driver import exposition
+from tessera.exporter import exposition
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.driver import cgroups
+from tessera.exporter import cgroups
 
 UID = "0e5b2b4a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 CID = "4f" * 32

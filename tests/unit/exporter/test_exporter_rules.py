@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera.driver.containers import ContainerRef
-from tessera.driver.exporter import FAMILIES
+from tessera.exporter.collector import FAMILIES
+from tessera.exporter.containers import ContainerRef
 from tessera.quantity import GiB
 from tessera.shim import format as shim_format
 from tests.unit.driver.driver_samples import gpu
-from tests.unit.driver.test_exporter import Bed, sample, write_claim
+from tests.unit.exporter.test_exporter import Bed, sample, write_claim
 
 FILES = Path(__file__).resolve().parents[3] / "charts" / "tessera" / "files"
 RULES = FILES / "alert-rules.yaml"

@@ -18,17 +18,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.driver.checkpoint import ClaimRecord, PreparedDevice
-from tessera.driver.containers import ContainerRef
 from tessera.driver.devices import device_name
 from tessera.driver.discovery import Gpu, GpuSample
-from tessera.driver.exporter import (
+from tessera.exporter.collector import (
     CONTAINER_LABELS,
     FAMILIES,
     GPU_LABELS,
     GpuCollector,
     Sources,
 )
-from tessera.driver.metrics import DaemonMetrics
+from tessera.exporter.containers import ContainerRef
+from tessera.exporter.metrics import DaemonMetrics
 from tessera.quantity import GiB
 from tessera.shim import format as shim_format
 from tessera.shim._format import ffi as _ffi
@@ -423,7 +423,7 @@ def test_a_container_past_its_claim_is_named_in_the_log_once_per_change(
     bed.claimed_container(g)
     bed.fake_process(200, None)
     bed.samples[g.uuid] = sample(compute_memory={100: 5 * GiB, 200: GiB})
-    caplog.set_level(logging.INFO, logger="tessera.driver.exporter")
+    caplog.set_level(logging.INFO, logger="tessera.exporter.collector")
 
     def lines() -> list[str]:
         return [r.getMessage() for r in caplog.records]

@@ -24,12 +24,12 @@ from tessera import logs
 from tessera.driver import checkpoint, devices
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.config import DriverConfig
-from tessera.driver.containers import ContainerIndex
 from tessera.driver.discovery import Nvml
-from tessera.driver.exporter import GpuCollector, Sources
 from tessera.driver.health import HealthServer
-from tessera.driver.metrics import DaemonMetrics
-from tessera.driver.metrics_server import MetricsServer
+from tessera.exporter.collector import GpuCollector, Sources
+from tessera.exporter.containers import ContainerIndex
+from tessera.exporter.metrics import DaemonMetrics
+from tessera.exporter.server import MetricsServer
 from tessera.kube import api_client
 from tessera.lifecycle import run_until_signalled
 from tessera.names import METRICS_PORT

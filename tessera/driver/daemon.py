@@ -3,7 +3,7 @@
 Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state,
 serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
 cannot answer — then publish the slice and watch GPU health. The metrics exporter is not here: it
-is its own process (``tessera-exporter``, driver/exporter_cli.py) so that nothing a scrape meets
+is its own process (``tessera-exporter``, tessera/exporter/cli.py) so that nothing a scrape meets
 can stop a prepare, and this one reads no other process.
 Stop (SIGTERM): deregister first (the registration socket goes, so the kubelet stops calling), let
 calls in flight finish, remove the DRA socket, stop the background loops. A background loop that

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tessera.driver.containers import ContainerIndex, ContainerRef, containers_by_claim, containers_by_id
+from tessera.exporter.containers import ContainerIndex, ContainerRef, containers_by_claim, containers_by_id
 
 
 def pod(

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tessera.driver import checkpoint, exporter_cli
+from tessera.driver import checkpoint
 from tessera.driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from tessera.exporter import cli as exporter_cli
 
 
 def test_environment_variables_configure_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """Build the enforcement shim: the cffi binding of the shared formats and the preload libraries.
 
-Two products, one set of C sources (shim/src, shim/include/tessera_shim.h):
+Two products, one set of C sources (tessera/shim/src, tessera/shim/include/tessera_shim.h):
 
 * ``tessera.shim._format`` - a cffi extension module compiling ``limits.c``, ``region.c`` and
   ``region_read.c`` (the exporter's copy-only reader), so the driver (writing limits files,
@@ -13,7 +13,7 @@ Two products, one set of C sources (shim/src, shim/include/tessera_shim.h):
   ``$ORIGIN`` runpath; at run time a symlink of that name beside the library points at the real
   driver (docs/shim.md, "How calls reach the shim").
 
-Run as a script to build both in place (``python shim/build.py``); ``setup.py`` runs the same
+Run as a script to build both in place (``python tessera/shim/build.py``); ``setup.py`` runs the same
 functions during the package build.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from cffi import FFI
 
 SHIM_DIR = Path(__file__).resolve().parent
-REPO = SHIM_DIR.parent
+REPO = SHIM_DIR.parents[1]
 INCLUDE_DIRS = [SHIM_DIR / "include", SHIM_DIR / "src", REPO / "include" / "cuda-abi"]
 LIB_DIR = SHIM_DIR / "lib"
 

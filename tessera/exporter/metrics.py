@@ -1,6 +1,6 @@
 """The node daemon's own metrics: build info and the exporter's scrape count, duration and errors.
 
-Kept apart from the collector (driver/exporter.py) so the names an operator alerts on when the
+Kept apart from the collector (tessera/exporter/collector.py) so the names an operator alerts on when the
 exporter itself misbehaves are defined, and started at zero, in one place. They live in a private
 registry (never prometheus_client's global one) that the collector emits after its own families,
 so a scrape's count and errors include that scrape, and tests and benchmarks can run several

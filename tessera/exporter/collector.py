@@ -13,7 +13,7 @@ shim sweeps its own region.
 
 Processes are tied to containers by what the kernel says: NVML lists each process with a context on
 a GPU and the memory the driver holds for it; the process's cgroup names its pod and container
-(driver/cgroups.py), and the pod index maps that to the container and its claims. So the memory the
+(tessera/exporter/cgroups.py), and the pod index maps that to the container and its claims. So the memory the
 driver reports for a container's processes stands next to what the shim charged its claim, and
 memory no claim accounts for - a process in no Tessera container, or a claim's processes holding
 more than its limit, as one that opened the real driver library around the shim does - is exported
@@ -37,12 +37,13 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera.driver import cgroups, claim_files
+from tessera.driver import claim_files
 from tessera.driver.checkpoint import ClaimRecord
-from tessera.driver.containers import ContainerRef
 from tessera.driver.devices import device_name
 from tessera.driver.discovery import Gpu, GpuSample
-from tessera.driver.metrics import DaemonMetrics
+from tessera.exporter import cgroups
+from tessera.exporter.containers import ContainerRef
+from tessera.exporter.metrics import DaemonMetrics
 from tessera.shim import format as shim_format
 
 log = logging.getLogger(__name__)

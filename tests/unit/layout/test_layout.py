@@ -1,0 +1,115 @@
+"""The product's layout: one folder per part, each importing only what its role allows; nothing of
+the development tree reachable from the product; one name per module (no links, no old paths); the
+product installs the product's commands and the development distribution the test bed's."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.layout.layout_facts import (
+    CORE,
+    PARTS,
+    REPO,
+    imported_modules,
+    imports_outside,
+    product_files,
+    scripts,
+)
+
+ALLOWED: dict[str, set[str]] = {
+    CORE: set(),
+    "shim": {CORE},
+    "proto": set(),
+    "driver": {CORE, "shim", "proto"},
+    "exporter": {CORE, "shim", "driver"},
+    "webhook": {CORE},
+    "admissioncheck": {CORE, "webhook"},
+}
+"""Which parts each part may import."""
+
+EXPORTER_READS_OF_THE_DRIVER = (
+    "tessera.driver.checkpoint",
+    "tessera.driver.claim_files",
+    "tessera.driver.devices",
+    "tessera.driver.discovery",
+    "tessera.driver.config",
+    "tessera.driver.health",
+)
+"""The exporter reads what the driver leaves on the node (its checkpoint and claim folders) and
+finds GPUs the same way; nothing of the daemon itself (its servers, its gRPC plugin, its config)."""
+
+
+def test_every_part_has_a_rule_and_the_rules_cover_the_tree() -> None:
+    folders = {path.name for path in (REPO / "tessera").iterdir() if (path / "__init__.py").exists()}
+    assert folders == set(PARTS)
+    assert set(ALLOWED) == {CORE, *PARTS}
+
+
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_a_part_imports_only_the_parts_its_role_allows_and_nothing_of_the_development_tree(part: str) -> None:
+    assert list(product_files(part)), f"tessera/{part} has no Python file"
+    assert imports_outside(part, ALLOWED[part]) == {}
+
+
+def test_the_exporter_reads_the_drivers_files_but_imports_none_of_the_daemon() -> None:
+    reads = {
+        name
+        for path in product_files("exporter")
+        for name in imported_modules(path)
+        if name.startswith("tessera.driver")
+    }
+    assert reads <= set(EXPORTER_READS_OF_THE_DRIVER)
+
+
+def test_the_repository_holds_no_symbolic_link() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "--stage"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert [line for line in tracked if line.startswith("120000")] == []
+
+
+@pytest.mark.parametrize(
+    "old_name",
+    [
+        "driver.daemon",
+        "webhook.cli",
+        "admissioncheck.cli",
+        "shim.format",
+        "proto.generate",
+        "tessera.testbed",
+        "tessera.simgpu",
+        "tessera.shim.testing",
+        "tessera.driver.exporter",
+        "tessera.driver.metrics_server",
+    ],
+)
+def test_a_module_is_not_importable_under_its_old_name(old_name: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {old_name}"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+
+
+def test_each_module_has_one_name() -> None:
+    spec = importlib.util.find_spec("tessera.driver.daemon")
+    assert spec is not None and spec.origin == str(REPO / "tessera" / "driver" / "daemon.py")
+
+
+def test_the_product_installs_its_commands_and_the_development_distribution_the_test_beds() -> None:
+    assert scripts(REPO / "pyproject.toml") == {
+        "tessera-driver": "tessera.driver.cli:main",
+        "tessera-exporter": "tessera.exporter.cli:main",
+        "tessera-webhook": "tessera.webhook.cli:main",
+        "tessera-admission-check": "tessera.admissioncheck.cli:main",
+    }
+    assert scripts(REPO / "dev" / "pyproject.toml") == {"tessera-cluster": "testbed.cli:main"}
+
+
+def test_lint_and_type_checks_cover_the_product_and_the_development_tree() -> None:
+    makefile = (REPO / "Makefile").read_text().splitlines()
+    sources = next(line for line in makefile if line.startswith("PY_SOURCES")).split(":=")[1].split()
+    assert {"tessera", "testbed", "simgpu", "demo", "tools", "tests", "benchmarks"} <= set(sources)
