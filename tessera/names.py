@@ -17,6 +17,13 @@ MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"
 """Consumable capacity: percent of the GPU's time, 0-100 (steps of 1)."""
 
+UUID_ATTRIBUTE = "uuid"
+"""Device attribute: the GPU's UUID as NVML gives it ("GPU-..."), what HAMi's UUID annotations name."""
+
+PRODUCT_ATTRIBUTE = "productName"
+"""Device attribute: the GPU's product name ("NVIDIA A100-SXM4-80GB"), what HAMi's type annotations
+match a part of."""
+
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 """Device taint key the driver sets on a GPU while NVML reports it lost or failing."""
 

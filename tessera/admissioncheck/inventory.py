@@ -24,6 +24,7 @@ from kubernetes import client
 from tessera.admissioncheck.fit import Gpu, GpuKey
 from tessera.names import CORES_CAPACITY, DRIVER_NAME, MEMORY_CAPACITY
 from tessera.quantity import quantity_to_int
+from tessera.slices import published_gpus
 from tessera.watching import watch_forever
 
 log = logging.getLogger(__name__)
@@ -48,37 +49,13 @@ class PodRecord:
 
 
 def gpus_from_slices(slices: Iterable[Mapping[str, Any]]) -> list[Gpu]:
-    """Our driver's devices with memory and cores capacity; tainted (unhealthy) devices are left out,
-    as the scheduler leaves them out."""
-    out = []
-    for item in slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") != DRIVER_NAME:
-            continue
-        pool = (spec.get("pool") or {}).get("name") or ""
-        node = spec.get("nodeName") or pool
-        for device in spec.get("devices") or []:
-            if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in device.get("taints") or []):
-                continue
-            capacity = device.get("capacity") or {}
-            attributes = device.get("attributes") or {}
-            try:
-                memory = quantity_to_int(capacity[MEMORY_CAPACITY]["value"])
-                cores = quantity_to_int(capacity.get(CORES_CAPACITY, {}).get("value", "100"))
-            except (KeyError, ValueError):
-                continue
-            out.append(
-                Gpu(
-                    node=node,
-                    pool=pool,
-                    name=device["name"],
-                    uuid=(attributes.get("uuid") or {}).get("string", ""),
-                    product=(attributes.get("productName") or {}).get("string", ""),
-                    memory=memory,
-                    cores=cores,
-                )
-            )
-    return out
+    """Our driver's GPUs that can take new shares now: tainted (unhealthy) ones are left out, as the
+    scheduler leaves them out (tessera/slices.py)."""
+    return [
+        Gpu(gpu.node, gpu.pool, gpu.name, gpu.uuid, gpu.product, gpu.memory, gpu.cores)
+        for gpu in published_gpus(slices)
+        if gpu.schedulable
+    ]
 
 
 def allocated_usage(claims: Iterable[Mapping[str, Any]]) -> dict[GpuKey, tuple[int, int]]:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.driver.discovery import Gpu
-from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT
+from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, PRODUCT_ATTRIBUTE, UNHEALTHY_TAINT, UUID_ATTRIBUTE
 from tessera.quantity import MiB, round_down
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,9 @@ def device(gpu: Gpu, problem: str | None = None, taint_time: str | None = None) 
     cuda = gpu.cuda_driver_version
     attributes: dict[str, Mapping[str, object]] = {
         "type": {"string": "gpu"},
-        "uuid": {"string": gpu.uuid},
+        UUID_ATTRIBUTE: {"string": gpu.uuid},
         "index": {"int": gpu.index},
-        "productName": {"string": gpu.product_name},
+        PRODUCT_ATTRIBUTE: {"string": gpu.product_name},
         "brand": {"string": gpu.brand},
         "architecture": {"string": gpu.architecture},
         "cudaComputeCapability": {"version": version(f"{major}.{minor}")},

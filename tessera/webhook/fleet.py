@@ -1,6 +1,7 @@
 """What the published GPUs can offer, reduced to the few numbers admission needs.
 
-Built from the watched ResourceSlices (``slices.py``) and handed to the pure conversion and
+Built from the watched ResourceSlices (``slices.py`` here watches them, ``tessera/slices.py`` reads
+them) and handed to the pure conversion and
 validation code as an immutable value, so those stay testable without a cluster.
 """
 
@@ -11,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.names import DRIVER_NAME, MEMORY_CAPACITY
-from tessera.quantity import quantity_to_int
+from tessera.slices import published_gpus
 
 
 @dataclass(frozen=True)
@@ -30,25 +30,11 @@ class Fleet:
 
 
 def fleet_from_slices(slices: Iterable[Mapping[str, Any]]) -> Fleet:
-    """The Fleet that a set of ResourceSlice objects (as JSON) describes; slices of other drivers and
-    devices without a memory capacity are ignored."""
-    sizes: set[int] = set()
-    per_node: Counter[str] = Counter()
-    for item in slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") != DRIVER_NAME:
-            continue
-        node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or ""
-        for device in spec.get("devices") or []:
-            capacity = (device.get("capacity") or {}).get(MEMORY_CAPACITY)
-            if not capacity or "value" not in capacity:
-                continue
-            try:
-                sizes.add(quantity_to_int(capacity["value"]))
-            except ValueError:
-                continue
-            per_node[node] += 1
+    """The Fleet that a set of ResourceSlice objects (as JSON) describes. Tainted GPUs count: a
+    refusal at admission is final, and an unhealthy GPU may come back (tessera/slices.py)."""
+    gpus = published_gpus(slices)
+    per_node = Counter(gpu.node for gpu in gpus)
     return Fleet(
-        memory_sizes=tuple(sorted(sizes, reverse=True)),
+        memory_sizes=tuple(sorted({gpu.memory for gpu in gpus}, reverse=True)),
         max_gpus_per_node=max(per_node.values(), default=0),
     )

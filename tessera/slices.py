@@ -1,0 +1,104 @@
+"""The GPUs our driver's ResourceSlices publish, read once for everyone who reads them.
+
+The driver writes each GPU as a resource.k8s.io/v1 Device (tessera/driver/devices.py); the webhook
+(can a request ever be placed?) and the admission check (does a workload fit now?) read them back.
+Both read through :func:`published_gpus`, so a device the driver publishes means the same GPU to
+both, and a malformed or foreign device is skipped the same way.
+
+What a reader does with a tainted GPU is its own decision, made visibly with
+:attr:`PublishedGpu.schedulable`: the scheduler places nothing new on a GPU whose taint says
+NoSchedule or NoExecute, so the admission check leaves such GPUs out of today's free capacity; the
+webhook counts them, because a taint means "unhealthy now", and refusing a pod at creation is final
+while the GPU may recover within minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.names import (
+    CORES_CAPACITY,
+    DRIVER_NAME,
+    MEMORY_CAPACITY,
+    PRODUCT_ATTRIBUTE,
+    UUID_ATTRIBUTE,
+)
+from tessera.quantity import quantity_to_int
+
+BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""Taint effects under which the scheduler allocates nothing new from a device."""
+
+WHOLE_GPU_CORES = 100
+"""A GPU's compute, in the cores capacity's unit (percent), when a slice does not say."""
+
+GpuKey = tuple[str, str]
+"""(pool, device name): how a DRA allocation result names a device."""
+
+
+@dataclass(frozen=True)
+class PublishedGpu:
+    """One GPU as a ResourceSlice publishes it: where it is, what it is, its whole capacity, and the
+    keys of the taints that keep new allocations off it."""
+
+    node: str
+    pool: str
+    name: str
+    uuid: str
+    product: str
+    memory: int
+    cores: int
+    blocking_taints: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.pool, self.name)
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the scheduler may allocate new shares of it."""
+        return not self.blocking_taints
+
+
+def published_gpus(slices: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
+    """Every GPU our driver publishes in ``slices`` (ResourceSlice objects as JSON), in slice and
+    device order. Slices of other drivers are ignored, and so are devices whose memory capacity is
+    missing or not a quantity: nothing can be allocated from them."""
+    gpus = []
+    for item in slices:
+        spec = item.get("spec") or {}
+        if spec.get("driver") != DRIVER_NAME:
+            continue
+        pool = (spec.get("pool") or {}).get("name") or ""
+        node = spec.get("nodeName") or pool
+        for device in spec.get("devices") or []:
+            gpu = _published_gpu(node, pool, device)
+            if gpu is not None:
+                gpus.append(gpu)
+    return gpus
+
+
+def _published_gpu(node: str, pool: str, device: Mapping[str, Any]) -> PublishedGpu | None:
+    capacity = device.get("capacity") or {}
+    attributes = device.get("attributes") or {}
+    try:
+        memory = quantity_to_int(capacity[MEMORY_CAPACITY]["value"])
+        cores = quantity_to_int((capacity.get(CORES_CAPACITY) or {}).get("value", str(WHOLE_GPU_CORES)))
+        name = str(device["name"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return PublishedGpu(
+        node=node,
+        pool=pool,
+        name=name,
+        uuid=str((attributes.get(UUID_ATTRIBUTE) or {}).get("string", "")),
+        product=str((attributes.get(PRODUCT_ATTRIBUTE) or {}).get("string", "")),
+        memory=memory,
+        cores=cores,
+        blocking_taints=tuple(
+            str(taint.get("key", ""))
+            for taint in device.get("taints") or []
+            if taint.get("effect") in BLOCKING_TAINT_EFFECTS
+        ),
+    )
