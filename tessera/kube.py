@@ -1,7 +1,11 @@
 """Kubernetes client set-up shared by every Tessera component and the tests.
 
 One place decides how a client is built (an explicit kubeconfig, else $KUBECONFIG, else the
-in-cluster service account), so the driver, the webhook and the tests cannot drift apart.
+in-cluster service account), so the driver, the webhook and the tests cannot drift apart; and how
+long any call may wait. The client library waits forever by default: one half-open connection to the
+API server (a node partitioned, a load balancer that drops instead of refusing) would hang the call
+that uses it, and with it a prepare worker until the kubelet's deadline or a watch for good. Every
+call made through :func:`api_client` has a connect and a read bound unless it names its own.
 """
 
 from __future__ import annotations
@@ -15,20 +19,56 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client import ApiException
 
+CONNECT_TIMEOUT = 5.0
+"""Seconds to open a connection to the API server: a reachable one answers in milliseconds."""
 
-def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
-    """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order.
+READ_TIMEOUT = 30.0
+"""Seconds a call may wait for the API server's answer. The server's own limit on a request is 60 s
+(--request-timeout), but nothing Tessera asks takes more than a few seconds when the server is well;
+past this the call fails and its caller's backoff takes over."""
+
+Timeout = tuple[float, float]
+"""(connect, read) seconds, as the client's ``_request_timeout`` takes them."""
+
+
+class BoundedApiClient(client.ApiClient):
+    """An ApiClient whose calls wait at most ``timeout`` unless a call passes ``_request_timeout``
+    (a watch does: it must outlast its server-side timeout)."""
+
+    def __init__(self, configuration: client.Configuration, timeout: Timeout) -> None:
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        return super().call_api(
+            method, url, header_params, body, post_params, _request_timeout=_request_timeout or self.timeout
+        )
+
+
+def api_client(
+    kubeconfig: Path | None = None, timeout: Timeout = (CONNECT_TIMEOUT, READ_TIMEOUT)
+) -> BoundedApiClient:
+    """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order,
+    whose calls wait at most ``timeout``.
 
     $KUBECONFIG may list several files (a:b), as kubectl allows; the client merges them."""
+    configuration = client.Configuration()
     path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
     if path:
-        api: client.ApiClient = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
-        return api
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
         raise RuntimeError("no Kubernetes credentials: pass a kubeconfig, set KUBECONFIG, or run in a pod")
-    configuration = client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
+    return BoundedApiClient(configuration, timeout)
 
 
 def raw_json(response: Any) -> dict[str, Any]:

@@ -16,10 +16,17 @@ from typing import Any
 from kubernetes.client import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from tessera.kube import CONNECT_TIMEOUT
+
 log = logging.getLogger(__name__)
 
 _WATCH_SECONDS = 30
 """Server-side watch timeout: a watch is renewed (from the last resourceVersion) this often."""
+
+_WATCH_READ_TIMEOUT = _WATCH_SECONDS + 30.0
+"""Seconds a watch may go without a byte before the connection is taken for dead (half-open: the API
+server gone without a FIN, a dropped route) and the loop relists. A healthy idle watch ends well
+before this, when the server closes it at its own timeout."""
 
 Handler = Callable[[str, Mapping[str, Any]], None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED" | "SYNCED", object as JSON). "SYNCED" follows
@@ -52,6 +59,7 @@ def watch_forever(
                     timeout_seconds=_WATCH_SECONDS,
                     allow_watch_bookmarks=True,
                     _preload_content=False,
+                    _request_timeout=(CONNECT_TIMEOUT, _WATCH_READ_TIMEOUT),
                     **selectors,
                 )
                 try:

@@ -1,11 +1,21 @@
-"""Client set-up says which credentials it looked for when it finds none, and merges KUBECONFIG lists."""
+"""Client set-up says which credentials it looked for when it finds none, merges KUBECONFIG lists, and
+bounds every call: an API server that accepts a connection and never answers fails the call (or the
+watch, which then lists again) instead of hanging it."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+import urllib3
+from kubernetes import client
 
+from tessera import watching
 from tessera.kube import api_client
 
 KUBECONFIG = """apiVersion: v1
@@ -37,3 +47,130 @@ def test_kubeconfig_list_is_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     second.write_text(KUBECONFIG.format(name="b", port=2222, current="current-context: a"))
     monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
     assert api_client().configuration.host == "https://127.0.0.1:1111"
+
+
+class SilentApiServer:
+    """An HTTP server on loopback that answers a list of namespaces with an empty list and then, for
+    every call ``hang`` names, sends nothing at all (a half-open connection as the client sees it)."""
+
+    def __init__(self, hang: Callable[[str], bool]) -> None:
+        self.requests: list[str] = []
+        self.release = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.requests.append(self.path)
+                if hang(self.path):
+                    owner.release.wait(30)
+                    return
+                body = json.dumps({"metadata": {"resourceVersion": "7"}, "items": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            KUBECONFIG.format(
+                name="silent", port=self.server.server_port, current="current-context: silent"
+            ).replace("https://", "http://")
+        )
+        return path
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+StartServer = Callable[[Callable[[str], bool]], SilentApiServer]
+"""Starts a SilentApiServer that hangs on the request paths the predicate names."""
+
+
+@pytest.fixture
+def silent_for() -> Iterator[StartServer]:
+    servers: list[SilentApiServer] = []
+
+    def start(hang: Callable[[str], bool]) -> SilentApiServer:
+        servers.append(SilentApiServer(hang))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_call_the_api_server_never_answers_fails_instead_of_hanging(
+    tmp_path: Path, silent_for: StartServer
+) -> None:
+    server = silent_for(lambda path: True)
+    core = client.CoreV1Api(api_client(server.kubeconfig(tmp_path / "kubeconfig"), timeout=(1.0, 0.5)))
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        core.list_namespace()
+    assert server.requests, "the call reached the server"
+
+
+def test_a_call_that_names_its_own_timeout_keeps_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    silent_for: StartServer,
+) -> None:
+    server = silent_for(lambda path: False)
+    api = api_client(server.kubeconfig(tmp_path / "kubeconfig"), timeout=(1.0, 2.0))
+    seen: list[Any] = []
+    request: Callable[..., Any] = api.rest_client.request
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("_request_timeout"))
+        return request(*args, **kwargs)
+
+    monkeypatch.setattr(api.rest_client, "request", recording)
+    core = client.CoreV1Api(api)
+    core.list_namespace()
+    core.list_namespace(_request_timeout=(3.0, 90.0))
+    assert seen == [(1.0, 2.0), (3.0, 90.0)]
+
+
+@pytest.mark.timeout(60)
+def test_a_watch_that_goes_silent_is_dropped_and_the_list_taken_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    silent_for: StartServer,
+) -> None:
+    """The server accepted the watch and then fell silent (no event, no close): after the watch's read
+    bound the loop gives the connection up and lists again, so the cache is rebuilt, not frozen."""
+    monkeypatch.setattr(watching, "_WATCH_READ_TIMEOUT", 0.5)
+    server = silent_for(lambda path: "watch=true" in path)
+    core = client.CoreV1Api(api_client(server.kubeconfig(tmp_path / "kubeconfig")))
+    synced = threading.Semaphore(0)
+    stop = threading.Event()
+
+    def handle(kind: str, obj: Any) -> None:
+        if kind == "SYNCED":
+            synced.release()
+
+    watcher = threading.Thread(
+        target=watching.watch_forever,
+        args=(core.list_namespace, handle, stop, "namespaces"),
+        kwargs={"max_backoff": 0.5},
+        daemon=True,
+    )
+    watcher.start()
+    try:
+        assert synced.acquire(timeout=30), "the first list"
+        assert synced.acquire(timeout=30), "listed again after the silent watch"
+        assert any("watch=true" in path and "resourceVersion=7" in path for path in server.requests)
+    finally:
+        stop.set()
+        server.release.set()
+        watcher.join(10)
