@@ -104,14 +104,23 @@ class DraService:
     def unprepare(self, request: Any, pb: ModuleType) -> Any:
         response = pb.NodeUnprepareResourcesResponse()
         for claim in request.claims:
-            try:
-                self._state.unprepare(claim.uid)
-                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
-            except OSError as error:
-                message = f"cannot remove the claim's files on the node: {error}"
-                log.warning("cannot unprepare ResourceClaim %s/%s: %s", claim.namespace, claim.name, message)
-                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse(error=message))
+            response.claims[claim.uid].CopyFrom(self._unprepare_one(claim, pb))
         return response
+
+    def _unprepare_one(self, claim: Any, pb: ModuleType) -> Any:
+        """One claim's answer, as for prepare: whatever goes wrong with it, its neighbours in the call
+        are unprepared and the kubelet retries only this one."""
+        try:
+            self._state.unprepare(claim.uid)
+        except OSError as error:
+            message = f"cannot remove the claim's files on the node: {error}"
+        except Exception as error:  # a bug, or a request the kubelet should not send: this claim only
+            log.exception("unpreparing %s/%s (%r) failed", claim.namespace, claim.name, claim.uid)
+            message = f"unexpected error unpreparing the claim: {error}"
+        else:
+            return pb.NodeUnprepareResourceResponse()
+        log.warning("cannot unprepare ResourceClaim %s/%s: %s", claim.namespace, claim.name, message)
+        return pb.NodeUnprepareResourceResponse(error=message)
 
 
 def _device(pb: ModuleType, d: PreparedDevice) -> Any:
