@@ -32,6 +32,7 @@ from tessera.driver.discovery import Nvml
 from tessera.driver.health import HealthServer, dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
+from tessera.driver.state_lock import StateLock
 from tessera.kube import api_client
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Daemon:
         self._nvml: Nvml | None = None
         self._service: plugin.DraService | None = None
         self._status_writer: ClaimStatusWriter | None = None
+        self._state_lock = StateLock(config.state_dir)
 
     # ------------------------------------------------------------------ start
 
@@ -60,6 +62,7 @@ class Daemon:
         self._nvml = Nvml()
         gpus = devices.shareable(self._nvml.gpus())
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
+        self._state_lock.acquire(self._stop)  # before the checkpoint is read: one daemon per node
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
         self.claims = ClaimCache(resource, config.driver_name, config.pool_name)
@@ -196,4 +199,5 @@ class Daemon:
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
+        self._state_lock.release()
         log.info("stopped")

@@ -17,7 +17,8 @@ import grpc
 import pytest
 from kubernetes import client
 
-from simgpu.config import GpuFaults
+from simgpu.config import GpuFaults, process_env
+from tessera.driver.health import dra_socket_answers
 from tessera.driver.state import PREPARE_STEPS
 from tessera.kube import raw_json
 from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT
@@ -30,6 +31,7 @@ from testbed.dra_objects import allocated_claim
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from testbed.polling import poll_until
+from testbed.process import ManagedProcess
 from testbed.share_pods import share_pod
 
 pytestmark = pytest.mark.integration
@@ -385,3 +387,32 @@ def test_the_claim_itself_says_whether_each_share_was_prepared_and_why_not(
     bad_ready = poll_until(lambda: ready(bad), 30, "the failed claim's status")
     assert (bad_ready["status"], bad_ready["reason"]) == ("False", "PrepareFailed")
     assert bad_ready["message"] == response.claims[bad[2]].error
+
+
+def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_over(
+    driver_node: DriverNode,
+) -> None:
+    """Two daemons on one node (a surge rollout, a copy run by hand) would each rewrite the claims'
+    checkpoint from their own memory. The second waits on the state directory's lock, says who holds
+    it, and starts serving only once the first has gone."""
+    assert driver_node.process is not None
+    first_pid = driver_node.process.pid
+    second = ManagedProcess(
+        "tessera-driver-second",
+        driver_node.argv(),
+        driver_node.work_dir,
+        env=process_env(driver_node.simgpu.config),
+    )
+    try:
+        waiting = f"another tessera-driver (pid {first_pid}) holds"
+        second.wait_until(lambda: waiting in second.log_tail(), 60, "the second daemon to say it waits")
+        assert driver_node.get("/healthz") == (200, "ok\n"), "the first daemon keeps serving"
+        assert "serving" not in second.log_tail(), "the second daemon serves nothing while it waits"
+
+        driver_node.stop()
+        second.wait_until(
+            lambda: dra_socket_answers(driver_node.dra_socket), 60, "the second daemon to serve"
+        )
+        assert "took " in second.log_tail()
+    finally:
+        second.stop()
