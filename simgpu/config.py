@@ -40,6 +40,8 @@ class GpuFaults:
     """Each process's Nth device allocation on this GPU fails with out-of-memory; 0 = never."""
     lost: bool = False
     """The GPU has fallen off the bus: CUDA and NVML calls that touch it fail."""
+    nvml_hang: bool = False
+    """NVML calls that touch the GPU (its handle lookups and queries) block until this is cleared."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ def render(spec: NodeSpec) -> str:
             f"temperature_c = {gpu.temperature_c}",
             f"fail_alloc = {gpu.faults.fail_alloc}",
             f"lost = {'true' if gpu.faults.lost else 'false'}",
+            f"nvml_hang = {'true' if gpu.faults.nvml_hang else 'false'}",
         ]
     if spec.kernels:
         lines += ["", "[kernels]"]

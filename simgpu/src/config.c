@@ -270,6 +270,8 @@ static int gpu_key(struct parser *p, const char *key, const char *value)
         return parse_u64(p, key, value, 0, UINT64_MAX, &g->faults.fail_alloc);
     if (strcmp(key, "lost") == 0)
         return parse_bool(p, key, value, &g->faults.lost);
+    if (strcmp(key, "nvml_hang") == 0)
+        return parse_bool(p, key, value, &g->faults.nvml_hang);
     return fail(p, "unknown key '%s' in [gpu]", key);
 }
 

@@ -21,6 +21,7 @@
 struct sim_gpu_faults {
     uint64_t fail_alloc; /* this process's Nth allocation on the GPU fails; 0 = never */
     bool lost;           /* the GPU has fallen off the bus */
+    bool nvml_hang;      /* NVML calls that touch the GPU block until the fault is cleared */
 };
 
 struct sim_gpu_config {

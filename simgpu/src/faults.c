@@ -39,6 +39,8 @@ static void reload_faults(struct sim_runtime *rt)
                          __ATOMIC_RELAXED);
         __atomic_store_n(&rt->cfg.gpus[i].faults.fail_alloc, fresh.gpus[n].faults.fail_alloc,
                          __ATOMIC_RELAXED);
+        __atomic_store_n(&rt->cfg.gpus[i].faults.nvml_hang, fresh.gpus[n].faults.nvml_hang,
+                         __ATOMIC_RELAXED);
     }
     __atomic_store_n(&rt->cfg.latency_ns, fresh.latency_ns, __ATOMIC_RELAXED);
 }
@@ -79,6 +81,17 @@ void sim_faults_on_call(struct sim_runtime *rt)
 bool sim_fault_gpu_lost(struct sim_runtime *rt, int gpu)
 {
     return __atomic_load_n(&rt->cfg.gpus[gpu].faults.lost, __ATOMIC_RELAXED);
+}
+
+void sim_fault_nvml_hang(struct sim_runtime *rt, int gpu)
+{
+    /* A wedged driver as NVML's callers meet it: the call neither answers nor fails. It keeps
+     * looking at the configuration file, so clearing the fault lets it return as if nothing had
+     * happened (what a driver that recovers does). */
+    while (__atomic_load_n(&rt->cfg.gpus[gpu].faults.nvml_hang, __ATOMIC_RELAXED)) {
+        sim_sleep_until(sim_now_ns() + SIM_FAULT_POLL_NS);
+        sim_faults_on_call(rt);
+    }
 }
 
 uint64_t sim_fault_fail_alloc(struct sim_runtime *rt, int gpu)

@@ -79,6 +79,7 @@ nvmlReturn_t sim_nvml_device(nvmlDevice_t device, int *index)
         return rc;
     if (device < &sim_nvml.devices[0] || device >= &sim_nvml.devices[sim_nvml.rt.cfg.gpu_count])
         return NVML_ERROR_INVALID_ARGUMENT;
+    sim_fault_nvml_hang(&sim_nvml.rt, device->index);
     if (sim_fault_gpu_lost(&sim_nvml.rt, device->index))
         return NVML_ERROR_GPU_IS_LOST;
     *index = device->index;
@@ -152,6 +153,7 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count)
 /* Handle lookups fail for a lost GPU too: nvidia-smi then reports "GPU is lost". */
 static nvmlReturn_t handle_for(int index, nvmlDevice_t *device)
 {
+    sim_fault_nvml_hang(&sim_nvml.rt, index);
     if (sim_fault_gpu_lost(&sim_nvml.rt, index))
         return NVML_ERROR_GPU_IS_LOST;
     *device = &sim_nvml.devices[index];

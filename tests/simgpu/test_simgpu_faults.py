@@ -3,6 +3,9 @@ off the bus under a running process, and added call latency."""
 
 from __future__ import annotations
 
+import select
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -144,3 +147,35 @@ def test_broken_rewrite_keeps_previous_faults(make_node: NodeFactory) -> None:
     finally:
         worker.kill()
         worker.communicate()
+
+
+NVML_CALL_THAT_HANGS = """
+import pynvml as n
+n.nvmlInit()
+n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(1))
+print("other gpu answers", flush=True)
+n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0))
+print("hung gpu answers", flush=True)
+"""
+
+
+def test_nvml_calls_on_a_hung_gpu_block_until_the_fault_is_cleared(make_node: NodeFactory) -> None:
+    """With nvml_hang on GPU 0, an NVML call that touches it neither answers nor fails (a wedged
+    driver, as the node daemon's watchdog must meet it), calls on GPU 1 answer, and clearing the
+    fault lets the blocked call return normally."""
+    node = make_node(gpus=2, name="hang")
+    hung = replace(node.spec.gpus[0], faults=GpuFaults(nvml_hang=True))
+    node.update(replace(node.spec, gpus=(hung, node.spec.gpus[1])))
+    caller = subprocess.Popen(
+        [sys.executable, "-c", NVML_CALL_THAT_HANGS], env=node.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert caller.stdout is not None and read_line(caller, "other gpu") == "other gpu answers"
+        ready, _, _ = select.select([caller.stdout], [], [], 1.0)
+        assert not ready and caller.poll() is None, "the call on the hung GPU returned"
+        node.update(replace(node.spec, gpus=(replace(hung, faults=GpuFaults()), node.spec.gpus[1])))
+        assert read_line(caller, "hung gpu") == "hung gpu answers"
+        assert caller.wait(30) == 0
+    finally:
+        caller.kill()
+        caller.wait()

@@ -87,6 +87,7 @@ power_limit_watts = 400
 temperature_c = 41
 fail_alloc = 3
 lost = true
+nvml_hang = false
 
 [kernels]
 simgpu_sleep_ns = param0
