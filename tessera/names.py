@@ -27,6 +27,10 @@ match a part of."""
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
 """Device taint key the driver sets on a GPU while NVML reports it lost or failing."""
 
+UNMONITORED_TAINT = f"{DRIVER_NAME}/unmonitored"
+"""Device taint key the driver sets on every GPU while NVML does not answer at all: their health is
+unknown, which is not the same as unhealthy (nothing says the GPUs themselves failed)."""
+
 METRICS_PORT = 31995
 
 # HAMi's spellings, which users' manifests already carry: the webhook converts them into claims.

@@ -64,6 +64,8 @@ class DriverConfig:
     which very large clusters may prefer."""
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     health_interval: float = 2.0
+    nvml_timeout: float = 10.0
+    """Seconds a health poll's NVML calls may take before every GPU's health is taken as unknown."""
     cleanup_interval: float = 60.0
     resync_interval: float = 30.0
     health_port: int = 0

@@ -98,21 +98,24 @@ class Daemon:
         )
 
         def publish() -> None:
-            problems = self.tracker.problems()
-            self.publisher.set_devices([devices.device(g, *problems.get(g.uuid, (None, None))) for g in gpus])
+            taints = self.tracker.taints()
+            self.publisher.set_devices([devices.device(g, taints.get(g.uuid, ())) for g in gpus])
 
         self.tracker.on_change = publish
-        self.tracker.poll(self._nvml.problem)
-        publish()
-        self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
         self._background(
             "gpu-health",
             device_health.poll_forever,
             self.tracker,
             self._nvml.problem,
             config.health_interval,
+            config.nvml_timeout,
             self._stop,
         )
+        # The first slice says what the first poll found (a lost GPU is never published untainted),
+        # or, if NVML did not answer, that no GPU's health is known.
+        self.tracker.assessed.wait(config.nvml_timeout + 1.0)
+        publish()
+        self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
         self._background(
             "cleanup",
             cleanup.sweep_forever,
@@ -157,6 +160,8 @@ class Daemon:
         return self.fatal is None and dra_socket_answers(self.config.dra_socket)
 
     def not_ready(self) -> str | None:
+        if (unmonitored := self.tracker.unmonitored()) is not None:
+            return unmonitored
         if not self.registration.registered.is_set():
             return "not registered with the kubelet yet" + (
                 f" ({self.registration.last_error})" if self.registration.last_error else ""

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tessera.driver.discovery import Gpu
-from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, PRODUCT_ATTRIBUTE, UNHEALTHY_TAINT, UUID_ATTRIBUTE
+from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, PRODUCT_ATTRIBUTE, UUID_ATTRIBUTE
 from tessera.quantity import MiB, round_down
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,19 @@ def pci_bus_id(nvml_bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def device(gpu: Gpu, problem: str | None = None, taint_time: str | None = None) -> dict[str, Any]:
-    """The Device for ``gpu``: attributes, consumable memory and cores, and, while ``problem``
-    says why the GPU is unusable, a NoSchedule taint carrying that reason."""
+@dataclass(frozen=True)
+class DeviceTaint:
+    """Why no new share may land on a GPU now: a NoSchedule taint under ``key`` (tessera/names.py),
+    its value the ``reason`` made label-safe, added at ``since`` (RFC 3339) when known."""
+
+    key: str
+    reason: str
+    since: str | None = None
+
+
+def device(gpu: Gpu, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
+    """The Device for ``gpu``: attributes, consumable memory and cores, and a NoSchedule taint for
+    each of ``taints`` (running shares are left to their owners)."""
     memory = round_down(gpu.memory_bytes, MEMORY_STEP)
     major, minor = gpu.cuda_compute_capability
     cuda = gpu.cuda_driver_version
@@ -102,16 +113,16 @@ def device(gpu: Gpu, problem: str | None = None, taint_time: str | None = None) 
             },
         },
     }
-    if problem is not None:
-        taint: dict[str, str] = {
-            "key": UNHEALTHY_TAINT,
-            "value": _taint_value(problem),
-            "effect": "NoSchedule",
-        }
-        if taint_time:
-            taint["timeAdded"] = taint_time
-        result["taints"] = [taint]
+    if taints:
+        result["taints"] = [_taint(taint) for taint in taints]
     return result
+
+
+def _taint(taint: DeviceTaint) -> dict[str, str]:
+    out = {"key": taint.key, "value": _taint_value(taint.reason), "effect": "NoSchedule"}
+    if taint.since:
+        out["timeAdded"] = taint.since
+    return out
 
 
 def _taint_value(problem: str) -> str:

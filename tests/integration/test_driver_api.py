@@ -21,7 +21,7 @@ from simgpu.config import GpuFaults, process_env
 from tessera.driver.health import dra_socket_answers
 from tessera.driver.state import PREPARE_STEPS
 from tessera.kube import raw_json
-from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT
+from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT, UNMONITORED_TAINT
 from tessera.proto.health.v1 import api_pb2 as health
 from tessera.proto.health.v1 import api_pb2_grpc as health_grpc
 from tessera.quantity import GiB, quantity_to_int
@@ -416,3 +416,37 @@ def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_ov
         assert "took " in second.log_tail()
     finally:
         second.stop()
+
+
+def test_a_wedged_nvml_makes_every_gpu_unmonitored_and_the_daemon_not_ready_but_alive(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    """NVML calls on one GPU hang (the simulated driver's nvml_hang): within the daemon's NVML timeout
+    every GPU carries the unmonitored taint and the daemon says it is not ready, and why; it stays
+    alive and keeps preparing claims (prepare does not wait on NVML); when NVML answers again the
+    taints go."""
+    allocated_before = share_pod(kube, namespace, driver_node.node_name, "before", memory="1Gi", cores="5")
+    gpus = list(driver_node.simgpu.spec.gpus)
+    hung = gpus[0]
+    gpus[0] = replace(hung, faults=GpuFaults(nvml_hang=True))
+    driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
+
+    def taint_keys() -> list[list[str]]:
+        published = slice_of(kube, driver_node.node_name)
+        assert published is not None
+        return [[t["key"] for t in d.get("taints") or []] for d in published["spec"]["devices"]]
+
+    poll_until(lambda: all(UNMONITORED_TAINT in keys for keys in taint_keys()), 60, "every GPU unmonitored")
+    assert driver_node.get("/readyz") == (503, "NVML did not answer within 10 s\n")
+    assert driver_node.get("/healthz") == (200, "ok\n")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([allocated_before])
+    finally:
+        kubelet.close()
+    assert response.claims[allocated_before[2]].error == ""
+
+    gpus[0] = hung
+    driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
+    poll_until(lambda: taint_keys() == [[]] * len(gpus), 60, "the unmonitored taints removed")
+    assert driver_node.get("/readyz")[1] != "NVML did not answer within 10 s\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessera.admissioncheck.inventory import gpus_from_slices
-from tessera.driver.devices import device, device_name
+from tessera.driver.devices import DeviceTaint, device, device_name
 from tessera.driver.slices import slice_object
 from tessera.names import DRIVER_NAME, UNHEALTHY_TAINT
 from tessera.quantity import GiB
@@ -22,7 +22,10 @@ def published_slice(node: str, devices: list[dict[str, Any]], driver: str = DRIV
 
 def test_what_the_driver_publishes_reads_back_as_the_same_gpus() -> None:
     healthy, failing = gpu(0, 80 * GiB + 3), gpu(1, 40 * GiB)
-    devices = [device(healthy), device(failing, problem="XID 79: GPU fell off the bus")]
+    devices = [
+        device(healthy),
+        device(failing, [DeviceTaint(UNHEALTHY_TAINT, "XID 79: GPU fell off the bus")]),
+    ]
 
     gpus = published_gpus([published_slice("node-a", devices)])
 
@@ -84,7 +87,7 @@ def test_a_slice_without_a_cores_capacity_offers_the_whole_gpus_time() -> None:
 def test_the_webhook_counts_a_tainted_gpu_and_the_admission_check_does_not() -> None:
     """A refusal at pod creation is final while an unhealthy GPU may recover, so the webhook still
     counts it; the admission check decides what fits now, and the scheduler would not use it."""
-    devices = [device(gpu(0), problem="lost"), device(gpu(1, 40 * GiB))]
+    devices = [device(gpu(0), [DeviceTaint(UNHEALTHY_TAINT, "lost")]), device(gpu(1, 40 * GiB))]
     slices = [published_slice("node-a", devices)]
 
     assert fleet_from_slices(slices) == Fleet(memory_sizes=(80 * GiB, 40 * GiB), max_gpus_per_node=2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tessera.driver import devices
-from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT
+from tessera.driver.devices import DeviceTaint
+from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, UNHEALTHY_TAINT, UNMONITORED_TAINT
 from tessera.quantity import MiB
 from tests.unit.driver.driver_samples import gpu
 
@@ -57,17 +58,19 @@ def test_attributes_carry_identity_model_and_versions_in_the_api_forms() -> None
 
 
 def test_an_unhealthy_gpu_is_tainted_no_schedule_with_a_label_safe_reason() -> None:
-    tainted = devices.device(gpu(), problem="GPU is lost", taint_time="2026-11-30T00:00:00Z")
-    assert tainted["taints"] == [
+    lost = DeviceTaint(UNHEALTHY_TAINT, "GPU is lost", "2026-11-30T00:00:00Z")
+    unknown = DeviceTaint(UNMONITORED_TAINT, "NVML did not answer within 10 s")
+    assert devices.device(gpu(), [lost, unknown])["taints"] == [
         {
             "key": UNHEALTHY_TAINT,
             "value": "GPU-is-lost",
             "effect": "NoSchedule",
             "timeAdded": "2026-11-30T00:00:00Z",
-        }
+        },
+        {"key": UNMONITORED_TAINT, "value": "NVML-did-not-answer-within-10-s", "effect": "NoSchedule"},
     ]
     assert "taints" not in devices.device(gpu())
-    long_reason = devices.device(gpu(), problem="x" * 200)["taints"][0]["value"]
+    long_reason = devices.device(gpu(), [DeviceTaint(UNHEALTHY_TAINT, "x" * 200)])["taints"][0]["value"]
     assert len(long_reason) <= 63
 
 
