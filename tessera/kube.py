@@ -27,6 +27,12 @@ READ_TIMEOUT = 30.0
 (--request-timeout), but nothing Tessera asks takes more than a few seconds when the server is well;
 past this the call fails and its caller's backoff takes over."""
 
+RETRIES = 1
+"""Times the connection pool retries a call that failed to connect or lost its connection: once, for
+a pooled keep-alive connection the server closed meanwhile. Not more: every caller has its own loop
+with back-off, and the library's default of three retries made each failure of an absent API server
+cost four timeouts and four log lines."""
+
 Timeout = tuple[float, float]
 """(connect, read) seconds, as the client's ``_request_timeout`` takes them."""
 
@@ -68,6 +74,7 @@ def api_client(
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         raise RuntimeError("no Kubernetes credentials: pass a kubeconfig, set KUBECONFIG, or run in a pod")
+    configuration.retries = RETRIES
     return BoundedApiClient(configuration, timeout)
 
 

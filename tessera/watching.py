@@ -28,6 +28,35 @@ _WATCH_READ_TIMEOUT = _WATCH_SECONDS + 30.0
 server gone without a FIN, a dropped route) and the loop relists. A healthy idle watch ends well
 before this, when the server closes it at its own timeout."""
 
+
+class Reachability:
+    """Whether each of a process's watches got its list from the API server the last time it tried,
+    for a readiness probe: one that works must not hide another that fails (the server gone, a
+    partition, a permission removed). Loops report by name; ``problem`` names the first failing."""
+
+    _ERROR_CHARS = 200
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures: dict[str, str] = {}
+
+    def reached(self, what: str) -> None:
+        with self._lock:
+            self._failures.pop(what, None)
+
+    def failed(self, what: str, error: BaseException) -> None:
+        with self._lock:
+            self._failures[what] = str(error)[: self._ERROR_CHARS]
+
+    def problem(self) -> str | None:
+        """A sentence for the probe while some loop cannot reach the API server, else None."""
+        with self._lock:
+            if not self._failures:
+                return None
+            what, error = sorted(self._failures.items())[0]
+        return f"the watch of {what} is failing: {error}"
+
+
 Handler = Callable[[str, Mapping[str, Any]], None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED" | "SYNCED", object as JSON). "SYNCED" follows
 every fresh list, with an object {"items": [...]} holding the complete list."""
@@ -39,16 +68,20 @@ def watch_forever(
     stop: threading.Event,
     what: str,
     max_backoff: float = 30.0,
+    reachability: Reachability | None = None,
     **selectors: str,
 ) -> None:
     """Run until ``stop`` is set: list ``list_call`` (a kubernetes client list method), hand the
     list to ``handler``, then watch from its resourceVersion; relist on any error, waiting
-    0.5 s, 1 s, 2 s... up to ``max_backoff`` between failures."""
+    0.5 s, 1 s, 2 s... up to ``max_backoff`` between failures. Each list's outcome goes to
+    ``reachability`` under ``what``."""
     backoff = 0.5
     while not stop.is_set():
         try:
             response = list_call(_preload_content=False, **selectors)
             listed = json.loads(response.data)
+            if reachability is not None:
+                reachability.reached(what)
             handler("SYNCED", {"items": listed.get("items") or []})
             version = listed["metadata"]["resourceVersion"]
             backoff = 0.5
@@ -80,6 +113,8 @@ def watch_forever(
         except Exception as error:  # every failure: relist after a pause
             if stop.is_set():
                 return
+            if reachability is not None:
+                reachability.failed(what, error)
             log.warning("watch of %s failed (%s); relisting in %.1fs", what, error, backoff)
             stop.wait(backoff)
             backoff = min(backoff * 2, max_backoff)

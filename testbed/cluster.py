@@ -168,6 +168,23 @@ class LocalCluster:
         if failures:
             raise failures[0]
 
+    def stop_api_server(self) -> None:
+        """Stop the API server alone, as an outage does; etcd and the other components keep running
+        (they retry: neither elects a leader here, so neither exits when it cannot renew a lease)."""
+        self._api_server_process().stop()
+
+    def resume_api_server(self) -> None:
+        """Start the API server stopped by stop_api_server again, same port, same state; wait until
+        it is ready."""
+        stopped = self._api_server_process()
+        assert not stopped.running(), "the API server is running"
+        self.processes.remove(stopped)
+        resumed = self._spawn("kube-apiserver", *stopped.argv)
+        resumed.wait_until(lambda: self._apiserver_ok("/readyz"), _START_TIMEOUT, "ready API server again")
+
+    def _api_server_process(self) -> ManagedProcess:
+        return next(p for p in self.processes if p.name == "kube-apiserver")
+
     def log_tails(self, lines: int = 40) -> dict[str, str]:
         """The last lines of each component's log, for a failing test's report."""
         return {p.name: p.log_tail(lines) for p in self.processes}

@@ -25,10 +25,11 @@ def share_pod(
     namespace: str,
     node: str,
     name: str,
+    bind_timeout: float = 60,
     **capacity: str,
 ) -> ClaimRef:
     """Pod ``name`` on ``node`` whose container uses one claim asking ``capacity``; returns the
-    claim once it is allocated."""
+    claim once it is allocated (the scheduler binding the pod within ``bind_timeout`` seconds)."""
     resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
     resource.create_namespaced_resource_claim_template(
         namespace, share_claim_template(name, DEVICE_CLASS, capacity)
@@ -48,7 +49,7 @@ def share_pod(
             }
         ),
     )
-    wait_until_bound(core, namespace, name)
+    wait_until_bound(core, namespace, name, bind_timeout)
     claim_name = poll_until(
         lambda: generated_claim_name(core.read_namespaced_pod(name, namespace), "gpu"), 30, "claim made"
     )

@@ -19,7 +19,7 @@ from kubernetes.client import ApiException
 
 from tessera.driver.allocation import AllocationError
 from tessera.kube import raw_json
-from tessera.watching import watch_forever
+from tessera.watching import Reachability, watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,15 @@ class ClaimNotFound(AllocationError):
 
 
 class ClaimCache:
-    def __init__(self, resource: client.ResourceV1Api, driver: str, pool: str) -> None:
+    def __init__(
+        self,
+        resource: client.ResourceV1Api,
+        driver: str,
+        pool: str,
+        reachability: Reachability | None = None,
+    ) -> None:
         self._resource = resource
+        self._reachability = reachability
         self._driver = driver
         self._pool = pool
         self._claims: dict[str, Mapping[str, Any]] = {}
@@ -38,7 +45,11 @@ class ClaimCache:
 
     def run(self, stop: threading.Event) -> None:
         watch_forever(
-            self._resource.list_resource_claim_for_all_namespaces, self._on_event, stop, "ResourceClaims"
+            self._resource.list_resource_claim_for_all_namespaces,
+            self._on_event,
+            stop,
+            "ResourceClaims",
+            reachability=self._reachability,
         )
 
     def _ours(self, claim: Mapping[str, Any]) -> bool:

@@ -34,6 +34,7 @@ from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
 from tessera.kube import api_client
+from tessera.watching import Reachability
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class Daemon:
         self._service: plugin.DraService | None = None
         self._status_writer: ClaimStatusWriter | None = None
         self._state_lock = StateLock(config.state_dir)
+        self.api = Reachability()
+        """Whether the daemon's watches reach the API server: readiness says so while they cannot."""
 
     # ------------------------------------------------------------------ start
 
@@ -65,7 +68,7 @@ class Daemon:
         self._state_lock.acquire(self._stop)  # before the checkpoint is read: one daemon per node
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
-        self.claims = ClaimCache(resource, config.driver_name, config.pool_name)
+        self.claims = ClaimCache(resource, config.driver_name, config.pool_name, self.api)
         if self.state.rebuild_reason:
             log.warning("rebuilding prepared claims from the API and the host: %s", self.state.rebuild_reason)
             cleanup.sweep(config, self.state, self.claims, reprepare=True)
@@ -94,7 +97,7 @@ class Daemon:
         log.info("serving %s; registration socket %s", config.dra_socket, config.registration_socket)
 
         self.publisher = SlicePublisher(
-            resource, client.CoreV1Api(self._kube), config.node_name, config.driver_name
+            resource, client.CoreV1Api(self._kube), config.node_name, config.driver_name, self.api
         )
 
         def publish() -> None:
@@ -160,15 +163,20 @@ class Daemon:
         return self.fatal is None and dra_socket_answers(self.config.dra_socket)
 
     def not_ready(self) -> str | None:
+        """Every reason the daemon is not ready, most fundamental first, or None when it is."""
+        reasons = []
         if (unmonitored := self.tracker.unmonitored()) is not None:
-            return unmonitored
+            reasons.append(unmonitored)
+        if (unreachable := self.api.problem()) is not None:
+            reasons.append(unreachable)
         if not self.registration.registered.is_set():
-            return "not registered with the kubelet yet" + (
-                f" ({self.registration.last_error})" if self.registration.last_error else ""
+            reasons.append(
+                "not registered with the kubelet yet"
+                + (f" ({self.registration.last_error})" if self.registration.last_error else "")
             )
         if not self.publisher.published.is_set():
-            return "ResourceSlice not published yet"
-        return None
+            reasons.append("ResourceSlice not published yet")
+        return "; ".join(reasons) or None
 
     # ------------------------------------------------------------------ stop
 

@@ -22,7 +22,7 @@ from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
 from tessera.names import DRIVER_NAME
-from tessera.watching import watch_forever
+from tessera.watching import Reachability, watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,15 @@ class SlicePublisher:
     """Publishes ``devices`` (set with :meth:`set_devices`) and keeps them published."""
 
     def __init__(
-        self, resource: client.ResourceV1Api, core: client.CoreV1Api, node: str, driver: str
+        self,
+        resource: client.ResourceV1Api,
+        core: client.CoreV1Api,
+        node: str,
+        driver: str,
+        reachability: Reachability | None = None,
     ) -> None:
         self._resource = resource
+        self._reachability = reachability
         self._core = core
         self._node = node
         self._driver = driver
@@ -94,7 +100,7 @@ class SlicePublisher:
         watcher = threading.Thread(
             target=watch_forever,
             args=(self._resource.list_resource_slice, self._on_event, stop, "ResourceSlices"),
-            kwargs={"field_selector": f"spec.nodeName={self._node}"},
+            kwargs={"field_selector": f"spec.nodeName={self._node}", "reachability": self._reachability},
             name="slice-watch",
             daemon=True,
         )

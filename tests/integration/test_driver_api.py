@@ -437,7 +437,8 @@ def test_a_wedged_nvml_makes_every_gpu_unmonitored_and_the_daemon_not_ready_but_
         return [[t["key"] for t in d.get("taints") or []] for d in published["spec"]["devices"]]
 
     poll_until(lambda: all(UNMONITORED_TAINT in keys for keys in taint_keys()), 60, "every GPU unmonitored")
-    assert driver_node.get("/readyz") == (503, "NVML did not answer within 10 s\n")
+    status, reasons = driver_node.get("/readyz")
+    assert (status, reasons.split("; ")[0]) == (503, "NVML did not answer within 10 s")
     assert driver_node.get("/healthz") == (200, "ok\n")
     kubelet = KubeletClient(driver_node.dra_socket)
     try:
@@ -449,4 +450,4 @@ def test_a_wedged_nvml_makes_every_gpu_unmonitored_and_the_daemon_not_ready_but_
     gpus[0] = hung
     driver_node.simgpu.update(replace(driver_node.simgpu.spec, gpus=tuple(gpus)))
     poll_until(lambda: taint_keys() == [[]] * len(gpus), 60, "the unmonitored taints removed")
-    assert driver_node.get("/readyz")[1] != "NVML did not answer within 10 s\n"
+    assert "NVML" not in driver_node.get("/readyz")[1]

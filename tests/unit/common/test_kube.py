@@ -5,6 +5,7 @@ watch, which then lists again) instead of hanging it."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,7 @@ from kubernetes import client
 
 from tessera import watching
 from tessera.kube import api_client
+from testbed.polling import poll_until
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -174,3 +176,58 @@ def test_a_watch_that_goes_silent_is_dropped_and_the_list_taken_again(
         stop.set()
         server.release.set()
         watcher.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_watch_that_cannot_list_says_so_until_it_lists_again(
+    tmp_path: Path, silent_for: StartServer
+) -> None:
+    """The readiness of a process is only as good as its watches: while one cannot get its list
+    (nothing listens at the address), Reachability names it and the error; once it lists, nothing."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    away = tmp_path / "away"
+    away.write_text(
+        KUBECONFIG.format(name="away", port=port, current="current-context: away").replace(
+            "https://", "http://"
+        )
+    )
+    reachability = watching.Reachability()
+    stop = threading.Event()
+    failing = threading.Thread(
+        target=watching.watch_forever,
+        args=(client.CoreV1Api(api_client(away)).list_namespace, lambda kind, obj: None, stop, "namespaces"),
+        kwargs={"max_backoff": 0.2, "reachability": reachability},
+        daemon=True,
+    )
+    failing.start()
+    try:
+        poll_until(lambda: reachability.problem() is not None, 30, "the failed list reported")
+        problem = reachability.problem()
+        assert problem is not None and problem.startswith("the watch of namespaces is failing: ")
+    finally:
+        stop.set()
+        failing.join(10)
+
+    server = silent_for(lambda path: "watch=true" in path)
+    stop = threading.Event()
+    working = threading.Thread(
+        target=watching.watch_forever,
+        args=(
+            client.CoreV1Api(api_client(server.kubeconfig(tmp_path / "here"))).list_namespace,
+            lambda kind, obj: None,
+            stop,
+            "namespaces",
+        ),
+        kwargs={"reachability": reachability},
+        daemon=True,
+    )
+    working.start()
+    try:
+        poll_until(lambda: reachability.problem() is None, 30, "the successful list reported")
+    finally:
+        stop.set()
+        server.release.set()
+        working.join(10)

@@ -1,0 +1,173 @@
+"""The node daemon while the API server is gone: stopped for 60 s, or behind a black hole that drops
+everything for 60 s. The daemon stays up, says it is not ready and why, keeps preparing the claims
+it has read, never touches what it prepared, and prepares new pods' claims once the server is back.
+
+These tests stop the API server, so they run on a control plane of their own, not the session's.
+The node is kubelet-less: the test makes the kubelet's calls itself (KubeletClient).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tessera.kube import api_client
+from tessera.shim import format as shim_format
+from testbed.binaries import COMPONENTS
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.fake_nodes import create_ready_node
+from testbed.kubelet_client import ClaimRef, KubeletClient
+from testbed.names import unique_name
+from testbed.polling import poll_until
+from testbed.share_pods import share_pod
+from testbed.tcp_relay import TcpRelay
+from tests.conftest import made_namespace
+
+pytestmark = pytest.mark.integration
+
+OUTAGE_SECONDS = 60
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[LocalCluster]:
+    if any(COMPONENTS[name].missing() for name in ("etcd", "kubernetes")):
+        pytest.fail("test-bed binaries not built: run `make binaries`")
+    with LocalCluster() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def own_kube(own_cluster: LocalCluster) -> client.ApiClient:
+    kube = api_client(own_cluster.admin_kubeconfig)
+    ensure_device_class(kube)
+    return kube
+
+
+@pytest.fixture
+def own_namespace(own_kube: client.ApiClient) -> Iterator[str]:
+    with made_namespace(own_kube) as name:
+        yield name
+
+
+@pytest.fixture
+def node(own_cluster: LocalCluster, own_kube: client.ApiClient) -> Iterator[DriverNode]:
+    name = unique_name("node")
+    create_ready_node(own_kube, name)
+    driver = DriverNode(own_cluster, name, gpus=2)
+    yield driver
+    driver.cleanup()
+    client.CoreV1Api(own_kube).delete_node(name)
+
+
+def prepare(node: DriverNode, claim: ClaimRef) -> str:
+    """One NodePrepareResources call for ``claim``, as the kubelet makes it: its error, "" if none."""
+    kubelet = KubeletClient(node.dra_socket)
+    try:
+        return str(kubelet.prepare([claim]).claims[claim[2]].error)
+    finally:
+        kubelet.close()
+
+
+def limits_of(node: DriverNode, claim: ClaimRef) -> list[shim_format.GpuLimit] | None:
+    return shim_format.read_limits(node.state_dir / "claims" / claim[2] / "limits")
+
+
+def ready_reasons(node: DriverNode) -> str:
+    status, body = node.get("/readyz")
+    return "" if status == 200 else body
+
+
+def ride_out_the_outage(node: DriverNode, prepared: ClaimRef, began: float) -> None:
+    """While the API server is away: the daemon alive, not ready for that reason, the claim it had
+    read still prepared on the kubelet's retry, its files untouched."""
+    before = limits_of(node, prepared)
+    poll_until(
+        lambda: "the watch of Resource" in ready_reasons(node),
+        OUTAGE_SECONDS,
+        "the daemon to say the API is gone",
+    )
+    while time.monotonic() - began < OUTAGE_SECONDS:
+        assert node.process is not None and node.process.running(), node.process and node.process.log_tail()
+        assert node.get("/healthz") == (200, "ok\n")
+        assert prepare(node, prepared) == "", "a claim the daemon has read is prepared without the API"
+        assert limits_of(node, prepared) == before
+        time.sleep(5)
+
+
+SCHEDULER_RECOVERY_SECONDS = 180
+"""How long the real kube-scheduler may take to place a pod after a minute without an API server:
+its informers back off up to 30 s with as much jitter again, and it placed the first pod 70 s after
+the server came back in a run on this test bed."""
+
+
+def a_new_pod_is_prepared(node: DriverNode, kube: client.ApiClient, namespace: str, name: str) -> None:
+    after = share_pod(
+        kube,
+        namespace,
+        node.node_name,
+        name,
+        bind_timeout=SCHEDULER_RECOVERY_SECONDS,
+        memory="1Gi",
+        cores="5",
+    )
+    poll_until(lambda: prepare(node, after) == "", 90, "a new pod's claim prepared after the outage")
+    poll_until(lambda: "the watch of" not in ready_reasons(node), 90, "the daemon to see the API again")
+
+
+def test_the_api_server_stopped_for_a_minute(
+    own_cluster: LocalCluster, own_kube: client.ApiClient, own_namespace: str, node: DriverNode
+) -> None:
+    node.start()
+    node.wait_published()
+    running = share_pod(own_kube, own_namespace, node.node_name, "running", memory="2Gi", cores="10")
+    assert prepare(node, running) == ""
+
+    began = time.monotonic()
+    own_cluster.stop_api_server()
+    try:
+        ride_out_the_outage(node, running, began)
+    finally:
+        own_cluster.resume_api_server()
+
+    a_new_pod_is_prepared(node, own_kube, own_namespace, "after")
+    assert node.process is not None and node.process.running()
+
+
+def test_a_black_hole_to_the_api_server_for_a_minute(
+    own_cluster: LocalCluster, own_kube: client.ApiClient, own_namespace: str, node: DriverNode
+) -> None:
+    """Dropped, not refused: the daemon's connections stay open and nothing comes back, which only
+    its own timeouts notice (a call waits at most 30 s, a watch 60 s without a byte)."""
+    relay = TcpRelay(own_cluster.api_port)
+    try:
+        through_relay(node.kubeconfig, relay.port)
+        node.start()
+        node.wait_published()
+        running = share_pod(own_kube, own_namespace, node.node_name, "running", memory="2Gi", cores="10")
+        assert prepare(node, running) == ""
+
+        began = time.monotonic()
+        relay.black_hole()
+        try:
+            ride_out_the_outage(node, running, began)
+        finally:
+            relay.restore()
+
+        a_new_pod_is_prepared(node, own_kube, own_namespace, "after")
+    finally:
+        node.stop()
+        relay.close()
+
+
+def through_relay(kubeconfig: Path, port: int) -> None:
+    """Point the daemon's kubeconfig at the relay (same address, so the server's certificate holds)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    kubeconfig.write_text(yaml.safe_dump(config))
