@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -16,27 +15,12 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
 from tests.unit.layout.layout_facts import REPO
+from tests.unit.packaging.constraints_file import pins
 
 PRODUCT = tomllib.loads((REPO / "pyproject.toml").read_text())
 DEVELOPMENT = tomllib.loads((REPO / "dev" / "pyproject.toml").read_text())
-CONSTRAINTS = REPO / "constraints.txt"
 # The editable installs of the repository itself: installed from the tree, never pinned.
 OWN = {canonicalize_name(PRODUCT["project"]["name"]), canonicalize_name(DEVELOPMENT["project"]["name"])}
-
-
-def pins(path: Path = CONSTRAINTS) -> dict[NormalizedName, Version]:
-    """constraints.txt: one ``name==version`` a line, beside comments."""
-    found: dict[NormalizedName, Version] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        requirement = Requirement(line)
-        [specifier] = requirement.specifier
-        assert specifier.operator == "==" and not requirement.marker and not requirement.extras, line
-        name = canonicalize_name(requirement.name)
-        assert name not in found, f"{name} pinned twice"
-        found[name] = Version(specifier.version)
-    return found
 
 
 def declared() -> list[Requirement]:
