@@ -19,13 +19,15 @@ help:
 	@echo "make demo   set everything up and run the demo"
 	@echo "make host-packages | binaries | simgpu | images | venv | lint | unit | integration | e2e | clean"
 
-# Reinstall when the dependency list changes; pip does nothing for what is already there. The install
-# also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and the
-# development distribution (dev/) are both installed editable: tests and the test bed import both.
-$(VENV_STAMP): pyproject.toml dev/pyproject.toml $(wildcard tessera/proto/*/*/*.proto)
+# Reinstall when the dependency lists or their pins change; pip does nothing for what is already there.
+# The install also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and
+# the development distribution (dev/: the test bed and the checkers) are both installed editable, in one
+# pip call: tests and the test bed import both. Every version, pip's own and those of the isolated
+# builds of the two included, is constraints.txt's.
+$(VENV_STAMP): pyproject.toml dev/pyproject.toml constraints.txt $(wildcard tessera/proto/*/*/*.proto)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]' -e dev
+	$(VENV)/bin/pip install --quiet --constraint constraints.txt pip
+	$(VENV)/bin/pip install --quiet --constraint constraints.txt --build-constraint constraints.txt -e . -e dev
 	touch $@
 
 venv: $(VENV_STAMP)

@@ -5,12 +5,13 @@ images/images.toml is the one list of what goes in; this module lays it out in a
 
 1. the wheel: the project's own build (setup.py: the cffi binding, the preload shim, the gRPC
    stubs) run by pip on a copy of what the Dockerfile's build context holds (git's tracked and
-   unignored files), with the build requirements of this environment (the same pins);
+   unignored files), with the build requirements of this environment (constraints.txt's versions);
 2. Debian's Python: the files the manifest's packages installed here (``dpkg -L``), the Dockerfile
    installs the same packages into its base image;
-3. the virtual environment (``--copies``) whose pip installs the wheel with its pinned
-   dependencies and commands, the Dockerfile's commands (``venv_commands``), made in the root folder
-   and then given the image's path in its scripts and pyvenv.cfg;
+3. the virtual environment (``--copies``) whose pip installs the wheel with its dependencies at
+   the versions constraints.txt pins, and its commands: the Dockerfile's commands
+   (``venv_commands``), made in the root folder and then given the image's path in its scripts and
+   pyvenv.cfg;
 4. the shared libraries the ELF files there load (``ldd``), at their host paths, standing in for
    the base image's.
 
@@ -26,7 +27,7 @@ import os
 import shutil
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from testbed.images import ImageSpec, archive_name, build_image, cached_build, s
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "images" / "images.toml"
 DOCKERFILE = REPO / "images" / "Dockerfile"
+# The exact versions the images install (a file of the build context, so of the cache digest too).
+CONSTRAINTS = REPO / "constraints.txt"
 # Local images are named under a registry host that never resolves, so a node never tries to pull.
 LOCAL_REGISTRY = "tessera.local"
 _ELF = b"\x7fELF"
@@ -114,20 +117,25 @@ def ignored_folders(repo: Path = REPO) -> set[str]:
     return {line for line in lines if line and not line.startswith("#") and not set(line) & set("/*?![")}
 
 
-def context_files(repo: Path = REPO) -> list[str]:
-    """The build context: every file git tracks or would track (not ignored) outside the folders
-    .dockerignore leaves out, as repository paths."""
+def checkout_files(repo: Path = REPO) -> list[str]:
+    """What a clean checkout holds: every file git tracks or would track (not ignored), as
+    repository paths, and none of the local builds."""
     listed = run_checked(
         ["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60
     )
-    left_out = ignored_folders(repo)
-    names = sorted({name for name in listed.split("\0") if name and name.split("/", 1)[0] not in left_out})
+    names = sorted({name for name in listed.split("\0") if name})
     return [name for name in names if (repo / name).is_symlink() or (repo / name).is_file()]
 
 
-def copy_context(repo: Path, dest: Path) -> None:
-    """Copy the build context, a link as a link."""
-    for name in context_files(repo):
+def context_files(repo: Path = REPO) -> list[str]:
+    """The build context: the checkout's files outside the folders .dockerignore leaves out."""
+    left_out = ignored_folders(repo)
+    return [name for name in checkout_files(repo) if name.split("/", 1)[0] not in left_out]
+
+
+def copy_files(repo: Path, names: Iterable[str], dest: Path) -> None:
+    """Copy the repository paths ``names`` under ``dest``, a link as a link."""
+    for name in names:
         source, target = repo / name, dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if source.is_symlink():
@@ -167,22 +175,23 @@ def package_files(packages: tuple[str, ...]) -> dict[str, Path]:
     return files
 
 
-def venv_commands(manifest: Manifest, venv: str, wheel: str) -> list[list[str]]:
-    """The commands that make the virtual environment at ``venv`` and fill it: the Dockerfile's
-    build stage runs them at the manifest's path, the local build under its root folder."""
+def venv_commands(manifest: Manifest, venv: str, wheel: str, constraints: str) -> list[list[str]]:
+    """The commands that make the virtual environment at ``venv`` and fill it with the wheel and
+    its dependencies at the versions of ``constraints`` (the repository's constraints.txt): the
+    Dockerfile's build stage runs them at the manifest's path, the local build under its root folder."""
     return [
         [manifest.python, "-m", "venv", "--copies", venv],
-        [f"{venv}/bin/pip", "install", "--no-compile", wheel],
+        [f"{venv}/bin/pip", "install", "--no-compile", "--constraint", constraints, wheel],
         [f"{venv}/bin/pip", "uninstall", "--yes", "pip", "setuptools"],
     ]
 
 
-def make_venv(manifest: Manifest, root: Path, wheel: Path) -> None:
+def make_venv(manifest: Manifest, root: Path, wheel: Path, constraints: Path) -> None:
     """The manifest's virtual environment under ``root``, with the wheel and its dependencies, made
     by the Dockerfile's commands; then moved to the image's path, as a venv is not relocatable: the
     folder it was made in, which its scripts' first lines and pyvenv.cfg name, becomes the image's."""
     venv = root / manifest.venv.lstrip("/")
-    for command in venv_commands(manifest, str(venv), str(wheel)):
+    for command in venv_commands(manifest, str(venv), str(wheel), str(constraints)):
         run_checked(command, timeout=_BUILD_TIMEOUT)
     for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
         data = path.read_bytes()
@@ -213,9 +222,9 @@ def elf_libraries(files: Mapping[str, Path], root: Path) -> dict[str, Path]:
 def root_files(manifest: Manifest, work: Path) -> dict[str, Path]:
     """Build the root folder in ``work`` and return every file of the image (image path -> file)."""
     context, wheels, root = work / "context", work / "wheels", work / "root"
-    copy_context(REPO, context)
+    copy_files(REPO, context_files(REPO), context)
     wheel = build_wheel(context, wheels)
-    make_venv(manifest, root, wheel)
+    make_venv(manifest, root, wheel, context / CONSTRAINTS.name)
     files = package_files(manifest.apt_packages)
     files.update({f"/{p.relative_to(root)}": p for p in _walk(root) if p.is_file()})
     for image_path, library in elf_libraries(files, root).items():

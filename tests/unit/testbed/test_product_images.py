@@ -17,6 +17,9 @@ from testbed import product_images
 from testbed.images import build_image
 from testbed.product_images import DOCKERFILE, Manifest, load_manifest
 
+# Where the Dockerfile's build stage finds constraints.txt: the build context is copied to /src.
+DOCKER_CONSTRAINTS = "/src/constraints.txt"
+
 
 @dataclass
 class Stage:
@@ -114,17 +117,34 @@ def test_every_image_gets_the_manifests_environment_and_working_directory(
 def test_the_virtual_environment_is_made_and_filled_as_the_local_build_does(
     manifest: Manifest, stages: dict[str, Stage]
 ) -> None:
-    """The build stage runs venv_commands at the manifest's path (the wheel by its glob), and the
-    runtime stage copies the environment whole: what make_venv runs in the local build's root."""
+    """The build stage runs venv_commands at the manifest's path (the wheel by its glob, the
+    constraints from the build context), and the runtime stage copies the environment whole: what
+    make_venv runs in the local build's root."""
     build = stages["build"].all("RUN")
-    commands = [shlex.join(c) for c in product_images.venv_commands(manifest, manifest.venv, "WHEEL")]
+    commands = [
+        shlex.join(c) for c in product_images.venv_commands(manifest, manifest.venv, "WHEEL", "CONSTRAINTS")
+    ]
     [venv_run] = [run for run in build if f"-m venv --copies {manifest.venv}" in run]
     python = Path(manifest.python).name
     dockerfile = [
-        part.strip() for part in venv_run.replace("/build/wheels/tessera-*.whl", "WHEEL").split("&&")
+        part.strip()
+        for part in venv_run.replace("/build/wheels/tessera-*.whl", "WHEEL")
+        .replace(DOCKER_CONSTRAINTS, "CONSTRAINTS")
+        .split("&&")
     ]
     assert dockerfile == [c.replace(manifest.python, python, 1) for c in commands]
     assert f"--from=build {manifest.venv} {manifest.venv}" in stages["runtime"].all("COPY")
+
+
+def test_both_builds_take_every_version_from_the_constraints_file(stages: dict[str, Stage]) -> None:
+    """The Dockerfile's wheel build (its isolated build environment) and its install read
+    constraints.txt from the build context, and the local build copies that file with the context."""
+    [wheel_run] = [run for run in stages["build"].all("RUN") if " wheel " in run]
+    assert wheel_run.startswith(f"PIP_CONSTRAINT={DOCKER_CONSTRAINTS} ")
+    assert ". /src" in stages["build"].all("COPY")
+    assert product_images.CONSTRAINTS.relative_to(product_images.REPO).as_posix() in (
+        product_images.context_files()
+    )
 
 
 def test_the_local_archives_carry_the_manifests_configuration(manifest: Manifest, tmp_path: Path) -> None:
@@ -181,8 +201,9 @@ def test_the_local_venv_takes_the_images_path_in_its_scripts_and_configuration(
 
     monkeypatch.setattr(product_images, "run_checked", fake_run)
     wheel = tmp_path / "tessera-0.1.0-cp311-cp311-linux_x86_64.whl"
-    product_images.make_venv(manifest, tmp_path, wheel)
-    assert ran == product_images.venv_commands(manifest, str(venv), str(wheel))
+    constraints = tmp_path / "constraints.txt"
+    product_images.make_venv(manifest, tmp_path, wheel, constraints)
+    assert ran == product_images.venv_commands(manifest, str(venv), str(wheel), str(constraints))
     config = (venv / "pyvenv.cfg").read_text()
     assert f"command = {manifest.python} -m venv --copies {manifest.venv}\n" in config
     assert (venv / "bin" / "tessera-driver").read_text().startswith(f"#!{manifest.venv}/bin/python\n")
