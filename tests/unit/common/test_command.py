@@ -1,4 +1,4 @@
-"""The node processes' lifecycle: a signal stops the service cleanly (exit 0), a failure to start or
+"""Every command's skeleton: a signal stops the service cleanly (exit 0), a failure to start or
 a fatal fault stops it too and exits 1, and stop() runs whatever happened."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera.lifecycle import run_until_signalled
+from tessera.command import run_until_signalled
 
 
 class Recorder:
