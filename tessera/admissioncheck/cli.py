@@ -8,21 +8,25 @@ free capacity (a second replica would need leader election, which this controlle
 from __future__ import annotations
 
 import argparse
-import http.server
 import logging
-import signal
 import statistics
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import FrameType
 
-from tessera import logs
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from tessera import command
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
-from tessera.admissioncheck.workloads import WorkloadController
+from tessera.admissioncheck.workloads import Stats, WorkloadController
 from tessera.kube import api_client
+from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.settings import setting
 
 log = logging.getLogger("tessera.admissioncheck")
@@ -63,106 +67,86 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
-    setting(p, "--log-level", env + "LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
-    setting(p, "--log-format", env + "LOG_FORMAT", "text", "", choices=("text", "json"))
+    command.log_flags(p, env)
     return p
 
 
-def metrics_text(controller: WorkloadController) -> str:
-    stats = controller.stats
-    lines = [
-        "# HELP tessera_admission_check_decisions_total Decisions made, by resulting state.",
-        "# TYPE tessera_admission_check_decisions_total counter",
-    ]
-    for state in ("ready", "pending", "rejected"):
-        lines.append(f'tessera_admission_check_decisions_total{{state="{state}"}} {getattr(stats, state)}')
-    durations = sorted(stats.durations)
-    if durations:
-        lines += [
-            "# HELP tessera_admission_check_decision_seconds Time to decide one Workload (recent decisions).",
-            "# TYPE tessera_admission_check_decision_seconds summary",
-            f'tessera_admission_check_decision_seconds{{quantile="0.5"}} {statistics.median(durations):.6f}',
-            f'tessera_admission_check_decision_seconds{{quantile="0.99"}} '
-            f"{durations[min(len(durations) - 1, int(len(durations) * 0.99))]:.6f}",
-        ]
-    return "\n".join(lines) + "\n"
+class DecisionMetrics(Collector):
+    """The controller's decisions as Prometheus families, read from its stats at each scrape: a
+    counter by resulting state, and the median and 99th percentile of the recent decisions' times."""
+
+    def __init__(self, stats: Callable[[], Stats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._stats()
+        decisions = CounterMetricFamily(
+            "tessera_admission_check_decisions", "Decisions made, by resulting state.", labels=["state"]
+        )
+        for state in ("ready", "pending", "rejected"):
+            decisions.add_metric([state], getattr(stats, state))
+        yield decisions
+        durations = sorted(stats.durations)
+        if durations:
+            name = "tessera_admission_check_decision_seconds"
+            summary = Metric(name, "Time to decide one Workload (recent decisions).", "summary")
+            summary.add_sample(name, {"quantile": "0.5"}, statistics.median(durations))
+            slowest = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+            summary.add_sample(name, {"quantile": "0.99"}, slowest)
+            yield summary
 
 
-def health_server(
-    address: str, port: int, alive: Callable[[], bool], ready: Callable[[], bool], metrics: Callable[[], str]
-) -> http.server.ThreadingHTTPServer:
-    """/healthz: the decision loop and watches run; /readyz: every cache has had its first list."""
+class AdmissionCheck:
+    """The caches, the decision loop and the health and metrics endpoint: start, serve, stop."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                ok, body = alive(), "ok\n"
-            elif self.path == "/readyz":
-                ok, body = ready(), "ok\n"
-            elif self.path == "/metrics":
-                ok, body = True, metrics()
-            else:
-                self.send_error(404)
-                return
-            data = (body if ok else "not ok\n").encode()
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def __init__(self, args: argparse.Namespace, api: client.ApiClient) -> None:
+        self.fatal: str | None = None
+        self._stop = threading.Event()
+        self._controller_name: str = args.controller_name
+        # The watches call back only once started, when the controller exists.
+        self.inventory = Inventory(api, args.controller_name, lambda what: self.controller.wake(what))
+        self.controller = WorkloadController(api, self.inventory, FIELD_MANAGER, budget=args.search_budget)
+        registry = CollectorRegistry()
+        registry.register(DecisionMetrics(lambda: self.controller.stats))
+        endpoints = Endpoints(
+            healthz=lambda: (self.controller.alive(), "the decision loop is not running"),
+            readyz=lambda: (self.inventory.synced(), "the caches have not had their first list yet"),
+            metrics=registry_metrics(registry),
+        )
+        self._server = HttpServer("health", args.bind_address, args.health_port, endpoints)
 
-        def log_message(self, format: str, *args: object) -> None:
-            return
+    def start(self) -> None:
+        self._server.start()
+        self.inventory.start()
+        log.info(
+            "watching slices, claims, templates, pods, Workloads and AdmissionChecks; deciding %s",
+            self._controller_name,
+        )
+        inventory = self.inventory
+        if inventory.wait_synced(timeout=120) and not self._stop.is_set():
+            log.info(
+                "caches synced: %d GPUs on %d nodes",
+                len(inventory.gpus),
+                len({g.node for g in inventory.gpus}),
+            )
+        self.controller.start()
 
-    server = http.server.ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Finish the decision in flight, stop the watches and the endpoint."""
+        self.controller.stop()
+        self.inventory.stop()
+        self._server.stop()
+        log.info("stopped after %d decisions", self.controller.stats.decisions)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
-    api = api_client(args.kubeconfig)
-    controller: WorkloadController | None = None
-
-    def on_change(what: str) -> None:
-        if controller is not None:
-            controller.wake(what)
-
-    inventory = Inventory(api, args.controller_name, on_change)
-    controller = WorkloadController(api, inventory, FIELD_MANAGER, budget=args.search_budget)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server = health_server(
-        args.bind_address,
-        args.health_port,
-        alive=lambda: controller is not None and controller.alive(),
-        ready=inventory.synced,
-        metrics=lambda: metrics_text(controller) if controller else "",
-    )
-    inventory.start()
-    log.info(
-        "watching slices, claims, templates, pods, Workloads and AdmissionChecks; deciding %s",
-        args.controller_name,
-    )
-    if inventory.wait_synced(timeout=120) and not stop.is_set():
-        log.info(
-            "caches synced: %d GPUs on %d nodes", len(inventory.gpus), len({g.node for g in inventory.gpus})
-        )
-    controller.start()
-    stop.wait()
-    controller.stop()
-    inventory.stop()
-    server.shutdown()
-    log.info("stopped after %d decisions", controller.stats.decisions)
-    return 0
+    return command.main(parser(), lambda args: AdmissionCheck(args, api_client(args.kubeconfig)), log, argv)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ PREPARE_STARTED = "PrepareStarted"
 PREPARE_COMPLETED = "PrepareCompleted"
 
 
+def in_state_dir(state_dir: Path) -> Path:
+    """Where the checkpoint of a node's state folder is: the daemon writes it, the exporter reads it."""
+    return state_dir / "checkpoint.json"
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     """One device of a prepared claim, as returned to the kubelet."""

@@ -52,6 +52,11 @@ class ClaimFiles:
         return self.directory / "claim.json"
 
 
+def in_state_dir(state_dir: Path) -> Path:
+    """The folder of every claim's folder in a node's state folder (the exporter reads it too)."""
+    return state_dir / "claims"
+
+
 def claim_files(claims_dir: Path, uid: str) -> ClaimFiles:
     return ClaimFiles(claims_dir / uid)
 

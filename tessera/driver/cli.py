@@ -9,11 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tessera import logs
+from tessera import command
 from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
 from tessera.kube import api_client
-from tessera.lifecycle import run_until_signalled
 from tessera.settings import repeated, setting, switch
 
 log = logging.getLogger("tessera.driver")
@@ -121,8 +120,7 @@ def parser() -> argparse.ArgumentParser:
         p, "--health-port", "TESSERA_HEALTH_PORT", 0, "port for /healthz and /readyz; 0 turns them off", int
     )
     setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
-    setting(p, "--log-level", "TESSERA_LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
-    setting(p, "--log-format", "TESSERA_LOG_FORMAT", "text", "", choices=("text", "json"))
+    command.log_flags(p, "TESSERA_")
     return p
 
 
@@ -157,18 +155,18 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
+def daemon(args: argparse.Namespace) -> Daemon:
+    """The daemon the flags describe; flags that make no sense are a usage error."""
     try:
         config = config_from(args)
         config.validate()
     except ValueError as error:
-        print(f"tessera-driver: {error}", file=sys.stderr)
-        return 2
-    daemon = Daemon(config, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+        raise command.UsageError(error) from None
+    return Daemon(config, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
 
-    return run_until_signalled(daemon, log)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.main(parser(), daemon, log, argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tessera.driver import checkpoint, claim_files
 from tessera.names import DRIVER_NAME
 
 UNIX_PATH_MAX = 107
@@ -99,11 +100,11 @@ class DriverConfig:
 
     @property
     def claims_dir(self) -> Path:
-        return self.state_dir / "claims"
+        return claim_files.in_state_dir(self.state_dir)
 
     @property
     def checkpoint_file(self) -> Path:
-        return self.state_dir / "checkpoint.json"
+        return checkpoint.in_state_dir(self.state_dir)
 
     @property
     def pool_name(self) -> str:

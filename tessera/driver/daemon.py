@@ -22,18 +22,19 @@ from pathlib import Path
 import grpc
 from kubernetes import client
 
-from tessera.driver import cleanup, device_health, devices, plugin, registration
+from tessera.driver import cleanup, device_health, devices, health, plugin, registration
 from tessera.driver.checkpoint import read_boot_id
 from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import resolve
 from tessera.driver.discovery import Nvml
-from tessera.driver.health import HealthServer, dra_socket_answers
+from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
 from tessera.kube import api_client
+from tessera.serving import HttpServer
 from tessera.watching import Reachability
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Daemon:
         self.fatal: str | None = None
         self._threads: list[threading.Thread] = []
         self._servers: list[tuple[grpc.Server, Path]] = []
-        self._health_http: HealthServer | None = None
+        self._health_http: HttpServer | None = None
         self._nvml: Nvml | None = None
         self._service: plugin.DraService | None = None
         self._status_writer: ClaimStatusWriter | None = None
@@ -129,8 +130,11 @@ class Daemon:
             self._stop,
         )
         if config.health_port:
-            self._health_http = HealthServer(
-                config.health_address, config.health_port, self.alive, self.not_ready
+            self._health_http = HttpServer(
+                "health",
+                config.health_address,
+                config.health_port,
+                health.endpoints(self.alive, self.not_ready),
             )
             self._health_http.start()
 

@@ -2,23 +2,19 @@
 
 Liveness answers only if our DRA socket answers a real gRPC call — a process that runs but whose
 socket was removed or whose server is wedged is restarted; readiness also waits for the kubelet to
-have accepted the registration and for the slice to be in the API.
+have accepted the registration and for the slice to be in the API. tessera/serving.py serves them.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 
 from tessera.proto.dra.v1 import api_pb2 as v1
 from tessera.proto.dra.v1 import api_pb2_grpc as v1_grpc
-
-log = logging.getLogger(__name__)
+from tessera.serving import Endpoints
 
 
 def dra_socket_answers(socket: Path, timeout: float = 2.0) -> bool:
@@ -33,46 +29,12 @@ def dra_socket_answers(socket: Path, timeout: float = 2.0) -> bool:
         return False
 
 
-class HealthServer:
-    def __init__(
-        self,
-        address: str,
-        port: int,
-        alive: Callable[[], bool],
-        ready: Callable[[], str | None],
-        dead: str = "the DRA socket does not answer",
-    ) -> None:
-        """``ready`` returns None when ready, else what is missing; ``dead`` is /healthz's answer
-        when ``alive`` is false."""
+def endpoints(alive: Callable[[], bool], not_ready: Callable[[], str | None]) -> Endpoints:
+    """/healthz from ``alive``; /readyz from ``not_ready``, which returns None when ready, else what
+    is missing."""
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/healthz":
-                    ok, text = (True, "ok") if alive() else (False, dead)
-                elif self.path == "/readyz":
-                    missing = ready()
-                    ok, text = (missing is None, missing or "ok")
-                else:
-                    self.send_error(404)
-                    return
-                body = (text + "\n").encode()
-                self.send_response(200 if ok else 503)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def readyz() -> tuple[bool, str]:
+        missing = not_ready()
+        return missing is None, missing or "ok"
 
-            def log_message(self, format: str, *args: object) -> None:
-                log.debug("health: " + format, *args)
-
-        self._server = ThreadingHTTPServer((address, port), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("health endpoints on port %d (/healthz, /readyz)", self.port)
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    return Endpoints(healthz=lambda: (alive(), "the DRA socket does not answer"), readyz=readyz)

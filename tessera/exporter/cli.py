@@ -20,19 +20,17 @@ from pathlib import Path
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from tessera import logs
-from tessera.driver import checkpoint, devices
+from tessera import command
+from tessera.driver import checkpoint, claim_files, devices
 from tessera.driver.checkpoint import ClaimRecord
-from tessera.driver.config import DriverConfig
 from tessera.driver.discovery import Nvml
-from tessera.driver.health import HealthServer
 from tessera.exporter.collector import GpuCollector, Sources
 from tessera.exporter.containers import ContainerIndex
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.server import MetricsServer
 from tessera.kube import api_client
-from tessera.lifecycle import run_until_signalled
 from tessera.names import METRICS_PORT
+from tessera.serving import Endpoints, HttpServer
 from tessera.settings import setting
 
 log = logging.getLogger("tessera.exporter")
@@ -74,8 +72,7 @@ def parser() -> argparse.ArgumentParser:
         int,
     )
     setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
-    setting(p, "--log-level", "TESSERA_LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
-    setting(p, "--log-format", "TESSERA_LOG_FORMAT", "text", "", choices=("text", "json"))
+    command.log_flags(p, "TESSERA_")
     return p
 
 
@@ -84,14 +81,15 @@ class Exporter:
 
     def __init__(self, args: argparse.Namespace, kube: client.ApiClient) -> None:
         self._node: str = args.node_name
-        self._paths = DriverConfig(self._node, state_dir=Path(args.state_dir))
+        self._claims_dir = claim_files.in_state_dir(Path(args.state_dir))
+        self._checkpoint_file = checkpoint.in_state_dir(Path(args.state_dir))
         self._args = args
         self._kube = kube
         self._stop = threading.Event()
         self.fatal: str | None = None
         self._nvml: Nvml | None = None
         self._server: MetricsServer | None = None
-        self._health: HealthServer | None = None
+        self._health: HttpServer | None = None
 
     def start(self) -> None:
         self._nvml = nvml = Nvml()
@@ -113,7 +111,7 @@ class Exporter:
 
         sources = Sources(
             node=self._node,
-            claims_dir=self._paths.claims_dir,
+            claims_dir=self._claims_dir,
             gpus=gpus,
             sample=nvml.sample,
             problems=problems,
@@ -127,20 +125,18 @@ class Exporter:
         self._server = MetricsServer(self._args.metrics_address, self._args.metrics_port, registry)
         self._server.start()
         if self._args.health_port:
-            self._health = HealthServer(
-                self._args.health_address,
-                self._args.health_port,
-                lambda: self.fatal is None,
-                lambda: None if index.synced.is_set() else "the node's pods are not listed yet",
-                dead="the pod watch failed; stopping",
+            endpoints = Endpoints(
+                healthz=lambda: (self.fatal is None, "the pod watch failed; stopping"),
+                readyz=lambda: (index.synced.is_set(), "the node's pods are not listed yet"),
             )
+            self._health = HttpServer("health", self._args.health_address, self._args.health_port, endpoints)
             self._health.start()
 
     def _records(self) -> Mapping[str, ClaimRecord]:
         """The daemon's prepared claims, read from its checkpoint (never written or moved here: a
         file the daemon is replacing is read whole, as it renames a complete one into place)."""
         try:
-            text = self._paths.checkpoint_file.read_text()
+            text = self._checkpoint_file.read_text()
         except FileNotFoundError:
             return {}
         return checkpoint.decode(text).claims
@@ -165,21 +161,19 @@ class Exporter:
             self._nvml = None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
+def exporter(args: argparse.Namespace) -> Exporter:
+    """The exporter the flags describe; flags that make no sense are a usage error."""
     if not args.node_name:
-        print("tessera-exporter: the node name is required (--node-name or NODE_NAME)", file=sys.stderr)
-        return 2
+        raise command.UsageError("the node name is required (--node-name or NODE_NAME)")
     if not 1 <= args.metrics_port <= 65535:
-        print(f"tessera-exporter: the metrics port must be 1-65535, not {args.metrics_port}", file=sys.stderr)
-        return 2
+        raise command.UsageError(f"the metrics port must be 1-65535, not {args.metrics_port}")
     if not 0 <= args.health_port <= 65535:
-        print(f"tessera-exporter: the health port must be 0-65535, not {args.health_port}", file=sys.stderr)
-        return 2
-    exporter = Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+        raise command.UsageError(f"the health port must be 0-65535, not {args.health_port}")
+    return Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
 
-    return run_until_signalled(exporter, log)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.main(parser(), exporter, log, argv)
 
 
 if __name__ == "__main__":

@@ -1,33 +1,26 @@
 """``tessera-webhook``: flags (each with an environment variable), start-up in order, shutdown on
-SIGTERM with the reviews in flight answered."""
+SIGTERM with the reviews in flight answered (the process skeleton is tessera/command.py)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from kubernetes import client
 
-from tessera import logs
+from tessera import command
 from tessera.kube import api_client
+from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
-from tessera.webhook.tls import (
-    Certificates,
-    FileCertificates,
-    SelfManagedCertificates,
-    keep_ca_bundle,
-    read_client_ca,
-)
+from tessera.webhook.tls import Certificates, SelfManagedCertificates, keep_ca_bundle
 
 log = logging.getLogger("tessera.webhook")
 
@@ -135,8 +128,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
-    setting(p, "--log-level", env + "LOG_LEVEL", "info", "", choices=("debug", "info", "warning", "error"))
-    setting(p, "--log-format", env + "LOG_FORMAT", "text", "", choices=("text", "json"))
+    command.log_flags(p, env)
     return p
 
 
@@ -162,7 +154,7 @@ def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
 def certificates_from(args: argparse.Namespace) -> Certificates:
     client_ca = args.client_ca_file
     if args.tls_dir is not None:
-        return FileCertificates(args.tls_dir, client_ca)
+        return TlsFiles(args.tls_dir, client_ca)
     if not args.dns_names and not args.ip_addresses:
         raise SystemExit(
             "tessera-webhook: give --tls-dir, or --dns-names/--ip-addresses for a self-made certificate"
@@ -189,48 +181,63 @@ def _maintain_certificates(
             return
 
 
+class Webhook:
+    """The slice cache, the template store, the servers and the certificate upkeep: start, serve, stop."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.fatal: str | None = None
+        self._args = args
+        self._clients = client_policy(args)
+        self._certificates = certificates_from(args)
+        self._api = api_client(args.kubeconfig)
+        self._cache = SliceCache(self._api)
+        self._templates = TemplateStore(self._api, ttl=args.template_ttl)
+        self._server: WebhookServer | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        args = self._args
+        self._cache.start()
+        self._templates.start()
+        app = WebhookApp(lambda: self._cache.fleet, self._templates, ready=self._cache.synced.is_set)
+        metrics_port = None if args.metrics_port < 0 else args.metrics_port
+        self._server = WebhookServer(
+            app, self._certificates, args.bind_address, args.port, metrics_port, self._clients
+        )
+        threading.Thread(
+            target=_maintain_certificates,
+            args=(
+                self._certificates,
+                self._api,
+                args.webhook_configuration,
+                args.certificate_check_interval,
+                self._stop,
+            ),
+            name="certificates",
+            daemon=True,
+        ).start()
+        self._server.start()
+        log.info("serving /mutate on %s:%d", args.bind_address, self._server.port)
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Answer the reviews in flight, then stop the watches."""
+        self._stop.set()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self._templates.stop()
+        self._cache.stop()
+        log.info("stopped")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
-    clients = client_policy(args)
-    certificates = certificates_from(args)
-    api = api_client(args.kubeconfig)
-    cache = SliceCache(api)
-    cache.start()
-    templates = TemplateStore(api, ttl=args.template_ttl)
-    templates.start()
-    app = WebhookApp(lambda: cache.fleet, templates, ready=cache.synced.is_set)
-    server = WebhookServer(
-        app,
-        certificates,
-        args.bind_address,
-        args.port,
-        None if args.metrics_port < 0 else args.metrics_port,
-        clients,
-    )
-    stop = threading.Event()
-    maintenance = threading.Thread(
-        target=_maintain_certificates,
-        args=(certificates, api, args.webhook_configuration, args.certificate_check_interval, stop),
-        name="certificates",
-        daemon=True,
-    )
-    maintenance.start()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.start()
-    log.info("serving /mutate on %s:%d", args.bind_address, server.port)
-    stop.wait()
-    server.stop()
-    templates.stop()
-    cache.stop()
-    log.info("stopped")
-    return 0
+    return command.main(parser(), Webhook, log, argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,15 @@
 
 ``/mutate`` takes AdmissionReview v1 posts; ``/healthz`` answers while the process serves;
 ``/readyz`` only once the slice cache has its first list; ``/metrics`` is Prometheus text. The same
-routes, except ``/mutate``, are served in plain HTTP on the metrics port for probes and scrapers.
+routes, except ``/mutate``, are served in plain HTTP on the metrics port for probes and scrapers, by
+tessera/serving.py as every Tessera process serves them; the HTTPS port answers them through the same
+``serving.Endpoints``, and a mounted certificate is loaded by ``serving.TlsFiles``.
+
+The admission port is the one listener Tessera does not take from tessera/serving.py. It is the
+cluster's security boundary, and its bounds need what a thread per connection cannot give: thousands
+of slow or idle connections held for a coroutine each, a deadline on a whole request rather than on
+each read, a refusal (401/403, 411/413/431) before a body is read, and a fixed pool deciding reviews
+while probes are answered at once.
 
 Everything that reaches the port is treated as hostile until the API server's client certificate
 says otherwise, so every resource a caller can hold is bounded:
@@ -42,9 +50,9 @@ from http import HTTPStatus
 from typing import Any, Protocol
 
 from kubernetes.client import ApiException
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.quantity import KiB, MiB
+from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.webhook import review
 from tessera.webhook.admission import admit
 from tessera.webhook.authentication import ClientPolicy
@@ -101,6 +109,11 @@ class WebhookApp:
         self.ready = ready
         self.metrics = WebhookMetrics()
         self.closing = threading.Event()
+        self.endpoints = Endpoints(
+            healthz=lambda: (True, "ok"),
+            readyz=lambda: (self.ready() and not self.closing.is_set(), "slice cache not synced or closing"),
+            metrics=registry_metrics(self.metrics.registry),
+        )
 
     def review(self, body: bytes) -> tuple[int, bytes]:
         """HTTP status and body for one posted review."""
@@ -216,11 +229,10 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 
 class _Listener:
-    """One port's connections on the event loop: HTTPS with /mutate, or plain HTTP for probes."""
+    """The admission port's connections on the event loop: HTTPS with /mutate, probes and metrics."""
 
-    def __init__(self, server: WebhookServer, tls: bool) -> None:
+    def __init__(self, server: WebhookServer) -> None:
         self.server = server
-        self.tls = tls
         self.app = server.app
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -235,9 +247,8 @@ class _Listener:
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # answers go out at once
-            if self.tls:
-                # The context current right now, so a rotated certificate serves new connections.
-                await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
+            # The context current right now, so a rotated certificate serves new connections.
+            await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
             while not self.app.closing.is_set():
                 server.idle[task] = writer
                 try:
@@ -294,7 +305,7 @@ class _Listener:
     def _authenticate(self, request: _Request, writer: asyncio.StreamWriter) -> None:
         """Refuse a review from anyone but the API server, before its body is read."""
         policy = self.server.clients
-        if not self.tls or policy is None or request.method != "POST" or request.path != "/mutate":
+        if policy is None or request.method != "POST" or request.path != "/mutate":
             return
         refusal = policy.refusal(writer.get_extra_info("peercert"))
         if refusal is not None:
@@ -302,19 +313,10 @@ class _Listener:
 
     def _route(self, request: _Request, body: bytes) -> tuple[int, bytes, str]:
         """Status, body and content type for one complete request (a review in a worker thread)."""
-        app = self.app
-        if request.method == "GET":
-            if request.path == "/healthz":
-                return 200, b"ok", "text/plain"
-            if request.path == "/readyz":
-                ready = app.ready() and not app.closing.is_set()
-                answer = b"ok" if ready else b"slice cache not synced or closing"
-                return 200 if ready else 503, answer, "text/plain"
-            if request.path == "/metrics":
-                return 200, generate_latest(app.metrics.registry), CONTENT_TYPE_LATEST
-            return 404, b"not found", "text/plain"
-        if request.method != "POST" or not self.tls or request.path != "/mutate":
-            return 404, b"not found", "text/plain"
+        app, endpoints = self.app, self.app.endpoints
+        if request.method != "POST" or request.path != "/mutate":
+            served = endpoints.answer(request.path) if request.method == "GET" else endpoints.not_found()
+            return served.status, served.body, served.content_type
         content_type = request.headers.get("content-type", "").split(";", 1)[0].strip()
         if content_type != "application/json":
             return 415, b"expected application/json", "text/plain"
@@ -331,8 +333,8 @@ class _Listener:
 
 
 class WebhookServer:
-    """The HTTPS server (and optionally the plain one for probes and metrics), on an event loop in a
-    thread of its own; reviews are decided in a bounded pool of worker threads."""
+    """The HTTPS server on an event loop in a thread of its own, reviews decided in a bounded pool of
+    worker threads; and optionally the plain port for probes and metrics (tessera/serving.py)."""
 
     def __init__(
         self,
@@ -353,33 +355,30 @@ class WebhookServer:
         self.idle: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         """Connections waiting for their next request: what shutdown may close at once."""
         self._loop = asyncio.new_event_loop()
-        self._servers: list[asyncio.Server] = []
         self._thread: threading.Thread | None = None
-        self._servers.append(self._listen(host, port, tls=True))
-        if metrics_port is not None:
-            self._servers.append(self._listen(host, metrics_port, tls=False))
-
-    def _listen(self, host: str, port: int, tls: bool) -> asyncio.Server:
-        listener = _Listener(self, tls)
-        return self._loop.run_until_complete(
+        self._server = self._loop.run_until_complete(
             asyncio.start_server(
-                listener.connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=256
+                _Listener(self).connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=256
             )
         )
-
-    @staticmethod
-    def _port_of(server: asyncio.Server) -> int:
-        return int(server.sockets[0].getsockname()[1])
+        self._plain = (
+            None
+            if metrics_port is None
+            else HttpServer("probes and metrics", host, metrics_port, app.endpoints)
+        )
 
     @property
     def port(self) -> int:
-        return self._port_of(self._servers[0])
+        return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def metrics_port(self) -> int | None:
-        return self._port_of(self._servers[1]) if len(self._servers) > 1 else None
+        """The plain port's bound port, once started (None when it is off)."""
+        return self._plain.port if self._plain is not None else None
 
     def start(self) -> None:
+        if self._plain is not None:
+            self._plain.start()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
         self._thread.start()
 
@@ -394,15 +393,15 @@ class WebhookServer:
             self._thread.join()
         self._loop.close()
         self.workers.shutdown(wait=True)
+        if self._plain is not None:  # last: /readyz says "closing" while the reviews in flight finish
+            self._plain.stop()
 
     async def _shutdown(self) -> None:
-        for server in self._servers:
-            server.close()
+        self._server.close()
         for writer in list(self.idle.values()):  # waiting for a request that will not be served
             writer.transport.abort()  # its read ends at once; its task closes up and returns
         pending = list(self.connections)
         if pending:
             await asyncio.wait(pending)
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+        with contextlib.suppress(Exception):
+            await self._server.wait_closed()

@@ -1,6 +1,7 @@
 """The serving certificate: from a mounted secret (cert-manager's ``tls.crt``/``tls.key``/``ca.crt``
-layout), reloaded when the files change, or, when none is mounted, from a CA this process makes and
-rotates itself, whose certificate it keeps in the webhook configuration's ``caBundle``.
+layout), reloaded when the files change (``tessera.serving.TlsFiles``, as every Tessera server loads
+TLS), or, when none is mounted, from a CA this process makes and rotates itself, whose certificate it
+keeps in the webhook configuration's ``caBundle``.
 
 Either way the server asks :meth:`Certificates.context` for every new connection, so a rotation takes
 effect without a restart and connections in flight keep the context they started with. Given a client
@@ -13,12 +14,10 @@ from __future__ import annotations
 
 import base64
 import datetime
-import hashlib
 import ipaddress
 import logging
 import os
 import ssl
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client
 
 from tessera.kube import raw_json
+from tessera.serving import read_client_ca, server_context
 
 log = logging.getLogger(__name__)
 
@@ -41,79 +41,6 @@ class Certificates(Protocol):
     def refresh(self) -> bool:
         """Pick up new material if there is any; True when the serving certificate changed."""
         ...
-
-
-def _context_from_pem(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = None) -> ssl.SSLContext:
-    """A server context for the certificate; with ``client_ca``, it asks every client for a
-    certificate and verifies one that is presented against that bundle (a wrong one fails the
-    handshake). A client may still present none: the server then answers 401 with a sentence
-    instead of a bare handshake failure (webhook/authentication.py)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # load_cert_chain reads files only: write both to a private folder and remove it at once.
-    with tempfile.TemporaryDirectory(prefix="tessera-webhook-tls-") as folder:
-        cert_file, key_file = Path(folder) / "tls.crt", Path(folder) / "tls.key"
-        cert_file.write_bytes(cert_pem)
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(key_pem)
-        context.load_cert_chain(cert_file, key_file)
-    if client_ca is not None:
-        context.load_verify_locations(cadata=client_ca.decode("ascii", errors="replace"))
-        context.verify_mode = ssl.CERT_OPTIONAL
-    return context
-
-
-def read_client_ca(path: Path | None) -> bytes | None:
-    """The client CA bundle at ``path`` (None without one); raises ValueError with a sentence when it
-    holds no certificate, so a bad mount stops the webhook at start rather than admitting anyone."""
-    if path is None:
-        return None
-    try:
-        pem = path.read_bytes()
-    except OSError as error:
-        raise ValueError(f"cannot read the client CA bundle {path}: {error.strerror}.") from None
-    if b"-----BEGIN CERTIFICATE-----" not in pem:
-        raise ValueError(f"the client CA bundle {path} holds no PEM certificate.")
-    return pem
-
-
-class FileCertificates:
-    """``tls.crt`` and ``tls.key`` from a folder (a mounted secret), and the client CA bundle when one
-    is given, reloaded when their bytes change."""
-
-    def __init__(self, folder: Path, client_ca: Path | None = None) -> None:
-        self.folder = folder
-        self.client_ca = client_ca
-        self._digest = b""
-        self._context: ssl.SSLContext | None = None
-        if not self.refresh():
-            raise RuntimeError(f"no certificate in {folder}")
-
-    def _read(self) -> tuple[bytes, bytes, bytes | None]:
-        cert, key = (self.folder / "tls.crt").read_bytes(), (self.folder / "tls.key").read_bytes()
-        return cert, key, read_client_ca(self.client_ca)
-
-    def refresh(self) -> bool:
-        try:
-            cert, key, client_ca = self._read()
-        except (OSError, ValueError) as error:
-            log.warning("cannot read the certificate in %s: %s", self.folder, error)
-            return False
-        digest = hashlib.sha256(cert + b"\0" + key + b"\0" + (client_ca or b"")).digest()
-        if digest == self._digest:
-            return False
-        try:
-            context = _context_from_pem(cert, key, client_ca)
-        except (ssl.SSLError, OSError) as error:  # half-written by the kubelet's atomic swap: next time
-            log.warning("certificate in %s not usable yet: %s", self.folder, error)
-            return False
-        self._context, self._digest = context, digest
-        log.info("serving the certificate from %s", self.folder)
-        return True
-
-    def context(self) -> ssl.SSLContext:
-        assert self._context is not None
-        return self._context
 
 
 _BACKDATE = datetime.timedelta(minutes=5)
@@ -233,7 +160,7 @@ class SelfManagedCertificates:
                     log.warning("%s", error)
             if changed or client_ca != self._client_ca_pem:
                 self._client_ca_pem = client_ca
-                self._context = _context_from_pem(self._serving.cert_pem, self._serving.key_pem, client_ca)
+                self._context = server_context(self._serving.cert_pem, self._serving.key_pem, client_ca)
             return changed
 
     def ca_bundle(self) -> bytes:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from tessera.admissioncheck.cli import metrics_text, parser
+from tessera.admissioncheck.cli import DecisionMetrics, parser
 from tessera.admissioncheck.workloads import Stats
 
 
@@ -22,16 +23,18 @@ def test_help_names_each_variable() -> None:
         assert f"TESSERA_ADMISSION_CHECK_{variable}" in text
 
 
-class FakeController:
-    def __init__(self) -> None:
-        self.stats = Stats()
-
-
 def test_metrics_count_decisions_by_state() -> None:
-    controller = FakeController()
+    stats = Stats()
+    registry = CollectorRegistry()
+    registry.register(DecisionMetrics(lambda: stats))
+    assert "decision_seconds" not in generate_latest(registry).decode()  # no decision yet: no times
     for state in ("Ready", "Ready", "Pending"):
-        controller.stats.record(state, 0.002)
-    text = metrics_text(controller)  # type: ignore[arg-type]
-    assert 'tessera_admission_check_decisions_total{state="ready"} 2' in text
-    assert 'tessera_admission_check_decisions_total{state="pending"} 1' in text
-    assert 'tessera_admission_check_decision_seconds{quantile="0.5"} 0.002000' in text
+        stats.record(state, 0.002)
+    text = generate_latest(registry).decode()
+    assert "# TYPE tessera_admission_check_decisions_total counter" in text
+    assert 'tessera_admission_check_decisions_total{state="ready"} 2.0' in text
+    assert 'tessera_admission_check_decisions_total{state="pending"} 1.0' in text
+    assert 'tessera_admission_check_decisions_total{state="rejected"} 0.0' in text
+    assert "# TYPE tessera_admission_check_decision_seconds summary" in text
+    assert 'tessera_admission_check_decision_seconds{quantile="0.5"} 0.002' in text
+    assert 'tessera_admission_check_decision_seconds{quantile="0.99"} 0.002' in text

@@ -4,9 +4,11 @@ product installs the product's commands and the development distribution the tes
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +38,6 @@ EXPORTER_READS_OF_THE_DRIVER = (
     "tessera.driver.claim_files",
     "tessera.driver.devices",
     "tessera.driver.discovery",
-    "tessera.driver.config",
-    "tessera.driver.health",
 )
 """The exporter reads what the driver leaves on the node (its checkpoint and claim folders) and
 finds GPUs the same way; nothing of the daemon itself (its servers, its gRPC plugin, its config)."""
@@ -65,6 +65,60 @@ def test_the_exporter_reads_the_drivers_files_but_imports_none_of_the_daemon() -
     assert reads <= set(EXPORTER_READS_OF_THE_DRIVER)
 
 
+COMMAND_MODULES = sorted(target.split(":")[0] for target in scripts(REPO / "pyproject.toml").values())
+"""The module of every command the product installs."""
+
+HTTP_SERVER_MODULES = ("http.server", "wsgiref", "socketserver")
+"""Standard-library modules that make an HTTP server (or the socket server under one)."""
+EVENT_LOOP_SERVERS = ("start_server", "create_server")
+"""asyncio's calls that open a listening socket."""
+HTTP_SERVERS_ALLOWED = {
+    "tessera/serving.py": "the one way Tessera serves HTTP",
+    "tessera/webhook/server.py": "the admission listener, kept for its bounds (its docstring says why)",
+}
+
+
+def _makes_a_server(path: Path) -> bool:
+    imported = imported_modules(path)
+    if any(
+        name == module or name.startswith(module + ".") for name in imported for module in HTTP_SERVER_MODULES
+    ):
+        return True
+    for node in ast.walk(ast.parse(path.read_text())):
+        named = (
+            node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        )
+        if named in EVENT_LOOP_SERVERS:
+            return True
+    return False
+
+
+def _calls_command_main(function: ast.FunctionDef) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "main"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "command"
+        for node in ast.walk(function)
+    )
+
+
+@pytest.mark.parametrize("module", COMMAND_MODULES)
+def test_every_command_runs_on_the_one_process_skeleton(module: str) -> None:
+    path = REPO.joinpath(*module.split(".")).with_suffix(".py")
+    assert "tessera.command" in imported_modules(path)
+    tree = ast.parse(path.read_text())
+    mains = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
+    assert len(mains) == 1 and _calls_command_main(mains[0])
+
+
+def test_only_the_serving_module_and_the_admission_listener_make_an_http_server() -> None:
+    every_file = [path for part in (CORE, *PARTS) for path in product_files(part)]
+    makers = {str(path.relative_to(REPO)) for path in every_file if _makes_a_server(path)}
+    assert makers == set(HTTP_SERVERS_ALLOWED)
+
+
 def test_the_repository_holds_no_symbolic_link() -> None:
     tracked = subprocess.run(
         ["git", "ls-files", "--stage"], cwd=REPO, capture_output=True, text=True, check=True
@@ -85,6 +139,7 @@ def test_the_repository_holds_no_symbolic_link() -> None:
         "tessera.shim.testing",
         "tessera.driver.exporter",
         "tessera.driver.metrics_server",
+        "tessera.lifecycle",
     ],
 )
 def test_a_module_is_not_importable_under_its_old_name(old_name: str) -> None:

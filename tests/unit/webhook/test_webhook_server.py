@@ -159,10 +159,10 @@ def test_bodies_that_are_not_v1_reviews_are_refused_at_the_http_level(
 
 
 def test_readiness_waits_for_the_slice_cache_and_health_does_not(running: Running) -> None:
-    assert running.get_plain("/healthz") == (200, "ok")
+    assert running.get_plain("/healthz") == (200, "ok\n")
     assert running.get_plain("/readyz")[0] == 503
     running.is_ready = True
-    assert running.get_plain("/readyz") == (200, "ok")
+    assert running.get_plain("/readyz") == (200, "ok\n")
     connection = running.https()
     connection.request("GET", "/readyz")
     assert connection.getresponse().status == 200
@@ -228,7 +228,7 @@ def test_stop_closes_idle_kept_alive_connections_instead_of_waiting_out_their_ti
     running = Running(tmp_path)
     connection = running.https()
     connection.request("GET", "/healthz")
-    assert connection.getresponse().read() == b"ok"  # kept alive, now idle
+    assert connection.getresponse().read() == b"ok\n"  # kept alive, now idle
     stopper = threading.Thread(target=running.server.stop)
     stopper.start()
     stopper.join(60)
@@ -294,7 +294,7 @@ def test_a_certificate_from_another_ca_fails_the_handshake(running: Running, tmp
 def test_probes_and_metrics_need_no_certificate(running: Running) -> None:
     connection = running.https(None)
     connection.request("GET", "/healthz")
-    assert connection.getresponse().read() == b"ok"
+    assert connection.getresponse().read() == b"ok\n"
 
 
 @pytest.mark.parametrize("value", ["1e1000000", "1e5000", "1e4299", "Infinity", "-Infinity", "NaN"])
@@ -524,7 +524,7 @@ def test_probes_are_answered_while_every_worker_is_busy_with_a_review(running: R
         poster.start()
     poll_until(lambda: len(running.templates.waiting) == WORKERS, 30, "every worker held in a review")
     try:
-        assert running.get_plain("/healthz") == (200, "ok")
+        assert running.get_plain("/healthz") == (200, "ok\n")
         assert len(running.templates.waiting) == WORKERS  # the two extra reviews still queue
     finally:
         running.templates.gate.set()

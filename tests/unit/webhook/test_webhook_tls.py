@@ -11,7 +11,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from tessera.webhook.tls import FileCertificates, SelfManagedCertificates, write_pem_pair
+from tessera.serving import TlsFiles
+from tessera.webhook.tls import SelfManagedCertificates, write_pem_pair
 from testbed.pki import CertificateAuthority, KeyPair
 
 DAY = datetime.timedelta(days=1)
@@ -54,7 +55,7 @@ def test_a_new_ca_joins_the_bundle_before_the_old_one_leaves() -> None:
 def test_mounted_files_are_reloaded_only_when_they_change(tmp_path: Path) -> None:
     one, two = SelfManagedCertificates(["one"], []), SelfManagedCertificates(["two"], [])
     write_pem_pair(tmp_path, one.serving_certificate(), one._serving.key_pem)  # type: ignore[union-attr]
-    mounted = FileCertificates(tmp_path)
+    mounted = TlsFiles(tmp_path)
     first = mounted.context()
     assert mounted.refresh() is False
     (tmp_path / "tls.crt").write_bytes(b"half written")

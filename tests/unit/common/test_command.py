@@ -1,8 +1,9 @@
-"""The node processes' lifecycle: a signal stops the service cleanly (exit 0), a failure to start or
+"""Every command's skeleton: a signal stops the service cleanly (exit 0), a failure to start or
 a fatal fault stops it too and exits 1, and stop() runs whatever happened."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -11,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera.lifecycle import run_until_signalled
+from tessera import command
+from tessera.command import run_until_signalled
 
 
 class Recorder:
@@ -74,3 +76,44 @@ def test_a_fatal_fault_is_stopped_and_exits_1_with_why(caplog: pytest.LogCapture
     assert run_until_signalled(service, logging.getLogger("t")) == 1
     assert service.calls == ["start", "wait", "stop"]
     assert "stopped because pod watch: gone" in caplog.text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera-test")
+    command.log_flags(parser, "TESSERA_TEST_")
+    return parser
+
+
+def test_flags_that_make_no_sense_exit_2_with_one_line_and_nothing_started(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refuse(args: argparse.Namespace) -> command.Service:
+        raise command.UsageError("the node name is required")
+
+    assert command.main(_parser(), refuse, logging.getLogger("t"), []) == 2
+    assert capsys.readouterr().err == "tessera-test: the node name is required\n"
+
+
+@pytest.fixture
+def _restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    yield
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+
+
+@pytest.mark.usefixtures("_restore_logging")
+def test_main_configures_logging_from_the_environment_and_runs_the_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TESSERA_TEST_LOG_LEVEL", "warning")
+    made: list[argparse.Namespace] = []
+
+    def service(args: argparse.Namespace) -> command.Service:
+        made.append(args)
+        return Recorder(fatal="gone")
+
+    assert command.main(_parser(), service, logging.getLogger("t"), []) == 1
+    assert made[0].log_level == "warning" and logging.getLogger().level == logging.WARNING
+    assert "[env TESSERA_TEST_LOG_FORMAT]" in _parser().format_help()

@@ -1,0 +1,89 @@
+"""The one process skeleton of every Tessera command: flags, logging, run until a signal, exit status.
+
+``tessera-driver``, ``tessera-exporter``, ``tessera-webhook`` and ``tessera-admission-check`` each
+parse their flags (every one with an environment-variable default, tessera/settings.py), configure
+logging, start a :class:`Service`, wait until SIGTERM, SIGINT or a failure of the service stops it,
+always stop it, and exit with one status. Writing that once keeps their logging flags, signal
+handling and exit statuses the same: 0 after a signal, 1 (logged with why) when the service could
+not start or failed, 2 (one line on stderr) when the flags make no sense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Protocol
+
+from tessera import logs
+from tessera.settings import setting
+
+
+class Service(Protocol):
+    """What a command runs: ``fatal`` is set (to why) when the service failed."""
+
+    fatal: str | None
+
+    def start(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class UsageError(Exception):
+    """Flags that parse but make no sense together: the command exits 2 with this sentence."""
+
+
+def log_flags(parser: argparse.ArgumentParser, env_prefix: str) -> None:
+    """``--log-level`` and ``--log-format``, read from ``<env_prefix>LOG_LEVEL`` and ``..._FORMAT``."""
+    levels = ("debug", "info", "warning", "error")
+    setting(parser, "--log-level", env_prefix + "LOG_LEVEL", "info", "", choices=levels)
+    setting(parser, "--log-format", env_prefix + "LOG_FORMAT", "text", "", choices=("text", "json"))
+
+
+def run_until_signalled(service: Service, log: logging.Logger) -> int:
+    """Start ``service``, wait until SIGTERM, SIGINT or its own failure, stop it whatever happened;
+    the exit status: 0, or 1 (logged with why) if starting raised or ``fatal`` was set."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        service.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        service.start()
+        service.wait()
+    except Exception as error:
+        log.exception("cannot run: %s", error)
+        service.fatal = str(error)
+    finally:
+        service.stop()
+    if service.fatal:
+        log.error("stopped because %s", service.fatal)
+        return 1
+    return 0
+
+
+def main(
+    parser: argparse.ArgumentParser,
+    service: Callable[[argparse.Namespace], Service],
+    log: logging.Logger,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Parse ``argv`` (the process's arguments when None), configure logging, make the service from
+    the flags and run it until a signal; the exit status."""
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    try:
+        running = service(args)
+    except UsageError as error:
+        print(f"{parser.prog}: {error}", file=sys.stderr)
+        return 2
+    return run_until_signalled(running, log)
