@@ -96,8 +96,7 @@ def main() -> int:
     info = RunInfo.start(
         [
             "tessera/admissioncheck",
-            "tessera/webhook/conversion.py",
-            "tessera/webhook/selectors.py",
+            "tessera/gpu_request.py",
             "tessera/watching.py",
         ]
     )

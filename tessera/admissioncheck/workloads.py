@@ -1,16 +1,20 @@
 """For each Workload waiting on our check: read its PodSets, ask ``fit``, and set Ready, or leave it
 Pending with a message that says why, or Rejected when its GPU request is invalid.
 
-Reading a PodSet goes through the webhook's own code (one place converts requests):
+Reading a PodSet never parses CEL:
 
 - a pod template that still names ``nvidia.com/gpu``/``gpumem``/``gpumem-percentage``/``gpucores``
-  (a Job's template: the webhook converts its pods only when the Job creates them) is read with
-  ``conversion.container_requests`` and ``selectors.selection_for`` on the template's annotations;
-- a pod template that references ResourceClaimTemplates (a plain pod, converted at creation) is read
-  from those templates: requests of our DeviceClass, ``exactly`` or ``firstAvailable``, with the
-  selectors the webhook writes read back by ``selectors.selection_from_cel`` and
-  ``conversion.size_from_selector``. A selector of another form cannot be judged here and is
-  ignored (the share is sized as if any GPU matched), which the Ready message says.
+  (a Job's template: the webhook converts its pods only when the Job creates them) is read with the
+  core's ``container_requests`` and ``selection_for``, the very code the webhook converts pods with;
+- a pod template that references a ResourceClaimTemplate the webhook wrote (a plain pod, converted
+  at creation) is read from the request the webhook recorded in the template's annotation
+  ``gpu.tessera.dev/gpu-request``, once its spec is seen to ask the same counts, memory and cores (a
+  template written by hand to look like the webhook's must not pass a small record off for a big
+  request);
+- a pod template that references a ResourceClaimTemplate a user wrote is read from its structure:
+  requests of our DeviceClass, ``exactly`` or ``firstAvailable``, sized by their capacity. Its CEL
+  selectors cannot be judged here; the share is sized as if any GPU matched, and the Ready message
+  names the selectors not judged.
 
 What is free is the published capacity less allocated claims less the shares of Workloads already
 Ready on this check but not yet placed (their pods not bound). Those reserved shares are kept as a
@@ -26,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -49,10 +53,18 @@ from tessera.admissioncheck.fit import (
     pack,
 )
 from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory, Key
-from tessera.names import CORES_CAPACITY, DEVICE_CLASS, MEMORY_CAPACITY
-from tessera.quantity import MiB, quantity_to_int
-from tessera.webhook.conversion import Refusal, container_requests, size_from_selector
-from tessera.webhook.selectors import AnnotationError, Selection, selection_for, selection_from_cel
+from tessera.gpu_request import (
+    AnnotationError,
+    GpuRequest,
+    RecordError,
+    Refusal,
+    container_requests,
+    request_from_annotation,
+    selection_for,
+    share_of,
+)
+from tessera.names import CORES_CAPACITY, DEVICE_CLASS, GPU_REQUEST_ANNOTATION, MEMORY_CAPACITY
+from tessera.quantity import quantity_to_int
 
 log = logging.getLogger(__name__)
 
@@ -63,54 +75,84 @@ class Undecidable(Exception):
     """The PodSet cannot be read yet (a ResourceClaimTemplate not seen yet); decide again later."""
 
 
-# -- reading PodSets (pure) ------------------------------------------------------------------------
+def request_of(gpu: GpuRequest) -> Request:
+    """A GPU request as the packing sees it: one choice for an absolute memory or a percentage not
+    converted yet (any GPU size), one per GPU memory size of a converted percentage (its claim's
+    ``firstAvailable`` list, in the same order)."""
+    cores = gpu.cores or 0
+    if gpu.memory is not None:
+        return Request(gpu.count, (Choice(memory=gpu.memory, cores=cores, selection=gpu.selection),))
+    percent = gpu.memory_percent or 0
+    if not gpu.memory_sizes:
+        return Request(gpu.count, (Choice(memory_percent=percent, cores=cores, selection=gpu.selection),))
+    choices = tuple(
+        Choice(memory=share_of(size, percent), cores=cores, selection=gpu.selection, memory_size=size)
+        for size in gpu.memory_sizes
+    )
+    return Request(gpu.count, choices)
 
 
-def _choice_from_exact(body: Mapping[str, Any], unknown: list[str]) -> Choice | None:
-    """A claim request body (exactly or one subrequest) of our class as a Choice; None if another
-    class's. Selectors the webhook did not write go to ``unknown``."""
+def _choice_from_body(body: Mapping[str, Any], unknown: list[str]) -> Choice | None:
+    """A claim request body (exactly or one subrequest) of our class as a Choice by its capacity;
+    None if another class's. Its CEL selectors go to ``unknown``."""
     if body.get("deviceClassName") != DEVICE_CLASS:
         return None
     capacity = (body.get("capacity") or {}).get("requests") or {}
-    expressions = [(s.get("cel") or {}).get("expression", "") for s in body.get("selectors") or []]
-    size = None
-    rest = []
-    for expression in expressions:
-        found = size_from_selector(expression)
-        if found is not None:
-            size = found
-        else:
-            rest.append(expression)
-    selection, others = selection_from_cel(rest)
-    unknown.extend(others)
+    unknown.extend((s.get("cel") or {}).get("expression", "") for s in body.get("selectors") or [])
     return Choice(
         memory=quantity_to_int(capacity.get(MEMORY_CAPACITY, 0)),
         cores=quantity_to_int(capacity.get(CORES_CAPACITY, 0)),
-        selection=selection,
-        memory_size=size,
     )
 
 
 def requests_from_claim_spec(spec: Mapping[str, Any], unknown: list[str]) -> list[Request]:
-    """Our-class requests of a ResourceClaimSpec."""
+    """Our-class requests of a ResourceClaimSpec, by their structure (see the module docstring)."""
     out = []
     for request in (spec.get("devices") or {}).get("requests") or []:
         if request.get("exactly"):
             body = request["exactly"]
-            choice = _choice_from_exact(body, unknown)
+            choice = _choice_from_body(body, unknown)
             if choice is not None:
                 out.append(Request(int(body.get("count") or 1), (choice,)))
         elif request.get("firstAvailable"):
             choices = []
             counts = set()
             for sub in request["firstAvailable"]:
-                choice = _choice_from_exact(sub, unknown)
+                choice = _choice_from_body(sub, unknown)
                 if choice is not None:
                     choices.append(choice)
                     counts.add(int(sub.get("count") or 1))
             if choices:
                 out.append(Request(max(counts), tuple(choices)))
     return out
+
+
+def _sizes(requests: list[Request]) -> list[tuple[int, tuple[tuple[int | None, int], ...]]]:
+    return [(r.count, tuple((c.memory, c.cores) for c in r.choices)) for r in requests]
+
+
+def requests_from_claim_template(
+    where: str, template: Mapping[str, Any], unknown: list[str]
+) -> list[Request]:
+    """The requests of a ResourceClaimTemplate: the webhook's recorded request when it carries one,
+    else its structure. Raises RecordError for a record that cannot be read or that its spec
+    contradicts."""
+    spec = template.get("spec") or {}
+    annotations = (spec.get("metadata") or {}).get("annotations") or {}
+    if GPU_REQUEST_ANNOTATION not in annotations:
+        return requests_from_claim_spec(spec.get("spec") or {}, unknown)
+    value = annotations[GPU_REQUEST_ANNOTATION]
+    if not isinstance(value, str):
+        raise RecordError(
+            f"annotation {GPU_REQUEST_ANNOTATION} of ResourceClaimTemplate {where} is not text."
+        )
+    recorded = request_of(request_from_annotation(value))
+    if _sizes(requests_from_claim_spec(spec.get("spec") or {}, [])) != _sizes([recorded]):
+        raise RecordError(
+            f"ResourceClaimTemplate {where} asks for other GPU shares than its annotation "
+            f"{GPU_REQUEST_ANNOTATION} records."
+        )
+    return [recorded]
 
 
 def requests_from_template(
@@ -120,21 +162,15 @@ def requests_from_template(
     unknown: list[str],
 ) -> list[Request]:
     """Every GPU request one pod of this PodSet template makes; raises Refusal/AnnotationError for a
-    request the webhook would deny, Undecidable when a referenced template is not known yet."""
+    request the webhook would deny, RecordError for a webhook record that cannot be trusted,
+    Undecidable when a referenced template is not known yet."""
     metadata = template.get("metadata") or {}
     spec = template.get("spec") or {}
     out: list[Request] = []
-    selection: Selection | None = None
-    for _, _, _, _, gpu in container_requests(spec):
-        if selection is None:
-            selection = selection_for(metadata.get("annotations") or {})
-        choice = Choice(
-            memory=gpu.memory_mib * MiB if gpu.memory_mib is not None else None,
-            memory_percent=gpu.memory_percent if gpu.memory_mib is None else None,
-            cores=gpu.cores or 0,
-            selection=selection,
-        )
-        out.append(Request(gpu.count, (choice,)))
+    asked = [gpu for *_, gpu in container_requests(spec)]
+    if asked:  # the pod's annotations matter only when it asks for a GPU, as in the webhook
+        selection = selection_for(metadata.get("annotations") or {})
+        out.extend(request_of(replace(gpu, selection=selection)) for gpu in asked)
     for entry in spec.get("resourceClaims") or []:
         name = entry.get("resourceClaimTemplateName")
         if not name:
@@ -142,7 +178,7 @@ def requests_from_template(
         claim_template = claim_templates.get((namespace, name))
         if claim_template is None:
             raise Undecidable(f"ResourceClaimTemplate {namespace}/{name} is not known yet")
-        out.extend(requests_from_claim_spec((claim_template.get("spec") or {}).get("spec") or {}, unknown))
+        out.extend(requests_from_claim_template(f"{namespace}/{name}", claim_template, unknown))
     return out
 
 

@@ -44,11 +44,11 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tessera.gpu_request import Refusal
 from tessera.quantity import KiB, MiB
 from tessera.webhook import review
 from tessera.webhook.admission import admit
 from tessera.webhook.authentication import ClientPolicy
-from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.metrics import WebhookMetrics
 from tessera.webhook.tls import Certificates

@@ -1,8 +1,10 @@
-"""Reading a Workload's PodSets through the webhook's conversion: a Job's template with HAMi
-resources, a plain pod's ResourceClaimTemplates, and what asks for no GPU."""
+"""Reading a Workload's PodSets: a Job's template with HAMi resources (the core's reading, as the
+webhook reads its pods), a plain pod's ResourceClaimTemplates (the request the webhook recorded, or a
+hand-written template's structure), and what asks for no GPU; and the pass's plan of reserved shares."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -19,11 +21,14 @@ from tessera.admissioncheck.workloads import (
     pod_groups,
     priority_order,
     requests_from_claim_spec,
+    requests_from_claim_template,
 )
-from tessera.quantity import GiB, MiB
-from tessera.webhook.conversion import Refusal, claim_spec, read_request
-from tessera.webhook.fleet import Fleet
-from tessera.webhook.selectors import Selection, selection_for
+from tessera.gpu_request import RecordError, Refusal, Selection, selection_for
+from tessera.names import GPU_REQUEST_ANNOTATION
+from tessera.quantity import GiB
+from tessera.webhook.admission import admit
+from tests.unit.webhook.webhook_samples import FLEET, apply_patch, container, decoded_patch, pod
+from tests.unit.webhook.webhook_samples import request as review_request
 
 
 def workload(podsets: list[dict[str, Any]], assigned: dict[str, int] | None = None) -> dict[str, Any]:
@@ -70,35 +75,6 @@ def test_a_template_without_gpu_resources_asks_for_no_share() -> None:
 def test_a_request_the_webhook_would_deny_is_refused_with_its_sentence() -> None:
     with pytest.raises(Refusal, match="gpucores is 300"):
         pod_groups(workload([job_podset(1, {"nvidia.com/gpucores": "300"})]), {}, [])
-
-
-def test_a_plain_pods_claim_template_reads_back_as_the_request_it_was_made_from() -> None:
-    annotations = {"nvidia.com/nouse-gpuuuid": "GPU-x"}
-    selection = selection_for(annotations)
-    container = {
-        "resources": {
-            "limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "25"}
-        }
-    }
-    request = read_request("c", container)
-    assert request is not None
-    spec = claim_spec("c", request, selection.cel(), Fleet((80 * GiB,), 8))
-    unknown: list[str] = []
-    assert requests_from_claim_spec(spec, unknown) == [
-        Request(2, (Choice(memory=8192 * MiB, cores=25, selection=selection),))
-    ]
-    assert unknown == []
-
-
-def test_a_percentage_template_reads_back_as_one_choice_per_gpu_size() -> None:
-    request = read_request("c", {"resources": {"limits": {"nvidia.com/gpumem-percentage": "50"}}})
-    assert request is not None
-    spec = claim_spec("c", request, [], Fleet((80 * GiB, 40 * GiB), 8))
-    (read,) = requests_from_claim_spec(spec, [])
-    assert read.choices == (
-        Choice(memory=40 * GiB, memory_size=80 * GiB),
-        Choice(memory=20 * GiB, memory_size=40 * GiB),
-    )
 
 
 def test_a_plain_pod_whose_template_is_not_known_yet_is_undecidable() -> None:
@@ -213,3 +189,139 @@ def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_bloc
     # A Workload no longer reserved leaves no plan behind.
     controller._replan(gpus, free_capacity(gpus, {}), {})
     assert controller._plans == {}
+
+
+# -- what the webhook writes, the admission check reads ---------------------------------------------
+
+A100_NOT_BAD = {"nvidia.com/use-gputype": "A100,H100", "nvidia.com/nouse-gpuuuid": "GPU-bad"}
+
+
+def converted_podset(limits: dict[str, str], annotations: dict[str, str]) -> tuple[dict[str, Any], Any]:
+    """The PodSet of a plain pod the webhook converted, and the templates it wrote, keyed as the
+    inventory keys them in the Workload's namespace: the webhook's own code from pod to patch to templates."""
+    original = pod(container("main", limits), annotations=annotations)
+    decision = admit(review_request(original), FLEET)  # type: ignore[arg-type]
+    assert decision.outcome == "converted", decision.response
+    patched = apply_patch(original, decoded_patch(decision.response))
+    templates = {("team-a", t["metadata"]["name"]): t for t in decision.templates}
+    podset = {
+        "name": "main",
+        "count": 1,
+        "template": {"metadata": patched["metadata"], "spec": patched["spec"]},
+    }
+    return podset, templates
+
+
+@pytest.mark.parametrize(
+    ("limits", "annotations", "expected"),
+    [
+        ({"nvidia.com/gpumem": "8192"}, {}, Request(1, (Choice(memory=8 * GiB),))),
+        ({"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1024"}, {}, Request(3, (Choice(memory=GiB),))),
+        (
+            {"nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "25"},
+            {},
+            Request(1, (Choice(2 * GiB, cores=25),)),
+        ),
+        (
+            {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "25", "nvidia.com/gpucores": "10"},
+            {},
+            Request(
+                2,
+                (
+                    Choice(20 * GiB, cores=10, memory_size=80 * GiB),
+                    Choice(10 * GiB, cores=10, memory_size=40 * GiB),
+                ),
+            ),
+        ),
+        (
+            {"nvidia.com/gpucores": "50"},
+            {},
+            Request(
+                1,
+                (
+                    Choice(80 * GiB, cores=50, memory_size=80 * GiB),
+                    Choice(40 * GiB, cores=50, memory_size=40 * GiB),
+                ),
+            ),
+        ),
+        (
+            {"nvidia.com/gpumem": "4096"},
+            {"nvidia.com/use-gpuuuid": "GPU-a, GPU-b"},
+            Request(1, (Choice(4 * GiB, selection=Selection(use_uuids=("GPU-a", "GPU-b"))),)),
+        ),
+        (
+            {"nvidia.com/gpumem": "4096"},
+            A100_NOT_BAD,
+            Request(
+                1,
+                (Choice(4 * GiB, selection=Selection(nouse_uuids=("GPU-bad",), use_types=("a100", "h100"))),),
+            ),
+        ),
+        (
+            {"nvidia.com/gpumem-percentage": "50"},
+            {"nvidia.com/nouse-gputype": "T4"},
+            Request(
+                1,
+                (
+                    Choice(40 * GiB, selection=Selection(nouse_types=("t4",)), memory_size=80 * GiB),
+                    Choice(20 * GiB, selection=Selection(nouse_types=("t4",)), memory_size=40 * GiB),
+                ),
+            ),
+        ),
+    ],
+    ids=[
+        "memory",
+        "count",
+        "cores",
+        "percentage-count-cores",
+        "cores-only",
+        "uuids",
+        "types-and-exclusion",
+        "type-exclusion",
+    ],
+)
+def test_every_request_shape_the_webhook_writes_reads_back_as_the_request_it_was_made_from(
+    limits: dict[str, str], annotations: dict[str, str], expected: Request
+) -> None:
+    podset, templates = converted_podset(limits, annotations)
+    unknown: list[str] = []
+    assert pod_groups(workload([podset]), templates, unknown) == [PodGroup("main", 1, (expected,))]
+    assert unknown == [], "the webhook's own selectors are judged, from its record"
+
+
+def test_a_converted_pod_reads_as_its_job_template_did_before_conversion() -> None:
+    limits = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "40"}
+    podset, templates = converted_podset(limits, A100_NOT_BAD)
+    before = pod_groups(workload([job_podset(1, limits, A100_NOT_BAD)]), {}, [])
+    assert pod_groups(workload([podset]), templates, []) == before
+
+
+def recorded_template(limits: dict[str, str]) -> dict[str, Any]:
+    _, templates = converted_podset(limits, {})
+    (template,) = templates.values()
+    return copy.deepcopy(template)
+
+
+def test_a_template_whose_record_and_spec_disagree_is_not_read_but_refused_with_a_reason() -> None:
+    template = recorded_template({"nvidia.com/gpumem": "1024"})
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "80Gi"
+    with pytest.raises(RecordError, match="asks for other GPU shares than its annotation"):
+        requests_from_claim_template("team/t", template, [])
+
+
+def test_an_unreadable_record_is_refused_with_the_readers_sentence() -> None:
+    template = recorded_template({"nvidia.com/gpumem": "1024"})
+    template["spec"]["metadata"]["annotations"][GPU_REQUEST_ANNOTATION] = '{"version": 9}'
+    with pytest.raises(RecordError, match='has version "9"; this Tessera reads version 1'):
+        requests_from_claim_template("team/t", template, [])
+
+
+def test_a_hand_written_copy_of_the_webhooks_cel_without_its_record_is_read_by_its_structure() -> None:
+    """Without the record nothing says the CEL is Tessera's: every selector is named as not judged
+    here, and the size comes from the capacity, as for any template a user wrote."""
+    template = recorded_template({"nvidia.com/gpumem-percentage": "50"})
+    del template["spec"]["metadata"]
+    unknown: list[str] = []
+    (request,) = requests_from_claim_template("team/t", template, unknown)
+    assert request == Request(1, (Choice(memory=40 * GiB), Choice(memory=20 * GiB)))
+    assert len(unknown) == 2 and all("compareTo" in expression for expression in unknown)
