@@ -19,9 +19,9 @@ from pathlib import Path
 from types import FrameType
 
 from tessera import logs
+from tessera.admissioncheck.controller import WorkloadController
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
-from tessera.admissioncheck.workloads import WorkloadController
 from tessera.kube import api_client
 from tessera.settings import setting
 

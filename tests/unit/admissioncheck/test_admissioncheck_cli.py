@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.admissioncheck.cli import metrics_text, parser
-from tessera.admissioncheck.workloads import Stats
+from tessera.admissioncheck.controller import Stats
 
 
 def test_flags_fall_back_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """Reading a Workload's PodSets: a Job's template with HAMi resources (the core's reading, as the
 webhook reads its pods), a plain pod's ResourceClaimTemplates (the request the webhook recorded, or a
-hand-written template's structure), and what asks for no GPU; and the pass's plan of reserved shares."""
+hand-written template's structure), and what asks for no GPU."""
 
 from __future__ import annotations
 
@@ -8,18 +8,11 @@ import copy
 from typing import Any
 
 import pytest
-from kubernetes import client
 
-from tessera.admissioncheck.fit import Choice, Gpu, Placement, PodGroup, Request, free_capacity
-from tessera.admissioncheck.inventory import PodRecord
-from tessera.admissioncheck.workloads import (
+from tessera.admissioncheck.fit import Choice, PodGroup, Request
+from tessera.admissioncheck.podsets import (
     Undecidable,
-    WorkloadController,
-    _give_back,
-    _less_placed,
-    _room,
     pod_groups,
-    priority_order,
     requests_from_claim_spec,
     requests_from_claim_template,
 )
@@ -133,62 +126,6 @@ def test_other_device_classes_and_foreign_selectors_are_not_ours_to_judge() -> N
         Request(1, (Choice(memory=GiB, selection=Selection()),))
     ]
     assert unknown == ["device.attributes['x'].y"]
-
-
-def test_placed_pods_leave_the_reserved_shares() -> None:
-    groups = [PodGroup("main", 4, (Request(1, (Choice(memory=GiB),)),))]
-    placed = [PodRecord(str(i), "ns", frozenset(), True, "") for i in range(3)]
-    assert _less_placed(groups, placed) == [PodGroup("main", 1, groups[0].requests)]
-    assert _less_placed(groups, [*placed, PodRecord("9", "ns", frozenset(), True, "")]) == []
-
-
-def test_higher_priority_then_older_workloads_are_decided_first() -> None:
-    def wl(name: str, priority: int, created: str) -> dict[str, Any]:
-        return {"metadata": {"name": name, "creationTimestamp": created}, "spec": {"priority": priority}}
-
-    order = sorted(
-        [
-            wl("batch-old", 100, "2026-01-01T00:00:00Z"),
-            wl("prod", 1000, "2026-01-03T00:00:00Z"),
-            wl("batch-new", 100, "2026-01-02T00:00:00Z"),
-        ],
-        key=priority_order,
-    )
-    assert [w["metadata"]["name"] for w in order] == ["prod", "batch-old", "batch-new"]
-
-
-def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
-    free = {("p", "g0"): (10 * GiB, 100)}
-    placement = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10), (("p", "g0"), 6 * GiB, 10)))
-    assert not _room(free, placement), "two 6Gi shares on one GPU with 10Gi free"
-    single = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10),))
-    assert _room(free, single)
-    assert _give_back({("p", "g0"): (4 * GiB, 90)}, [single]) == free
-
-
-def replanner() -> WorkloadController:
-    return WorkloadController(client.ApiClient(), None, "test")  # type: ignore[arg-type]
-
-
-def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_block_when_none_is_left() -> None:
-    gpus = [Gpu("n", "n", f"g{i}", f"U{i}", "A100", 40 * GiB, 100) for i in range(2)]
-    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
-    controller = replanner()
-    first = controller._replan(gpus, free_capacity(gpus, {}), {"w1": ("ns/w1", [group])})
-    (planned,) = controller._plans["w1"]
-    assert first.unplanned == []
-    # The scheduler put someone else's 30Gi on the planned GPU: the reserved share moves to the other.
-    taken = free_capacity(gpus, {planned.shares[0][0]: (30 * GiB, 0)})
-    second = controller._replan(gpus, taken, {"w1": ("ns/w1", [group])})
-    (moved,) = controller._plans["w1"]
-    assert moved.shares[0][0] != planned.shares[0][0] and second.unplanned == []
-    # Both GPUs taken: the reserved share has no place, and the pass says whose.
-    full = free_capacity(gpus, {g.key: (30 * GiB, 0) for g in gpus})
-    third = controller._replan(gpus, full, {"w1": ("ns/w1", [group])})
-    assert third.unplanned == ["ns/w1"]
-    # A Workload no longer reserved leaves no plan behind.
-    controller._replan(gpus, free_capacity(gpus, {}), {})
-    assert controller._plans == {}
 
 
 # -- what the webhook writes, the admission check reads ---------------------------------------------
