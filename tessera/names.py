@@ -64,3 +64,8 @@ HAMI_ANNOTATIONS = (HAMI_USE_UUID, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_NOUSE_TY
 
 WEBHOOK_MANAGED_BY = "tessera-webhook"
 """Value of app.kubernetes.io/managed-by on the ResourceClaimTemplates the webhook creates."""
+
+GPU_REQUEST_ANNOTATION = f"{DRIVER_NAME}/gpu-request"
+"""Annotation on the claim metadata of the ResourceClaimTemplates the webhook writes (copied onto every
+ResourceClaim made from them): the GPU request it converted, as JSON (see tessera/gpu_request.py), which
+the admission check reads instead of the CEL."""

@@ -24,12 +24,12 @@ from kubernetes.client import ApiException
 from tessera.driver.devices import device
 from tessera.driver.discovery import Gpu
 from tessera.driver.slices import slice_object
+from tessera.gpu_request import read_request, selection_for
 from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
-from tessera.webhook.conversion import claim_spec, claim_template, read_request
+from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.selectors import selectors_for
 from testbed.accounts import service_account_token, token_kubeconfig
 from testbed.binaries import COMPONENTS
 from testbed.cluster import LocalCluster
@@ -275,11 +275,10 @@ def plain_gpu_pod(
     """A plain pod in ``queue`` as the webhook leaves it: the HAMi ``limits`` converted by the
     webhook's own code into a ResourceClaimTemplate (created here) and a claim reference."""
     container = {"name": "work", "image": "tessera.local/none", "resources": {"limits": dict(limits)}}
-    request = read_request('container "work"', container)
+    request = read_request('container "work"', container, selection_for(annotations or {}))
     assert request is not None
-    selectors = selectors_for(annotations or {})
     fleet = Fleet(tuple(m * GiB for m in memory_sizes_gi), 8)
-    template = claim_template(namespace, claim_spec('container "work"', request, selectors, fleet))
+    template = claim_template(namespace, 'container "work"', request, fleet)
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(
         namespace, client.V1ResourceClaimTemplate.model_validate(template)
     )

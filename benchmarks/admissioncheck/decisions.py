@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kubernetes import client
 
 from benchmarks.run_info import RunInfo
+from tessera.admissioncheck.controller import WorkloadController
 from tessera.admissioncheck.inventory import Inventory
-from tessera.admissioncheck.workloads import WorkloadController
 from tessera.kube import api_client, raw_json
 from testbed import queue_bed
 from testbed.cluster import LocalCluster
@@ -96,8 +96,7 @@ def main() -> int:
     info = RunInfo.start(
         [
             "tessera/admissioncheck",
-            "tessera/webhook/conversion.py",
-            "tessera/webhook/selectors.py",
+            "tessera/gpu_request.py",
             "tessera/watching.py",
         ]
     )

@@ -22,9 +22,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from tessera import command
+from tessera.admissioncheck.controller import Stats, WorkloadController
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
-from tessera.admissioncheck.workloads import Stats, WorkloadController
 from tessera.kube import api_client
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.settings import setting

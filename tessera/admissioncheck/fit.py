@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.quantity import GiB, MiB, round_down
-from tessera.webhook.selectors import Selection
+from tessera.gpu_request import Selection, share_of
+from tessera.quantity import GiB, MiB
 
 DEFAULT_BUDGET = 20_000
 """Share placements tried before the search gives up (each is a few microseconds)."""
@@ -74,7 +74,7 @@ class Choice:
     def memory_on(self, gpu: Gpu) -> int:
         if self.memory is not None:
             return self.memory
-        return round_down(gpu.memory * (self.memory_percent or 0) // 100, MiB)
+        return share_of(gpu.memory, self.memory_percent or 0)
 
 
 @dataclass(frozen=True)

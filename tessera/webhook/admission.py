@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.gpu_request import AnnotationError, RecordError, Refusal, container_requests, selection_for
 from tessera.webhook import review
-from tessera.webhook.conversion import Refusal, claim_spec, claim_template, container_requests
+from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
 from tessera.webhook.review import AdmissionReview, ReviewRequest
-from tessera.webhook.selectors import AnnotationError, selectors_for
 from tessera.webhook.validation import check_against_fleet
 
 
@@ -39,16 +39,16 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     spec = pod.get("spec") or {}
     try:
-        selectors = selectors_for(annotations)
+        selection = selection_for(annotations)
         converted: list[Converted] = []
         templates: dict[str, dict[str, Any]] = {}
-        for list_name, index, container, where, gpu in container_requests(spec):
+        for list_name, index, container, where, gpu in container_requests(spec, selection):
             check_against_fleet(where, gpu, fleet)
-            template = claim_template(namespace, claim_spec(where, gpu, selectors, fleet))
+            template = claim_template(namespace, where, gpu, fleet)
             name = template["metadata"]["name"]
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))
-    except (Refusal, AnnotationError) as refusal:
+    except (Refusal, AnnotationError, RecordError) as refusal:
         return Decision(review.deny(uid, str(refusal)), "denied")
     if not converted:
         return Decision(review.allow(uid), "untouched")

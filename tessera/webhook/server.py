@@ -51,12 +51,12 @@ from typing import Any, Protocol
 
 from kubernetes.client import ApiException
 
+from tessera.gpu_request import Refusal
 from tessera.quantity import KiB, MiB
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.webhook import review
 from tessera.webhook.admission import admit
 from tessera.webhook.authentication import ClientPolicy
-from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.metrics import WebhookMetrics
 from tessera.webhook.tls import Certificates

@@ -4,7 +4,9 @@ Templates are named by the hash of their spec, so a template that already has th
 one only if Tessera made it: anyone allowed to create templates in a namespace can plant one under
 that name in advance, with a bigger request than the pod asked for (and than Kueue charged). So a
 create that meets AlreadyExists reads the template and uses it only if it carries the webhook's
-``app.kubernetes.io/managed-by`` label and the identical spec; otherwise the pod is denied with a
+``app.kubernetes.io/managed-by`` label and the identical spec, the recorded request in its claim
+metadata included (the admission check trusts that record, so a template whose record and CEL
+disagree is as foreign as one with a bigger request); otherwise the pod is denied with a
 sentence that names the template.
 
 A template's spec is immutable in resource.k8s.io/v1, so a template verified once stays right for as
@@ -25,11 +27,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.gpu_request import Refusal
 from tessera.kube import raw_json
 from tessera.names import WEBHOOK_MANAGED_BY
 from tessera.quantity import parse_quantity
 from tessera.watching import WatchThread
-from tessera.webhook.conversion import MANAGED_BY_LABEL, Refusal
+from tessera.webhook.conversion import MANAGED_BY_LABEL
 
 _FORGOTTEN = 4096
 """UIDs of deleted templates remembered, so a verification that raced the deletion is not cached."""

@@ -18,9 +18,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.gpu_request import GpuRequest
 from tessera.kube import create_if_absent, raw_json
-from tessera.quantity import GiB, quantity_to_int
-from tessera.webhook.conversion import GpuRequest, claim_spec, claim_template
+from tessera.quantity import GiB, MiB, quantity_to_int
+from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.templates import TemplateStore
 from testbed.cluster import LocalCluster
@@ -305,8 +306,7 @@ def test_a_jobs_template_keeps_its_extended_resources_and_its_pods_are_converted
 def test_a_template_that_already_exists_counts_as_made(bed: Bed, kube: client.ApiClient, ns: str) -> None:
     """Two webhook replicas (two stores) admitting the same shape: the second create meets
     AlreadyExists, which is success, and the template is the first one, untouched."""
-    spec = claim_spec("c", GpuRequest(1, 1000, None, 10), [], bed.webhook.cache.fleet)
-    template = claim_template(ns, spec)
+    template = claim_template(ns, "c", GpuRequest(1, 1000 * MiB, None, 10), bed.webhook.cache.fleet)
     assert TemplateStore(bed.webhook.api).ensure(template) is True
     [made] = templates_in(kube, ns)
     assert TemplateStore(bed.webhook.api).ensure(template) is True

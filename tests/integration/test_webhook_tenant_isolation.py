@@ -19,10 +19,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.gpu_request import container_requests
 from tessera.kube import raw_json
 from tessera.names import HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
-from tessera.webhook.conversion import claim_spec, claim_template, container_requests
+from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.templates import TemplateStore
 from testbed.cluster import LocalCluster
@@ -96,7 +97,7 @@ def all_templates(kube: client.ApiClient) -> list[dict[str, Any]]:
 def the_webhooks_template(webhook: RunningWebhook, namespace: str, limits: dict[str, str]) -> dict[str, Any]:
     """The template the webhook writes for a pod with ``limits`` in ``namespace``."""
     ((_, _, _, where, request),) = container_requests(gpu_pod("p", limits)["spec"])
-    return claim_template(namespace, claim_spec(where, request, [], webhook.cache.fleet))
+    return claim_template(namespace, where, request, webhook.cache.fleet)
 
 
 def forged_review(namespace: str, pod_namespace: str | None = None) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tessera.admissioncheck.cli import DecisionMetrics, parser
-from tessera.admissioncheck.workloads import Stats
+from tessera.admissioncheck.controller import Stats
 
 
 def test_flags_fall_back_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,8 +22,8 @@ from tessera.admissioncheck.fit import (
     no_fit_message,
     pack,
 )
+from tessera.gpu_request import Selection
 from tessera.quantity import GiB
-from tessera.webhook.selectors import Selection
 
 
 def gpus_on(node: str, *memories_gi: int, product: str = "NVIDIA A100") -> list[Gpu]:

@@ -242,7 +242,7 @@ def test_a_message_left_off_the_page_is_caught() -> None:
     page = PAGE.read_text()
     assert quote in page
     assert undocumented(page.replace(quote, "")) == [
-        "tessera/webhook/conversion.py: <...>: nvidia.com/gpucores is <...>; it must be between 1 and 100."
+        "tessera/gpu_request.py: <...>: nvidia.com/gpucores is <...>; it must be between 1 and 100."
     ]
 
 

@@ -8,14 +8,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tessera.gpu_request import AnnotationError, selection_for
 from tessera.names import HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_USE_UUID
-from tessera.webhook.selectors import AnnotationError, cel_string, selectors_for
+from tessera.webhook.selectors import cel_string, selection_cel
 
 UUID_ATTR = 'device.attributes["gpu.tessera.dev"].uuid'
 PRODUCT_ATTR = 'device.attributes["gpu.tessera.dev"].productName'
 
 # A CEL double-quoted string literal: any escaped character or anything but a quote or backslash.
 _LITERAL = re.compile(r'"(?:\\.|[^"\\])*"')
+
+
+def selectors_for(annotations: dict[str, str]) -> list[str]:
+    """The CEL the webhook writes for a pod with ``annotations``."""
+    return selection_cel(selection_for(annotations))
 
 
 def skeleton(expression: str) -> str:

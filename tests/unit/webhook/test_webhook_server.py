@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client import ApiException
 
+from tessera.gpu_request import Refusal
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
-from tessera.webhook.conversion import Refusal
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates

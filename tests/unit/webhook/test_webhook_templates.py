@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from tessera.webhook.conversion import Refusal, claim_spec, claim_template, container_requests
+from tessera.gpu_request import GpuRequest, Refusal, container_requests, request_to_annotation
+from tessera.names import GPU_REQUEST_ANNOTATION
+from tessera.quantity import MiB
+from tessera.webhook.conversion import claim_template
 from tessera.webhook.templates import check_existing, same_spec
 from tests.unit.webhook.webhook_samples import FLEET, container, pod
 
@@ -17,14 +20,13 @@ from tests.unit.webhook.webhook_samples import FLEET, container, pod
 def template(memory_mib: int = 81920) -> dict[str, Any]:
     spec = pod(container("main", {"nvidia.com/gpumem": memory_mib, "nvidia.com/gpucores": 30}))["spec"]
     ((_, _, _, where, request),) = list(container_requests(spec))
-    return claim_template("team", claim_spec(where, request, [], FLEET))
+    return claim_template("team", where, request, FLEET)
 
 
 def as_stored(ours: dict[str, Any]) -> dict[str, Any]:
-    """The template as the API gives it back: quantities canonical, an empty claim metadata added."""
+    """The template as the API gives it back: quantities canonical."""
     stored = copy.deepcopy(ours)
     stored["metadata"]["uid"] = "0f0e"
-    stored["spec"]["metadata"] = {}
     capacity = stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]
     assert capacity["memory"] == "81920Mi"
     capacity["memory"] = "80Gi"
@@ -59,12 +61,24 @@ def test_a_template_without_the_label_is_refused_by_name() -> None:
         ),
         lambda spec: spec["spec"]["devices"]["requests"][0]["exactly"].update(count=2),
         lambda spec: spec["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"].pop("cores"),
-        lambda spec: spec.update(metadata={"labels": {"extra": "yes"}}),
+        lambda spec: spec["metadata"].update(labels={"extra": "yes"}),
         lambda spec: spec["spec"]["devices"]["requests"][0]["exactly"].update(
             selectors=[{"cel": {"expression": "true"}}]
         ),
+        lambda spec: spec["metadata"]["annotations"].update(
+            {GPU_REQUEST_ANNOTATION: request_to_annotation(GpuRequest(1, 1024 * MiB, None, 30))}
+        ),
+        lambda spec: spec["metadata"].pop("annotations"),
     ],
-    ids=["more-memory", "more-gpus", "uncapped-cores", "claim-labels", "another-selector"],
+    ids=[
+        "more-memory",
+        "more-gpus",
+        "uncapped-cores",
+        "claim-labels",
+        "another-selector",
+        "record-of-a-smaller-request",
+        "no-record",
+    ],
 )
 def test_a_labelled_template_with_another_spec_is_refused_by_name(change: Any) -> None:
     ours = template()
@@ -76,3 +90,14 @@ def test_a_labelled_template_with_another_spec_is_refused_by_name(change: Any) -
         f"ResourceClaimTemplate team/{ours['metadata']['name']} already exists with a spec other than "
         "the one Tessera writes for this pod, so Tessera will not use it; delete it and create the pod again."
     )
+
+
+def test_the_record_and_the_cel_of_another_pod_do_not_make_a_template_tessera_uses() -> None:
+    """A template whose CEL (and sizes) are what the webhook writes for one pod and whose record is
+    what it writes for another: each half is Tessera's, the whole is not, and it is refused."""
+    ours = template()
+    other = template(memory_mib=1024)
+    planted = as_stored(ours)
+    planted["spec"]["metadata"] = other["spec"]["metadata"]
+    with pytest.raises(Refusal, match="already exists with a spec other than the one Tessera writes"):
+        check_existing(planted, ours)

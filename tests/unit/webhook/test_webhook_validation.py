@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.quantity import GiB
-from tessera.webhook.conversion import GpuRequest, Refusal
+from tessera.gpu_request import GpuRequest, Refusal
+from tessera.quantity import GiB, MiB
 from tessera.webhook.fleet import Fleet, fleet_from_slices
 from tessera.webhook.validation import check_against_fleet
 from tests.unit.webhook.webhook_samples import FLEET
@@ -15,10 +15,13 @@ from tests.unit.webhook.webhook_samples import FLEET
     ("request_", "phrase"),
     [
         (
-            GpuRequest(1, 81921, None, None),
+            GpuRequest(1, 81921 * MiB, None, None),
             "nvidia.com/gpumem 81921 (MiB) is more than the largest GPU has (81920 MiB)",
         ),
-        (GpuRequest(5, 1000, None, None), "nvidia.com/gpu 5 is more GPUs than any node has (at most 4)"),
+        (
+            GpuRequest(5, 1000 * MiB, None, None),
+            "nvidia.com/gpu 5 is more GPUs than any node has (at most 4)",
+        ),
         (GpuRequest(5, None, 50, None), "more GPUs than any node has"),
     ],
 )
@@ -31,7 +34,8 @@ def test_requests_no_gpu_or_node_can_hold_are_refused(request_: GpuRequest, phra
 
 
 @pytest.mark.parametrize(
-    "request_", [GpuRequest(4, 81920, None, 100), GpuRequest(1, 1, None, 1), GpuRequest(4, None, 100, None)]
+    "request_",
+    [GpuRequest(4, 81920 * MiB, None, 100), GpuRequest(1, 1 * MiB, None, 1), GpuRequest(4, None, 100, None)],
 )
 def test_requests_the_largest_gpu_and_node_can_hold_pass(request_: GpuRequest) -> None:
     check_against_fleet("c", request_, FLEET)
@@ -39,7 +43,7 @@ def test_requests_the_largest_gpu_and_node_can_hold_pass(request_: GpuRequest) -
 
 def test_nothing_passes_while_no_gpu_is_published() -> None:
     with pytest.raises(Refusal, match=r"no gpu\.tessera\.dev GPU is published"):
-        check_against_fleet("c", GpuRequest(1, 1, None, None), Fleet())
+        check_against_fleet("c", GpuRequest(1, 1 * MiB, None, None), Fleet())
 
 
 def gpu_slice(node: str, *sizes: str, driver: str = "gpu.tessera.dev") -> dict[str, object]:

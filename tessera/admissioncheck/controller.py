@@ -1,0 +1,307 @@
+"""The admission check's controller: whenever a watch says something changed, one decision pass
+(:mod:`planning`) over every Workload waiting on our checks, highest priority first, and the result
+written as our check's state on each (server-side apply of our one entry of
+``status.admissionChecks``): Ready, Pending with a message that says why, or Rejected when its GPU
+request is invalid.
+
+What it keeps between passes: the PodSets it read per Workload version (:mod:`podsets`), the
+Ready decisions the watch has not echoed back yet, the plan of where reserved shares go, and what
+each Workload was last told (an unchanged message is not written again).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tessera.admissioncheck.checks import sync_active
+from tessera.admissioncheck.fit import DEFAULT_BUDGET, Placement, PodGroup, free_capacity
+from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory
+from tessera.admissioncheck.planning import (
+    Decision,
+    PassState,
+    Reserved,
+    decide,
+    less_placed,
+    replan,
+    unreadable,
+)
+from tessera.admissioncheck.podsets import Undecidable, pod_groups
+from tessera.admissioncheck.workload_status import (
+    PENDING,
+    READY,
+    check_state,
+    condition,
+    live,
+    priority_order,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    """Decision counts and the last decisions' durations, for logs, /metrics and the benchmark."""
+
+    decisions: int = 0
+    ready: int = 0
+    pending: int = 0
+    rejected: int = 0
+    durations: list[float] = field(default_factory=list)
+    pass_durations: list[float] = field(default_factory=list)
+    """Time each pass spent planning the reserved shares before its first decision."""
+
+    def record(self, state: str, seconds: float) -> None:
+        self.decisions += 1
+        setattr(self, state.lower(), getattr(self, state.lower()) + 1)
+        self.durations.append(seconds)
+        del self.durations[:-10000]
+
+
+class WorkloadController:
+    """Decides every waiting Workload whenever a watch says something changed."""
+
+    def __init__(
+        self, api: client.ApiClient, inventory: Inventory, field_manager: str, budget: int = DEFAULT_BUDGET
+    ):
+        self._custom = client.CustomObjectsApi(api)
+        self.inventory = inventory
+        self.field_manager = field_manager
+        self.budget = budget
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = Stats()
+        # Ready decisions not yet seen back through the watch: uid -> (name, groups to place).
+        self._approved: dict[str, tuple[str, list[PodGroup]]] = {}
+        # Where the reserved shares of each Ready Workload are planned to go.
+        self._plans: dict[str, list[Placement]] = {}
+        # What each waiting Workload was last told, so an unchanged message is not written again.
+        self._told: dict[str, tuple[str, str]] = {}
+        # PodSets read once per Workload version (podSets are immutable; admission sets the counts).
+        self._read: dict[str, tuple[object, list[PodGroup] | Exception, list[str]]] = {}
+
+    def _groups(self, workload: Mapping[str, Any], unknown: list[str]) -> list[PodGroup]:
+        """``pod_groups`` of the Workload, remembered until its generation or admitted counts
+        change; a template not known yet is looked for again on every call."""
+        metadata = workload["metadata"]
+        admission = (workload.get("status") or {}).get("admission") or {}
+        counts = tuple((a.get("name"), a.get("count")) for a in admission.get("podSetAssignments") or [])
+        version = (metadata.get("generation"), counts)
+        uid = metadata.get("uid", "")
+        cached = self._read.get(uid)
+        if cached is None or cached[0] != version:
+            found: list[str] = []
+            try:
+                result: list[PodGroup] | Exception = pod_groups(workload, self.inventory.templates, found)
+            except Undecidable:
+                raise
+            except ValueError as error:  # Refusal, AnnotationError and RecordError among them
+                result = error
+            cached = (version, result, found)
+            self._read[uid] = cached
+        unknown.extend(cached[2])
+        if isinstance(cached[1], Exception):
+            raise type(cached[1])(*cached[1].args)  # a fresh one: no traceback grows across passes
+        return cached[1]
+
+    def wake(self, what: str = "") -> None:
+        self._wake.set()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> Reserved:
+        """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
+        Ready on our check (and those this process just made Ready)."""
+        inventory = self.inventory
+        by_owner: dict[str, list[Any]] = {}
+        for pod in inventory.pods.values():
+            for owner in (*pod.owners, pod.uid):
+                by_owner.setdefault(owner, []).append(pod)
+        out: dict[str, tuple[str, list[PodGroup]]] = {}
+        for workload in workloads:
+            uid = workload["metadata"].get("uid", "")
+            ready = any((check_state(workload, c) or {}).get("state") == READY for c in checks)
+            if not (ready and live(workload) and not condition(workload, "Evicted")):
+                continue
+            owners = [o.get("uid", "") for o in workload["metadata"].get("ownerReferences") or []]
+            pods = {p.uid: p for o in owners for p in by_owner.get(o, [])}
+            placed = [p for p in pods.values() if p.placed]
+            try:
+                groups = self._groups(workload, [])
+            except (Undecidable, ValueError):
+                continue
+            name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
+            out[uid] = (name, less_placed(groups, placed))
+        for uid, (name, groups) in self._approved.items():
+            out.setdefault(uid, (name, groups))
+        return out
+
+    def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
+        """The decision for one waiting Workload, given this pass's free capacity."""
+        unknown: list[str] = []
+        try:
+            groups = self._groups(workload, unknown)
+        except (Undecidable, ValueError) as error:
+            return unreadable(error)
+        return decide(groups, unknown, state, self.budget)
+
+    def run_once(self) -> int:
+        """Decide every waiting Workload once, highest priority first; returns how many were decided."""
+        inventory = self.inventory
+        with inventory.lock:
+            known_checks = dict(inventory.checks)
+        sync_active(self._custom, known_checks, inventory.controller_name, self.field_manager)
+        checks = inventory.our_checks()
+        if not checks:
+            return 0
+        with inventory.lock:
+            workloads = list(inventory.workloads.values())
+            gpus = list(inventory.gpus)
+            base = free_capacity(gpus, inventory.usage)
+            live_uids = {w["metadata"].get("uid", "") for w in workloads if live(w)}
+            for workload in workloads:
+                # Approvals the watch has echoed back are read from the Workloads themselves.
+                if any((check_state(workload, c) or {}).get("state") == READY for c in checks):
+                    self._approved.pop(workload["metadata"].get("uid", ""), None)
+            for uid in [u for u in self._approved if u not in live_uids]:
+                del self._approved[uid]
+            reserved = self._reserved_groups(checks, workloads)
+            waiting = [
+                (w, c)
+                for w in workloads
+                for c in checks
+                if live(w)
+                and (check_state(w, c) or {}).get("state") == PENDING
+                and w["metadata"].get("uid", "") not in self._approved
+            ]
+        planning = time.perf_counter()
+        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget)
+        self.stats.pass_durations.append(time.perf_counter() - planning)
+        del self.stats.pass_durations[:-10000]
+        if state.unplanned:
+            log.warning(
+                "GPU shares of admitted Workloads %s no longer fit on the free GPUs; holding the rest",
+                ", ".join(state.unplanned),
+            )
+        waiting.sort(key=lambda wc: priority_order(wc[0]))
+        decided = 0
+        for workload, check in waiting:
+            if self._stop.is_set():
+                break
+            started = time.perf_counter()
+            decision = self.decide(workload, state)
+            self.stats.record(decision.state, time.perf_counter() - started)
+            decided += 1
+            name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
+            uid = workload["metadata"].get("uid", "")
+            told = (decision.state, decision.message)
+            if self._told.get(uid) != told:
+                log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
+            if decision.state == READY:
+                self._approved[uid] = (name, decision.groups)
+                self._plans[uid] = decision.placements
+                state.take(decision.placements)
+            if not self._write(workload, check, decision):
+                if self._approved.pop(uid, None) is not None:
+                    del self._plans[uid]
+                    state.give_back(decision.placements)
+                continue
+            self._told[uid] = told
+        for uid in [u for u in self._told if u not in live_uids]:
+            del self._told[uid]
+        for uid in [u for u in self._read if u not in live_uids]:
+            del self._read[uid]
+        return decided
+
+    def _write(self, workload: Mapping[str, Any], check: str, decision: Decision) -> bool:
+        """Server-side apply of our one entry of status.admissionChecks."""
+        current = check_state(workload, check) or {}
+        if current.get("state") == decision.state and current.get("message") == decision.message:
+            return True
+        transition = current.get("lastTransitionTime")
+        if current.get("state") != decision.state or not transition:
+            transition = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "Workload",
+            "metadata": {
+                "name": workload["metadata"]["name"],
+                "namespace": workload["metadata"]["namespace"],
+            },
+            "status": {
+                "admissionChecks": [
+                    {
+                        "name": check,
+                        "state": decision.state,
+                        "message": decision.message[:8000],
+                        "lastTransitionTime": transition,
+                    }
+                ]
+            },
+        }
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                workload["metadata"]["namespace"],
+                "workloads",
+                workload["metadata"]["name"],
+                body,
+                field_manager=self.field_manager,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            log.warning(
+                "writing %s on workload %s/%s failed: %s %s",
+                decision.state,
+                workload["metadata"]["namespace"],
+                workload["metadata"]["name"],
+                error.status,
+                error.reason,
+            )
+            self._wake.set()  # try again on the next pass
+            return False
+        return True
+
+    # -- loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            # Let a burst of watch events settle into one pass.
+            self._stop.wait(0.02)
+            self._wake.clear()
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("decision pass failed; trying again on the next change")
+                self._stop.wait(1.0)
+                self._wake.set()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="decisions", daemon=True)
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

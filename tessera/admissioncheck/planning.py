@@ -1,0 +1,168 @@
+"""One decision pass, pure: where the shares of the Workloads already Ready (not yet placed) are
+planned to go, and, on what that leaves free, whether a waiting Workload's shares fit.
+
+What is free is the published capacity less allocated claims less the shares of Workloads already
+Ready on our check but not yet placed (their pods not bound). Those reserved shares are kept as a
+plan from pass to pass: each keeps its planned place while that still has room, and only the
+displaced ones are packed again, so a pass costs little when nothing moved. While a reserved share
+has no place at all, nothing more is let in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.admissioncheck.fit import (
+    Free,
+    Gpu,
+    Placement,
+    PodGroup,
+    SummaryCache,
+    apply,
+    forget,
+    no_fit_message,
+    pack,
+)
+from tessera.admissioncheck.podsets import Undecidable
+from tessera.admissioncheck.workload_status import PENDING, READY, REJECTED
+from tessera.gpu_request import AnnotationError, Refusal
+
+Reserved = Mapping[str, tuple[str, list[PodGroup]]]
+"""Per Workload uid: its name and the shares of its pods not placed yet."""
+
+
+@dataclass
+class Decision:
+    state: str
+    message: str
+    placements: list[Placement] = field(default_factory=list)
+    groups: list[PodGroup] = field(default_factory=list)
+
+
+@dataclass
+class PassState:
+    """One decision pass: the GPUs, what is free once allocated claims and the planned places of
+    reserved shares are taken (less each Ready decision's placements as the pass goes), and the
+    reserved Workloads whose shares found no place (while there are any, nothing more is let in)."""
+
+    gpus: list[Gpu]
+    free: Free
+    unplanned: list[str]
+    summaries: SummaryCache = field(default_factory=dict)
+
+    def take(self, placements: Sequence[Placement]) -> None:
+        self.free = apply(self.free, placements)
+        forget(self.summaries, {p.node for p in placements})
+
+    def give_back(self, placements: Sequence[Placement]) -> None:
+        self.free = give_back(self.free, placements)
+        forget(self.summaries, {p.node for p in placements})
+
+
+def replan(
+    plans: Mapping[str, list[Placement]], gpus: list[Gpu], base: Free, reserved: Reserved, budget: int
+) -> tuple[PassState, dict[str, list[Placement]]]:
+    """Keep each reserved Workload's planned places that still fit (in the order planned), place
+    the rest on what is left, and drop plans of Workloads no longer reserved: the pass's state and
+    the new plans."""
+    free = dict(base)
+    out: dict[str, list[Placement]] = {}
+    displaced: list[tuple[str, list[PodGroup]]] = []
+    for uid, (_, groups) in reserved.items():
+        wanted = {g.name: g.count for g in groups}
+        kept: list[Placement] = []
+        for placement in plans.get(uid, []):
+            if wanted.get(placement.group, 0) > 0 and has_room(free, placement):
+                free = apply(free, [placement])
+                kept.append(placement)
+                wanted[placement.group] -= 1
+        out[uid] = kept
+        missing = [PodGroup(g.name, wanted[g.name], g.requests) for g in groups if wanted.get(g.name, 0) > 0]
+        if missing:
+            displaced.append((uid, missing))
+    unplanned = []
+    for uid, missing in displaced:
+        packed = pack(missing, gpus, free, budget)
+        if packed.placements is None:
+            unplanned.append(reserved[uid][0])
+            continue
+        free = apply(free, packed.placements)
+        out[uid].extend(packed.placements)
+    return PassState(gpus, free, unplanned), out
+
+
+def unreadable(error: Exception) -> Decision:
+    """The decision for a Workload whose PodSets could not be read: rejected with the reason when
+    no GPU could ever meet them or they cannot be read, pending while a template is not known yet."""
+    if isinstance(error, Refusal | AnnotationError):
+        return Decision(REJECTED, f"its GPU request can never be met: {error}")
+    if isinstance(error, Undecidable):
+        return Decision(PENDING, f"waiting: {error}")
+    return Decision(REJECTED, f"its GPU request cannot be read: {error}")
+
+
+def decide(groups: list[PodGroup], unknown: Sequence[str], state: PassState, budget: int) -> Decision:
+    """The decision for one waiting Workload's ``groups``, given this pass's free capacity;
+    ``unknown`` are the selectors it names that are not judged here, which a Ready message names."""
+    if not any(g.shares_per_pod for g in groups):
+        return Decision(READY, "asks for no GPU", groups=groups)
+    if state.unplanned:
+        names = ", ".join(sorted(state.unplanned)[:3])
+        return Decision(
+            PENDING,
+            f"waiting: GPU shares of Workloads already admitted ({names}) no longer fit on the free "
+            "GPUs; nothing more is admitted until they are placed or capacity returns",
+        )
+    note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
+    fitted = pack(groups, state.gpus, state.free, budget, state.summaries)
+    if fitted.placements is not None:
+        return Decision(READY, f"fits: {where(fitted.placements)}{note}", fitted.placements, groups)
+    return Decision(PENDING, no_fit_message(groups, state.gpus, state.free, fitted.exhausted) + note)
+
+
+def less_placed(groups: list[PodGroup], placed: Sequence[Any]) -> list[PodGroup]:
+    """The groups less the pods already placed: by role hash when pods carry one (pod groups),
+    otherwise from the first group on (a Job has one PodSet)."""
+    remaining = {g.name: g.count for g in groups}
+    for pod in placed:
+        name = (
+            pod.role_hash
+            if pod.role_hash in remaining
+            else next((n for n, c in remaining.items() if c > 0), None)
+        )
+        if name is not None and remaining[name] > 0:
+            remaining[name] -= 1
+    return [PodGroup(g.name, remaining[g.name], g.requests) for g in groups if remaining[g.name] > 0]
+
+
+def has_room(free: Free, placement: Placement) -> bool:
+    """Whether every share of ``placement`` still has room where it was planned."""
+    need: dict[Any, tuple[int, int]] = {}
+    for key, memory, cores in placement.shares:
+        m, c = need.get(key, (0, 0))
+        need[key] = (m + memory, c + cores)
+    return all(key in free and free[key][0] >= m and free[key][1] >= c for key, (m, c) in need.items())
+
+
+def give_back(free: Free, placements: Sequence[Placement]) -> Free:
+    """``free`` plus what ``placements`` took (the inverse of :func:`fit.apply`)."""
+    out = dict(free)
+    for placement in placements:
+        for key, memory, cores in placement.shares:
+            m, c = out[key]
+            out[key] = (m + memory, c + cores)
+    return out
+
+
+def where(placements: Sequence[Placement]) -> str:
+    """'2 pods on node-a, 1 pod on node-b': where a Ready Workload's pods are planned to go."""
+    nodes: dict[str, int] = {}
+    for placement in placements:
+        if placement.node:
+            nodes[placement.node] = nodes.get(placement.node, 0) + 1
+    return (
+        ", ".join(f"{n} pod{'s' if n != 1 else ''} on {node}" for node, n in sorted(nodes.items()))
+        or "no GPU"
+    )

@@ -1,0 +1,81 @@
+"""The decision pass: reserved shares keep their planned place while it has room, placed pods leave
+the reservation, and a Workload's decision follows from what is free."""
+
+from __future__ import annotations
+
+from tessera.admissioncheck.fit import Choice, Gpu, Placement, PodGroup, Request, free_capacity
+from tessera.admissioncheck.inventory import PodRecord
+from tessera.admissioncheck.planning import (
+    Decision,
+    PassState,
+    decide,
+    give_back,
+    has_room,
+    less_placed,
+    replan,
+    unreadable,
+)
+from tessera.admissioncheck.podsets import Undecidable
+from tessera.admissioncheck.workload_status import PENDING, READY, REJECTED
+from tessera.gpu_request import RecordError, Refusal
+from tessera.quantity import GiB
+
+
+def test_placed_pods_leave_the_reserved_shares() -> None:
+    groups = [PodGroup("main", 4, (Request(1, (Choice(memory=GiB),)),))]
+    placed = [PodRecord(str(i), "ns", frozenset(), True, "") for i in range(3)]
+    assert less_placed(groups, placed) == [PodGroup("main", 1, groups[0].requests)]
+    assert less_placed(groups, [*placed, PodRecord("9", "ns", frozenset(), True, "")]) == []
+
+
+def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
+    free = {("p", "g0"): (10 * GiB, 100)}
+    placement = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10), (("p", "g0"), 6 * GiB, 10)))
+    assert not has_room(free, placement), "two 6Gi shares on one GPU with 10Gi free"
+    single = Placement("main", "n", ((("p", "g0"), 6 * GiB, 10),))
+    assert has_room(free, single)
+    assert give_back({("p", "g0"): (4 * GiB, 90)}, [single]) == free
+
+
+def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_block_when_none_is_left() -> None:
+    gpus = [Gpu("n", "n", f"g{i}", f"U{i}", "A100", 40 * GiB, 100) for i in range(2)]
+    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
+    first, plans = replan({}, gpus, free_capacity(gpus, {}), {"w1": ("ns/w1", [group])}, 1000)
+    (planned,) = plans["w1"]
+    assert first.unplanned == []
+    # The scheduler put someone else's 30Gi on the planned GPU: the reserved share moves to the other.
+    taken = free_capacity(gpus, {planned.shares[0][0]: (30 * GiB, 0)})
+    second, plans = replan(plans, gpus, taken, {"w1": ("ns/w1", [group])}, 1000)
+    (moved,) = plans["w1"]
+    assert moved.shares[0][0] != planned.shares[0][0] and second.unplanned == []
+    # Both GPUs taken: the reserved share has no place, and the pass says whose.
+    full = free_capacity(gpus, {g.key: (30 * GiB, 0) for g in gpus})
+    third, plans = replan(plans, gpus, full, {"w1": ("ns/w1", [group])}, 1000)
+    assert third.unplanned == ["ns/w1"]
+    # A Workload no longer reserved leaves no plan behind.
+    _, plans = replan(plans, gpus, free_capacity(gpus, {}), {}, 1000)
+    assert plans == {}
+
+
+def test_a_decision_says_where_it_fits_which_selectors_it_did_not_judge_or_why_it_waits() -> None:
+    gpus = [Gpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
+    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
+    state = PassState(gpus, free_capacity(gpus, {}), [])
+    ready = decide([group], ["device.x"], state, 1000)
+    assert (ready.state, ready.message) == (READY, "fits: 1 pod on n (selectors not judged here: device.x)")
+    assert decide([PodGroup("main", 2, group.requests)], [], state, 1000).state == PENDING
+    assert decide([PodGroup("main", 1, ())], [], state, 1000).message == "asks for no GPU"
+    blocked = decide([group], [], PassState(gpus, state.free, ["ns/w0"]), 1000)
+    assert blocked.state == PENDING and "(ns/w0)" in blocked.message
+
+
+def test_a_workload_that_cannot_be_read_gets_an_explained_decision_never_a_silent_pass() -> None:
+    assert unreadable(Refusal("c: too big.")) == Decision(
+        REJECTED, "its GPU request can never be met: c: too big."
+    )
+    assert unreadable(Undecidable("template t not known")).state == PENDING
+    record = unreadable(RecordError("annotation x is not JSON."))
+    assert (record.state, record.message) == (
+        REJECTED,
+        "its GPU request cannot be read: annotation x is not JSON.",
+    )
