@@ -26,32 +26,13 @@ from dataclasses import dataclass, field
 
 from tessera.gpu_request import Selection, share_of
 from tessera.quantity import GiB, MiB
+from tessera.slices import GpuKey, PublishedGpu
 
 DEFAULT_BUDGET = 20_000
 """Share placements tried before the search gives up (each is a few microseconds)."""
 
 _QUICK_STEPS = 200
 """Steps of the first, short search (see :func:`pack`)."""
-
-GpuKey = tuple[str, str]
-"""(pool, device name): how a DRA allocation result names a device."""
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One published GPU: where it is, what it is, and its whole capacity."""
-
-    node: str
-    pool: str
-    name: str
-    uuid: str
-    product: str
-    memory: int
-    cores: int
-
-    @property
-    def key(self) -> GpuKey:
-        return (self.pool, self.name)
 
 
 @dataclass(frozen=True)
@@ -66,12 +47,12 @@ class Choice:
     selection: Selection = field(default_factory=Selection)
     memory_size: int | None = None
 
-    def matches(self, gpu: Gpu) -> bool:
+    def matches(self, gpu: PublishedGpu) -> bool:
         if self.memory_size is not None and gpu.memory != self.memory_size:
             return False
         return self.selection.matches(gpu.uuid, gpu.product)
 
-    def memory_on(self, gpu: Gpu) -> int:
+    def memory_on(self, gpu: PublishedGpu) -> int:
         if self.memory is not None:
             return self.memory
         return share_of(gpu.memory, self.memory_percent or 0)
@@ -125,7 +106,7 @@ Free = dict[GpuKey, tuple[int, int]]
 """Free (memory, cores) per GPU."""
 
 
-def free_capacity(gpus: Sequence[Gpu], used: Mapping[GpuKey, tuple[int, int]]) -> Free:
+def free_capacity(gpus: Sequence[PublishedGpu], used: Mapping[GpuKey, tuple[int, int]]) -> Free:
     """Each GPU's capacity minus what ``used`` says is taken (allocated claims); never below 0."""
     out: Free = {}
     for gpu in gpus:
@@ -171,9 +152,14 @@ class _Search:
     nodes (best fit first, one per distinct state) and layouts on the node."""
 
     def __init__(
-        self, gpus: Sequence[Gpu], free: Free, budget: int, by_uuid: bool, known: SummaryCache | None = None
+        self,
+        gpus: Sequence[PublishedGpu],
+        free: Free,
+        budget: int,
+        by_uuid: bool,
+        known: SummaryCache | None = None,
     ) -> None:
-        self.nodes: dict[str, list[Gpu]] = {}
+        self.nodes: dict[str, list[PublishedGpu]] = {}
         for gpu in gpus:
             self.nodes.setdefault(gpu.node, []).append(gpu)
         self.node_index = {node: i for i, node in enumerate(self.nodes)}
@@ -185,7 +171,7 @@ class _Search:
         # Node summaries of ``free`` computed by earlier searches on the same free capacity.
         self._summaries: dict[str, _NodeSummary] = dict(known.get(by_uuid, {})) if known is not None else {}
 
-    def _gpu_state(self, gpu: Gpu) -> tuple[object, ...]:
+    def _gpu_state(self, gpu: PublishedGpu) -> tuple[object, ...]:
         """What makes two GPUs interchangeable for every share of this search."""
         memory, cores = self.free[gpu.key]
         return (memory, cores, gpu.memory, gpu.product, gpu.uuid if self.by_uuid else "")
@@ -204,7 +190,7 @@ class _Search:
             self._summaries[node] = summary
         return summary
 
-    def _set_free(self, gpu: Gpu, value: tuple[int, int]) -> None:
+    def _set_free(self, gpu: PublishedGpu, value: tuple[int, int]) -> None:
         self.free[gpu.key] = value
         self._summaries.pop(gpu.node, None)
 
@@ -340,7 +326,7 @@ def _largest_need(group: PodGroup, biggest_gpu: int) -> tuple[int, int]:
     return memory, cores
 
 
-def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) -> bool:
+def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[PublishedGpu], free: Free) -> bool:
     """A necessary condition, checked before searching: every request with one choice needs as many
     places for its shares as the group has pods times its count, counting each GPU's free memory and
     cores in whole shares, and at most one place per pod on each GPU (a request's shares go to
@@ -387,7 +373,7 @@ def forget(cache: SummaryCache, nodes: Iterable[str]) -> None:
 
 def pack(
     groups: Sequence[PodGroup],
-    gpus: Sequence[Gpu],
+    gpus: Sequence[PublishedGpu],
     free: Free,
     budget: int = DEFAULT_BUDGET,
     cache: SummaryCache | None = None,
@@ -450,10 +436,12 @@ def describe_need(groups: Sequence[PodGroup]) -> str:
     return ", ".join(parts) if parts else "no GPU"
 
 
-def largest_free(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) -> tuple[Gpu, int, int] | None:
+def largest_free(
+    groups: Sequence[PodGroup], gpus: Sequence[PublishedGpu], free: Free
+) -> tuple[PublishedGpu, int, int] | None:
     """The GPU with the most free memory among those some share of ``groups`` may use."""
     choices = [c for g in groups for r in g.requests for c in r.choices]
-    best: tuple[Gpu, int, int] | None = None
+    best: tuple[PublishedGpu, int, int] | None = None
     for gpu in gpus:
         if not any(c.matches(gpu) for c in choices):
             continue
@@ -463,7 +451,9 @@ def largest_free(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free) ->
     return best
 
 
-def no_fit_message(groups: Sequence[PodGroup], gpus: Sequence[Gpu], free: Free, exhausted: bool) -> str:
+def no_fit_message(
+    groups: Sequence[PodGroup], gpus: Sequence[PublishedGpu], free: Free, exhausted: bool
+) -> str:
     """'needs 4 shares of 20Gi/30 at once; the largest free share is 12Gi/100 on node-b (gpu-1)';
     where a request asks for more than one share, the need says those go to different GPUs."""
     need = describe_need(groups)

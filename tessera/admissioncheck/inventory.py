@@ -21,10 +21,9 @@ from typing import Any
 
 from kubernetes import client
 
-from tessera.admissioncheck.fit import Gpu, GpuKey
 from tessera.names import CORES_CAPACITY, DRIVER_NAME, MEMORY_CAPACITY
 from tessera.quantity import quantity_to_int
-from tessera.slices import published_gpus
+from tessera.slices import GpuKey, PublishedGpu, published_gpus
 from tessera.watching import watch_forever
 
 log = logging.getLogger(__name__)
@@ -48,14 +47,10 @@ class PodRecord:
     role_hash: str
 
 
-def gpus_from_slices(slices: Iterable[Mapping[str, Any]]) -> list[Gpu]:
+def gpus_from_slices(slices: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
     """Our driver's GPUs that can take new shares now: tainted (unhealthy) ones are left out, as the
     scheduler leaves them out (tessera/slices.py)."""
-    return [
-        Gpu(gpu.node, gpu.pool, gpu.name, gpu.uuid, gpu.product, gpu.memory, gpu.cores)
-        for gpu in published_gpus(slices)
-        if gpu.schedulable
-    ]
+    return [gpu for gpu in published_gpus(slices) if gpu.schedulable]
 
 
 def allocated_usage(claims: Iterable[Mapping[str, Any]]) -> dict[GpuKey, tuple[int, int]]:
@@ -120,7 +115,7 @@ class Inventory:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._synced: dict[str, threading.Event] = {}
-        self.gpus: list[Gpu] = []
+        self.gpus: list[PublishedGpu] = []
         self.usage: dict[GpuKey, tuple[int, int]] = {}
 
     # -- derived views ---------------------------------------------------------------------

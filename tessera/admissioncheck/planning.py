@@ -16,7 +16,6 @@ from typing import Any
 
 from tessera.admissioncheck.fit import (
     Free,
-    Gpu,
     Placement,
     PodGroup,
     SummaryCache,
@@ -28,6 +27,7 @@ from tessera.admissioncheck.fit import (
 from tessera.admissioncheck.podsets import Undecidable
 from tessera.admissioncheck.workload_status import PENDING, READY, REJECTED
 from tessera.gpu_request import AnnotationError, Refusal
+from tessera.slices import PublishedGpu
 
 Reserved = Mapping[str, tuple[str, list[PodGroup]]]
 """Per Workload uid: its name and the shares of its pods not placed yet."""
@@ -47,7 +47,7 @@ class PassState:
     reserved shares are taken (less each Ready decision's placements as the pass goes), and the
     reserved Workloads whose shares found no place (while there are any, nothing more is let in)."""
 
-    gpus: list[Gpu]
+    gpus: list[PublishedGpu]
     free: Free
     unplanned: list[str]
     summaries: SummaryCache = field(default_factory=dict)
@@ -62,7 +62,11 @@ class PassState:
 
 
 def replan(
-    plans: Mapping[str, list[Placement]], gpus: list[Gpu], base: Free, reserved: Reserved, budget: int
+    plans: Mapping[str, list[Placement]],
+    gpus: list[PublishedGpu],
+    base: Free,
+    reserved: Reserved,
+    budget: int,
 ) -> tuple[PassState, dict[str, list[Placement]]]:
     """Keep each reserved Workload's planned places that still fit (in the order planned), place
     the rest on what is left, and drop plans of Workloads no longer reserved: the pass's state and

@@ -9,10 +9,10 @@ an operator, close a string or call a function.
 from __future__ import annotations
 
 from tessera.gpu_request import AnnotationError, Selection
-from tessera.names import DRIVER_NAME
+from tessera.names import DRIVER_NAME, PRODUCT_ATTRIBUTE, UUID_ATTRIBUTE
 
-_UUID_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].uuid'
-_PRODUCT_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].productName'
+_UUID_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].{UUID_ATTRIBUTE}'
+_PRODUCT_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].{PRODUCT_ATTRIBUTE}'
 _PRODUCT_MATCH = f"{_PRODUCT_ATTRIBUTE}.lowerAscii().contains(t)"
 
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from tessera.admissioncheck.fit import (
     Choice,
-    Gpu,
     PodGroup,
     Request,
     _too_few_slots,
@@ -24,11 +23,12 @@ from tessera.admissioncheck.fit import (
 )
 from tessera.gpu_request import Selection
 from tessera.quantity import GiB
+from tessera.slices import PublishedGpu
 
 
-def gpus_on(node: str, *memories_gi: int, product: str = "NVIDIA A100") -> list[Gpu]:
+def gpus_on(node: str, *memories_gi: int, product: str = "NVIDIA A100") -> list[PublishedGpu]:
     return [
-        Gpu(node, node, f"gpu-{i}", f"GPU-{node}-{i}", product, m * GiB, 100)
+        PublishedGpu(node, node, f"gpu-{i}", f"GPU-{node}-{i}", product, m * GiB, 100)
         for i, m in enumerate(memories_gi)
     ]
 
@@ -39,11 +39,11 @@ def pods(name: str, count: int, *shares: tuple[int, int], per_request: int = 1) 
     return PodGroup(name, count, requests)
 
 
-def all_free(gpus: list[Gpu]) -> dict[tuple[str, str], tuple[int, int]]:
+def all_free(gpus: list[PublishedGpu]) -> dict[tuple[str, str], tuple[int, int]]:
     return free_capacity(gpus, {})
 
 
-def used_by(gpus: list[Gpu], free_gi: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
+def used_by(gpus: list[PublishedGpu], free_gi: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
     """Free state where the GPU named node/gpu-i has only free_gi[...] Gi left."""
     used = {}
     for gpu in gpus:

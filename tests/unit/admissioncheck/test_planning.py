@@ -3,7 +3,7 @@ the reservation, and a Workload's decision follows from what is free."""
 
 from __future__ import annotations
 
-from tessera.admissioncheck.fit import Choice, Gpu, Placement, PodGroup, Request, free_capacity
+from tessera.admissioncheck.fit import Choice, Placement, PodGroup, Request, free_capacity
 from tessera.admissioncheck.inventory import PodRecord
 from tessera.admissioncheck.planning import (
     Decision,
@@ -19,6 +19,7 @@ from tessera.admissioncheck.podsets import Undecidable
 from tessera.admissioncheck.workload_status import PENDING, READY, REJECTED
 from tessera.gpu_request import RecordError, Refusal
 from tessera.quantity import GiB
+from tessera.slices import PublishedGpu
 
 
 def test_placed_pods_leave_the_reserved_shares() -> None:
@@ -38,7 +39,7 @@ def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
 
 
 def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_block_when_none_is_left() -> None:
-    gpus = [Gpu("n", "n", f"g{i}", f"U{i}", "A100", 40 * GiB, 100) for i in range(2)]
+    gpus = [PublishedGpu("n", "n", f"g{i}", f"U{i}", "A100", 40 * GiB, 100) for i in range(2)]
     group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
     first, plans = replan({}, gpus, free_capacity(gpus, {}), {"w1": ("ns/w1", [group])}, 1000)
     (planned,) = plans["w1"]
@@ -58,7 +59,7 @@ def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_bloc
 
 
 def test_a_decision_says_where_it_fits_which_selectors_it_did_not_judge_or_why_it_waits() -> None:
-    gpus = [Gpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
+    gpus = [PublishedGpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
     group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
     state = PassState(gpus, free_capacity(gpus, {}), [])
     ready = decide([group], ["device.x"], state, 1000)
