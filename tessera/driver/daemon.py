@@ -58,15 +58,27 @@ class Daemon:
         self._state_lock = StateLock(config.state_dir)
         self.api = Reachability()
         """Whether the daemon's watches reach the API server: readiness says so while they cannot."""
+        self._phase = "standby"
+        """"standby" while another daemon holds the state directory, "starting" once this one does,
+        "serving" once every socket and loop is up."""
 
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
         config = self.config
+        if config.health_port:  # first, so a daemon waiting for the state directory answers probes
+            self._health_http = HttpServer(
+                "health",
+                config.health_address,
+                config.health_port,
+                health.endpoints(self.alive, self.not_ready),
+            )
+            self._health_http.start()
+        self._state_lock.acquire(self._stop)  # before the checkpoint is read: one daemon per node
+        self._phase = "starting"
         self._nvml = Nvml()
         gpus = devices.shareable(self._nvml.gpus())
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
-        self._state_lock.acquire(self._stop)  # before the checkpoint is read: one daemon per node
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
         self.claims = ClaimCache(resource, config.driver_name, config.pool_name, self.api)
@@ -129,14 +141,7 @@ class Daemon:
             config.cleanup_interval,
             self._stop,
         )
-        if config.health_port:
-            self._health_http = HttpServer(
-                "health",
-                config.health_address,
-                config.health_port,
-                health.endpoints(self.alive, self.not_ready),
-            )
-            self._health_http.start()
+        self._phase = "serving"
 
     def _serve(self, socket: Path) -> grpc.Server:
         socket.parent.mkdir(parents=True, exist_ok=True)
@@ -164,10 +169,20 @@ class Daemon:
     # ------------------------------------------------------------------ probes
 
     def alive(self) -> bool:
+        if self._phase != "serving":
+            return self.fatal is None
         return self.fatal is None and dra_socket_answers(self.config.dra_socket)
 
     def not_ready(self) -> str | None:
-        """Every reason the daemon is not ready, most fundamental first, or None when it is."""
+        """Every reason the daemon is not ready, most fundamental first, or None when it is.
+
+        A standby (another daemon holds the state directory) is ready: it is the new pod of a
+        surge rollout, which removes the old pod only once the new one is ready; the old one's
+        exit then hands it the directory. Not counting it ready would stall that rollout for good."""
+        if self._phase == "standby":
+            return None
+        if self._phase == "starting":
+            return "starting"
         reasons = []
         if (unmonitored := self.tracker.unmonitored()) is not None:
             reasons.append(unmonitored)

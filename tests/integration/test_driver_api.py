@@ -9,6 +9,8 @@ be interrupted and checked. tests/e2e/test_driver_node.py runs the same daemon u
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -31,7 +33,7 @@ from testbed.dra_objects import allocated_claim
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from testbed.polling import poll_until
-from testbed.process import ManagedProcess
+from testbed.process import ManagedProcess, free_port
 from testbed.share_pods import share_pod
 
 pytestmark = pytest.mark.integration
@@ -394,20 +396,34 @@ def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_ov
 ) -> None:
     """Two daemons on one node (a surge rollout, a copy run by hand) would each rewrite the claims'
     checkpoint from their own memory. The second waits on the state directory's lock, says who holds
-    it, and starts serving only once the first has gone."""
+    it and serves nothing; meanwhile it answers its probes as a ready standby (a surge rollout
+    removes the old pod only once the new one is ready), and it starts serving once the first has
+    gone."""
     assert driver_node.process is not None
     first_pid = driver_node.process.pid
+    second_health = free_port()
     second = ManagedProcess(
         "tessera-driver-second",
-        driver_node.argv(),
+        [*driver_node.argv(), f"--health-port={second_health}"],
         driver_node.work_dir,
         env=process_env(driver_node.simgpu.config),
     )
+
+    def probe(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{second_health}{path}", timeout=2) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+
     try:
         waiting = f"another tessera-driver (pid {first_pid}) holds"
         second.wait_until(lambda: waiting in second.log_tail(), 60, "the second daemon to say it waits")
         assert driver_node.get("/healthz") == (200, "ok\n"), "the first daemon keeps serving"
-        assert "serving" not in second.log_tail(), "the second daemon serves nothing while it waits"
+        assert "registration socket" not in second.log_tail(), (
+            "the second daemon serves nothing while it waits"
+        )
+        assert (probe("/healthz"), probe("/readyz")) == (200, 200), "a standby is alive and ready"
 
         driver_node.stop()
         second.wait_until(
