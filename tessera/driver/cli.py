@@ -102,6 +102,15 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--nvml-timeout",
+        "TESSERA_NVML_TIMEOUT",
+        10.0,
+        "seconds a health poll's NVML calls may take before every GPU is tainted unmonitored and the "
+        "daemon is not ready (a wedged driver)",
+        float,
+    )
+    setting(
+        p,
         "--cleanup-interval",
         "TESSERA_CLEANUP_INTERVAL",
         60.0,
@@ -148,6 +157,7 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
         watch_claims=args.watch_claims,
         boot_id_file=Path(args.boot_id_file),
         health_interval=args.health_interval,
+        nvml_timeout=args.nvml_timeout,
         cleanup_interval=args.cleanup_interval,
         resync_interval=args.resync_interval,
         health_port=args.health_port,

@@ -125,6 +125,8 @@ class DriverConfig:
         for key, _ in self.container_env:
             if not key or "=" in key:
                 raise ValueError(f"container environment name {key!r} is not valid")
+        if not self.nvml_timeout > 0:
+            raise ValueError(f"the NVML timeout must be more than 0 seconds, not {self.nvml_timeout}")
 
 
 def _short_hash(text: str, length: int) -> str:

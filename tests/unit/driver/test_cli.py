@@ -27,7 +27,9 @@ def test_environment_variables_configure_the_daemon(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("NODE_NAME", "gpu-7")
     monkeypatch.setenv("TESSERA_KUBELET_ROOT", "/k")
     monkeypatch.setenv("TESSERA_CONTAINER_ENV", "A=1,B=2")
+    monkeypatch.setenv("TESSERA_NVML_TIMEOUT", "4.5")
     config = cli.config_from(cli.parser().parse_args([]))
+    assert config.nvml_timeout == 4.5
     assert config.node_name == "gpu-7"
     assert str(config.registration_socket) == "/k/plugins_registry/gpu.tessera.dev-reg.sock"
     assert config.container_env == (("A", "1"), ("B", "2"))
@@ -39,8 +41,9 @@ def test_environment_variables_configure_the_daemon(monkeypatch: pytest.MonkeyPa
         ([], "the node name is required (--node-name or NODE_NAME)"),
         (["--node-name=n", "--container-env=NOVALUE"], "--container-env 'NOVALUE' is not NAME=VALUE"),
         (["--node-name=n", "--kubelet-root=/" + "x" * 100], "a Unix socket path holds at most 107"),
+        (["--node-name=n", "--nvml-timeout=0"], "the NVML timeout must be more than 0 seconds, not 0.0"),
     ],
-    ids=["no-node-name", "bad-env", "socket-too-long"],
+    ids=["no-node-name", "bad-env", "socket-too-long", "no-nvml-timeout"],
 )
 def test_bad_settings_stop_the_daemon_before_it_starts_with_one_line(argv: list[str], message: str) -> None:
     env = {"PATH": "/usr/bin:/bin"}
