@@ -14,6 +14,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Protocol
@@ -34,6 +35,21 @@ class Service(Protocol):
     def request_stop(self) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class Stoppable:
+    """The stop event every command's service keeps, and the two Service methods that only touch it:
+    ``wait`` returns once a signal (``request_stop``) or the service itself (a failed background
+    loop) has set it. Subclasses call ``super().__init__()`` and implement ``start`` and ``stop``."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
 
 
 class UsageError(Exception):

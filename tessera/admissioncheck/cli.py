@@ -11,7 +11,6 @@ import argparse
 import logging
 import statistics
 import sys
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tessera import command
 from tessera.admissioncheck.controller import Stats, WorkloadController
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
+from tessera.command import Stoppable
 from tessera.kube import api_client
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.settings import setting
@@ -96,12 +96,12 @@ class DecisionMetrics(Collector):
             yield summary
 
 
-class AdmissionCheck:
+class AdmissionCheck(Stoppable):
     """The caches, the decision loop and the health and metrics endpoint: start, serve, stop."""
 
     def __init__(self, args: argparse.Namespace, api: client.ApiClient) -> None:
         self.fatal: str | None = None
-        self._stop = threading.Event()
+        super().__init__()
         self._controller_name: str = args.controller_name
         # The watches call back only once started, when the controller exists.
         self.inventory = Inventory(api, args.controller_name, lambda what: self.controller.wake(what))
@@ -130,12 +130,6 @@ class AdmissionCheck:
                 len({g.node for g in inventory.gpus}),
             )
         self.controller.start()
-
-    def wait(self) -> None:
-        self._stop.wait()
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def stop(self) -> None:
         """Finish the decision in flight, stop the watches and the endpoint."""

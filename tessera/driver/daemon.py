@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 from kubernetes import client
 
+from tessera.command import Stoppable
 from tessera.driver import cleanup, device_health, devices, health, plugin, registration
 from tessera.driver.checkpoint import read_boot_id
 from tessera.driver.claim_status import ClaimStatusWriter
@@ -42,12 +43,12 @@ log = logging.getLogger(__name__)
 _STANDARD_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
-class Daemon:
+class Daemon(Stoppable):
     def __init__(self, config: DriverConfig, kube: client.ApiClient | None = None) -> None:
         config.validate()
         self.config = config
         self._kube = kube or api_client()
-        self._stop = threading.Event()
+        super().__init__()
         self.fatal: str | None = None
         self._threads: list[threading.Thread] = []
         self._servers: list[tuple[grpc.Server, Path]] = []
@@ -198,13 +199,6 @@ class Daemon:
         return "; ".join(reasons) or None
 
     # ------------------------------------------------------------------ stop
-
-    def wait(self) -> None:
-        """Until stop() is called or a background loop fails."""
-        self._stop.wait()
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def stop(self) -> None:
         """Deregister, drain, remove our sockets, stop the loops. Safe to call twice."""

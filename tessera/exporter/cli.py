@@ -21,6 +21,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from tessera import command
+from tessera.command import Stoppable
 from tessera.driver import checkpoint, claim_files, devices
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.discovery import Nvml
@@ -76,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class Exporter:
+class Exporter(Stoppable):
     """NVML, the pod watch, the collector and its HTTP servers: start, serve, stop."""
 
     def __init__(self, args: argparse.Namespace, kube: client.ApiClient) -> None:
@@ -85,7 +86,7 @@ class Exporter:
         self._checkpoint_file = checkpoint.in_state_dir(Path(args.state_dir))
         self._args = args
         self._kube = kube
-        self._stop = threading.Event()
+        super().__init__()
         self.fatal: str | None = None
         self._nvml: Nvml | None = None
         self._server: MetricsServer | None = None
@@ -140,12 +141,6 @@ class Exporter:
         except FileNotFoundError:
             return {}
         return checkpoint.decode(text).claims
-
-    def wait(self) -> None:
-        self._stop.wait()
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def stop(self) -> None:
         """Stop serving, then close NVML (no scrape may reach a closed NVML). Safe to call twice."""

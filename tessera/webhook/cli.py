@@ -13,6 +13,7 @@ from pathlib import Path
 from kubernetes import client
 
 from tessera import command
+from tessera.command import Stoppable
 from tessera.kube import api_client
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
@@ -181,7 +182,7 @@ def _maintain_certificates(
             return
 
 
-class Webhook:
+class Webhook(Stoppable):
     """The slice cache, the template store, the servers and the certificate upkeep: start, serve, stop."""
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -193,7 +194,7 @@ class Webhook:
         self._cache = SliceCache(self._api)
         self._templates = TemplateStore(self._api, ttl=args.template_ttl)
         self._server: WebhookServer | None = None
-        self._stop = threading.Event()
+        super().__init__()
 
     def start(self) -> None:
         args = self._args
@@ -218,12 +219,6 @@ class Webhook:
         ).start()
         self._server.start()
         log.info("serving /mutate on %s:%d", args.bind_address, self._server.port)
-
-    def wait(self) -> None:
-        self._stop.wait()
-
-    def request_stop(self) -> None:
-        self._stop.set()
 
     def stop(self) -> None:
         """Answer the reviews in flight, then stop the watches."""
