@@ -112,12 +112,13 @@ def simulated_gpus(node: RealNode) -> Path:
     return write_config(spec, folder / "simgpu.conf")
 
 
-def local_image(name: str) -> dict[str, str]:
-    """The values of a product image (``driver`` or ``webhook``) built and imported locally."""
+def local_image(name: str, version: str | None = None) -> dict[str, str]:
+    """The values of a product image (``driver`` or ``webhook``) built and imported locally, at
+    ``version`` (by default the checkout's: testbed/product_images.py builds others on request)."""
     image = load_manifest().images[name]
     return {
         "repository": f"tessera.local/{image.repository}",
-        "tag": project_version(),
+        "tag": version or project_version(),
         "pullPolicy": "Never",
     }
 
@@ -144,20 +145,20 @@ def node_layout_values(root: str, driver_library_dir: str) -> dict[str, Any]:
     }
 
 
-def chart_values() -> dict[str, Any]:
-    """The values the test bed needs (see the module's docstring)."""
+def chart_values(version: str | None = None) -> dict[str, Any]:
+    """The values the test bed needs (see the module's docstring), with the images at ``version``."""
     simgpu = f"{node_root()}/$(NODE_NAME)/simgpu"
     return {
         "kubeletPlugin": {
             **node_layout_values(str(node_root()), str(library_dir())),
-            "image": local_image("driver"),
+            "image": local_image("driver", version),
             "env": [{"name": "SIMGPU_CONFIG", "value": f"{simgpu}/simgpu.conf"}],
             "containerEnv": [f"SIMGPU_CONFIG={simgpu}/simgpu.conf"],
             "containerMounts": [simgpu],
             "healthInterval": 1,
             "logLevel": "debug",
         },
-        "webhook": {"image": local_image("webhook"), "nodeSelector": {CHART_NODE_LABEL: "true"}},
+        "webhook": {"image": local_image("webhook", version), "nodeSelector": {CHART_NODE_LABEL: "true"}},
     }
 
 

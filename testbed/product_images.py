@@ -95,10 +95,13 @@ def reference(image: ProductImage, tag: str | None = None) -> str:
     return f"{LOCAL_REGISTRY}/{image.repository}:{tag or project_version()}"
 
 
-def image_spec(manifest: Manifest, image: ProductImage, files: Mapping[str, Path]) -> ImageSpec:
-    """The test bed's image for one manifest entry, made of ``files`` (image path -> host file)."""
+def image_spec(
+    manifest: Manifest, image: ProductImage, files: Mapping[str, Path], version: str | None = None
+) -> ImageSpec:
+    """The test bed's image for one manifest entry, made of ``files`` (image path -> host file),
+    tagged ``version`` (by default the checkout's)."""
     return ImageSpec(
-        reference(image),
+        reference(image, version),
         files,
         entrypoint=image.entrypoint,
         env=manifest.env,
@@ -219,10 +222,12 @@ def elf_libraries(files: Mapping[str, Path], root: Path) -> dict[str, Path]:
     return found
 
 
-def root_files(manifest: Manifest, work: Path) -> dict[str, Path]:
-    """Build the root folder in ``work`` and return every file of the image (image path -> file)."""
+def root_files(manifest: Manifest, work: Path, version: str) -> dict[str, Path]:
+    """Build the root folder in ``work`` and return every file of the image (image path -> file);
+    the package is built as ``version`` (the checkout's own, or another build of the same tree)."""
     context, wheels, root = work / "context", work / "wheels", work / "root"
     copy_files(REPO, context_files(REPO), context)
+    set_version(context / "pyproject.toml", version)
     wheel = build_wheel(context, wheels)
     make_venv(manifest, root, wheel, context / CONSTRAINTS.name)
     files = package_files(manifest.apt_packages)
@@ -232,22 +237,35 @@ def root_files(manifest: Manifest, work: Path) -> dict[str, Path]:
     return files
 
 
-def build_product_images(out_dir: Path, manifest: Manifest | None = None) -> dict[str, Path]:
-    """Build every image of the manifest into out_dir; return each target's archive."""
+def set_version(pyproject: Path, version: str) -> None:
+    """Make the project in ``pyproject`` (a copy of the checkout's) build as ``version``."""
+    text = pyproject.read_text()
+    current = f'version = "{project_version()}"\n'
+    assert current in text, f"no {current.strip()} in {pyproject}"
+    pyproject.write_text(text.replace(current, f'version = "{version}"\n', 1))
+
+
+def build_product_images(
+    out_dir: Path, manifest: Manifest | None = None, version: str | None = None
+) -> dict[str, Path]:
+    """Build every image of the manifest into out_dir, the package and the tags at ``version`` (by
+    default the checkout's); return each target's archive."""
     manifest = manifest or load_manifest()
+    version = version or project_version()
     work = out_dir / "build"
-    files = root_files(manifest, work)
+    files = root_files(manifest, work, version)
     archives = {
-        name: build_image(image_spec(manifest, image, files), out_dir)
+        name: build_image(image_spec(manifest, image, files, version), out_dir)
         for name, image in manifest.images.items()
     }
     shutil.rmtree(work)
     return archives
 
 
-def product_images_digest() -> str:
+def product_images_digest(version: str) -> str:
     """A digest of what the images are made of: the manifest, this builder and the image writer, the
-    build context's files, the Debian packages' versions and the Python that runs the build."""
+    build context's files, the version they are built as, the Debian packages' versions and the
+    Python that runs the build."""
     digest = hashlib.sha256()
 
     def add(label: str, data: bytes) -> None:
@@ -263,16 +281,22 @@ def product_images_digest() -> str:
     versions = run_checked(["dpkg-query", "-W", *manifest.apt_packages], timeout=60)
     add("packages", versions.encode())
     add("python", sys.version.encode())
+    add("version", version.encode())
     return digest.hexdigest()
 
 
-def product_images(cache: Path | None = None) -> dict[str, Path]:
-    """Each manifest image's archive, built once into <cache>/product-images/<digest>/."""
+def product_images(cache: Path | None = None, version: str | None = None) -> dict[str, Path]:
+    """Each manifest image's archive, built once into <cache>/product-images/<digest>/, the package
+    and the tags at ``version``: by default the checkout's; another gives a second build of the same
+    tree (the upgrade test installs one and upgrades to the other)."""
     manifest = load_manifest()
+    version = version or project_version()
     folder = cached_build(
-        (cache or cache_root()) / "product-images", product_images_digest(), build_product_images
+        (cache or cache_root()) / "product-images",
+        product_images_digest(version),
+        lambda out: build_product_images(out, manifest, version),
     )
-    return {name: folder / archive_name(reference(image)) for name, image in manifest.images.items()}
+    return {name: folder / archive_name(reference(image, version)) for name, image in manifest.images.items()}
 
 
 def main() -> int:

@@ -220,3 +220,20 @@ def test_the_local_build_context_leaves_out_what_dockerignore_does() -> None:
     assert not [name for name in files if name.split("/", 1)[0] in left_out]
     assert "tessera/driver/daemon.py" in files
     assert {"setup.py", "pyproject.toml", "README.md", "MANIFEST.in"} <= set(files)
+
+
+def test_a_second_build_changes_the_version_and_nothing_else(tmp_path: Path) -> None:
+    """The upgrade test's first build is this tree at another version: the copy's pyproject.toml
+    names it, the images are tagged with it, and what the images are made of is digested with it."""
+    pyproject = tmp_path / "pyproject.toml"
+    original = (product_images.REPO / "pyproject.toml").read_text()
+    pyproject.write_text(original)
+    product_images.set_version(pyproject, "0.1.0.dev0")
+    changed = pyproject.read_text()
+    assert 'version = "0.1.0.dev0"\n' in changed
+    assert (
+        changed.replace('version = "0.1.0.dev0"\n', f'version = "{product_images.project_version()}"\n')
+        == original
+    )
+    image = product_images.load_manifest().images["driver"]
+    assert product_images.reference(image, "0.1.0.dev0").endswith(":0.1.0.dev0")

@@ -1,0 +1,187 @@
+"""`helm upgrade` from one build of Tessera to the next with shares running: every component's pods
+are replaced, running containers keep their limits and their metrics, and GPU pods created all
+through the upgrade are admitted, placed and prepared.
+
+The two builds are this checkout built twice, the first under an earlier version
+(testbed/product_images.py builds the package and tags the images at a version it is given), so the
+upgrade changes every image and rolls every workload of the release. There is no earlier release to
+upgrade from yet; when there is, its chart and images are the first build to use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from testbed import chart_bed as charts
+from testbed.chart_bed import EXAMPLES, ROLLOUT_TIMEOUT, ChartBed, scrape, wait_rolled_out
+from testbed.cluster import LocalCluster
+from testbed.helm import CHART, values_file
+from testbed.node import NodeFactory
+from testbed.pod_state import events, sections
+from testbed.polling import poll_until
+from testbed.product_images import load_manifest, product_images, project_version
+from tests.e2e.test_chart_node import EXAMPLE_SHARES, enforcement_script, node_address
+
+pytestmark = pytest.mark.e2e
+
+PREVIOUS = "0.1.0.dev0"
+"""The first build's version: earlier than the checkout's (pyproject.toml), a valid image tag."""
+
+HAMI_POD = EXAMPLES / "hami-pod.yaml"
+SHARE = EXAMPLE_SHARES["hami-pod.yaml"]
+NEW_POD_EVERY = 3.0
+"""Seconds between the GPU pods created while the upgrade runs."""
+
+
+@pytest.fixture(scope="module")
+def upgrade_bed(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    node_factory: NodeFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ChartBed]:
+    """The release installed from the first build, on two nodes that hold both builds' images."""
+    images = [*product_images(version=PREVIOUS).values(), *product_images().values()]
+    workloads = charts.workload_images(tmp_path_factory.mktemp("workload-images"))
+    nodes = node_factory.start(2, extra_images=[*images, *workloads])
+    charts.prepare_nodes(cluster, kube, nodes)
+    home = tmp_path_factory.mktemp("helm")
+    with charts.installed_release(cluster, kube, nodes, home, charts.chart_values(PREVIOUS)) as bed:
+        yield bed
+
+
+def hami_pod(name: str) -> client.V1Pod:
+    """The HAMi example pod (2000 MiB, 25 % of one GPU), named ``name``."""
+    body: dict[str, Any] = yaml.safe_load(HAMI_POD.read_text())
+    body["metadata"]["name"] = name
+    for container in body["spec"]["containers"]:  # YAML reads the quantities as numbers
+        limits = container["resources"]["limits"]
+        limits.update({key: str(value) for key, value in limits.items()})
+    return client.V1Pod.model_validate(body)
+
+
+def uid_of(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    metadata = core.read_namespaced_pod(name, namespace).metadata
+    return metadata.uid if metadata is not None else None
+
+
+def in_metrics(address: str, pod: str) -> bool:
+    return f'pod="{pod}"' in scrape(address)
+
+
+def images_of(bed: ChartBed, component: str) -> set[str]:
+    return {c["image"] for p in bed.pods(component) for c in p["spec"]["containers"]}
+
+
+def running_with_its_share(kube: client.ApiClient, namespace: str, name: str) -> bool:
+    pod = client.CoreV1Api(kube).read_namespaced_pod(name, namespace)
+    assert pod.status is not None
+    if pod.status.phase == "Failed":
+        raise AssertionError(f"{namespace}/{name} failed:\n{events(kube, namespace)}")
+    if pod.status.phase != "Running":
+        return False
+    log = str(client.CoreV1Api(kube).read_namespaced_pod_log(name, namespace))
+    return f"memory={SHARE.memory} cores={SHARE.cores}" in log
+
+
+class PodsThroughTheUpgrade:
+    """Creates a HAMi pod every few seconds until stopped; keeps every refusal the API answered."""
+
+    def __init__(self, kube: client.ApiClient, namespace: str) -> None:
+        self._core = client.CoreV1Api(kube)
+        self._namespace = namespace
+        self._stop = threading.Event()
+        self.created: list[str] = []
+        self.refused: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="pods-through-upgrade", daemon=True)
+
+    def __enter__(self) -> PodsThroughTheUpgrade:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            name = f"during-{len(self.created) + len(self.refused)}"
+            try:
+                self._core.create_namespaced_pod(self._namespace, hami_pod(name))
+                self.created.append(name)
+            except client.ApiException as error:
+                self.refused.append(f"{name}: {error.status} {error.body}")
+            self._stop.wait(NEW_POD_EVERY)
+
+
+def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admits_pods_throughout(
+    upgrade_bed: ChartBed, namespace: str
+) -> None:
+    bed = upgrade_bed
+    wait_rolled_out(bed)
+    manifest = load_manifest()
+    first = {f"tessera.local/{manifest.images['driver'].repository}:{PREVIOUS}"}
+    assert images_of(bed, "kubeletplugin") == first
+    core = client.CoreV1Api(bed.kube)
+    running = [f"running-{i}" for i in range(2)]
+    for name in running:
+        core.create_namespaced_pod(namespace, hami_pod(name))
+    for name in running:
+        poll_until(
+            partial(running_with_its_share, bed.kube, namespace, name), ROLLOUT_TIMEOUT, f"{name} running"
+        )
+    before = {name: uid_of(core, namespace, name) for name in running}
+    old_daemons = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
+    old_webhooks = {p["metadata"]["uid"] for p in bed.pods("webhook")}
+
+    with PodsThroughTheUpgrade(bed.kube, namespace) as through:
+        values = charts.with_webhook_client_ca(bed.cluster, charts.chart_values())
+        bed.helm(
+            "upgrade", bed.release, str(CHART), "-f", str(values_file(bed.helm_home, values, "upgrade.yaml"))
+        )
+        try:
+            wait_rolled_out(bed)
+        except Exception as error:
+            raise AssertionError(f"{error}\nevents:\n{events(bed.kube, bed.namespace)}") from error
+        threading.Event().wait(2 * NEW_POD_EVERY)  # a few more pods once the new release serves
+
+    current = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
+    assert images_of(bed, "kubeletplugin") == {current}
+    assert not {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")} & old_daemons
+    assert not {p["metadata"]["uid"] for p in bed.pods("webhook")} & old_webhooks
+    assert through.refused == [], "no GPU pod refused while the release was upgraded"
+    assert len(through.created) >= 3, through.created
+    for name in through.created:
+        poll_until(
+            partial(running_with_its_share, bed.kube, namespace, name),
+            ROLLOUT_TIMEOUT,
+            f"{name}, created during the upgrade, running with its share",
+        )
+
+    for name in running:
+        pod = core.read_namespaced_pod(name, namespace)
+        assert pod.metadata is not None and pod.status is not None and pod.spec is not None
+        assert pod.metadata.uid == before[name]
+        assert [c.restart_count for c in pod.status.container_statuses or []] == [0]
+        seen = sections(
+            bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", enforcement_script(SHARE.memory))
+        )
+        assert int(seen["info"]["total"]) == SHARE.memory, seen
+        assert seen["over"]["rc"] == "2", seen
+        address = node_address(bed, str(pod.spec.node_name))
+        poll_until(partial(in_metrics, address, name), 60, f"{name} in the new exporter's metrics")
+
+
+def test_the_first_build_is_this_tree_at_an_earlier_version() -> None:
+    """The two builds differ by version only, so the upgrade changes every image."""
+    previous, current = product_images(version=PREVIOUS), product_images()
+    assert set(previous) == set(current)
+    assert all(previous[name].name != current[name].name for name in previous)
+    assert all(PREVIOUS in previous[name].name for name in previous)
