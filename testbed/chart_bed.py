@@ -37,6 +37,7 @@ from testbed.kubectl import kubectl
 from testbed.names import unique_name
 from testbed.node import RealNode
 from testbed.node_runtime import node_root
+from testbed.pod_state import events
 from testbed.product_images import load_manifest, project_version
 from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 
@@ -181,20 +182,24 @@ def label_node(kube: client.ApiClient, node: RealNode) -> None:
 
 def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
     """Until the DaemonSet has one ready, current pod on each node, and the webhook (and the
-    admission check, where the values enable it) all their replicas."""
+    admission check, where the values enable it) all their replicas; a rollout that does not finish
+    fails with the release namespace's events."""
     workloads = [f"daemonset/{bed.release}-kubeletplugin", f"deployment/{bed.release}-webhook"]
     if bed.values.get("queue", {}).get("admissionCheck", {}).get("enabled"):
         workloads.append(f"deployment/{bed.release}-admissioncheck")
     for workload in workloads:
-        bed.kubectl(
-            "rollout",
-            "status",
-            "-n",
-            bed.namespace,
-            workload,
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 30,
-        )
+        try:
+            bed.kubectl(
+                "rollout",
+                "status",
+                "-n",
+                bed.namespace,
+                workload,
+                f"--timeout={int(timeout)}s",
+                timeout=timeout + 30,
+            )
+        except Exception as error:
+            raise AssertionError(f"{error}\nevents:\n{events(bed.kube, bed.namespace)}") from error
 
 
 def example_documents(path: Path) -> list[dict[str, Any]]:

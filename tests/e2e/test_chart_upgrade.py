@@ -146,10 +146,7 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
         bed.helm(
             "upgrade", bed.release, str(CHART), "-f", str(values_file(bed.helm_home, values, "upgrade.yaml"))
         )
-        try:
-            wait_rolled_out(bed)
-        except Exception as error:
-            raise AssertionError(f"{error}\nevents:\n{events(bed.kube, bed.namespace)}") from error
+        wait_rolled_out(bed)
         threading.Event().wait(2 * NEW_POD_EVERY)  # a few more pods once the new release serves
 
     current = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"

@@ -120,14 +120,20 @@ def a_new_pod_is_prepared(node: DriverNode, kube: client.ApiClient, namespace: s
     poll_until(lambda: "the watch of" not in ready_reasons(node), 90, "the daemon to see the API again")
 
 
+def serving_a_share(node: DriverNode, kube: client.ApiClient, namespace: str) -> ClaimRef:
+    """Start the daemon, wait for its slice, and have it prepare one pod's claim: the share that must
+    ride out the outage."""
+    node.start()
+    node.wait_published()
+    running = share_pod(kube, namespace, node.node_name, "running", memory="2Gi", cores="10")
+    assert prepare(node, running) == ""
+    return running
+
+
 def test_the_api_server_stopped_for_a_minute(
     own_cluster: LocalCluster, own_kube: client.ApiClient, own_namespace: str, node: DriverNode
 ) -> None:
-    node.start()
-    node.wait_published()
-    running = share_pod(own_kube, own_namespace, node.node_name, "running", memory="2Gi", cores="10")
-    assert prepare(node, running) == ""
-
+    running = serving_a_share(node, own_kube, own_namespace)
     began = time.monotonic()
     own_cluster.stop_api_server()
     try:
@@ -147,11 +153,7 @@ def test_a_black_hole_to_the_api_server_for_a_minute(
     relay = TcpRelay(own_cluster.api_port)
     try:
         through_relay(node.kubeconfig, relay.port)
-        node.start()
-        node.wait_published()
-        running = share_pod(own_kube, own_namespace, node.node_name, "running", memory="2Gi", cores="10")
-        assert prepare(node, running) == ""
-
+        running = serving_a_share(node, own_kube, own_namespace)
         began = time.monotonic()
         relay.black_hole()
         try:
