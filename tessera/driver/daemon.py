@@ -1,6 +1,7 @@
 """The node daemon's life: start every part in order, serve, and shut down in reverse.
 
-Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state,
+Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state
+(a rebuild the API server cannot answer yet is retried in the background while the daemon serves),
 serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
 cannot answer — then publish the slice and watch GPU health. The metrics exporter is not here: it
 is its own process (``tessera-exporter``, tessera/exporter/cli.py) so that nothing a scrape meets
@@ -59,6 +60,8 @@ class Daemon(Stoppable):
         self._state_lock = StateLock(config.state_dir)
         self.api = Reachability()
         """Whether the daemon's watches reach the API server: readiness says so while they cannot."""
+        self._rebuilt = threading.Event()
+        """Set once the prepared state is known good: loaded, or rebuilt from the API and the host."""
         self._phase = "standby"
         """"standby" while another daemon holds the state directory, "starting" once this one does,
         "serving" once every socket and loop is up."""
@@ -85,8 +88,10 @@ class Daemon(Stoppable):
         self.claims = ClaimCache(resource, config.driver_name, config.pool_name, self.api)
         if self.state.rebuild_reason:
             log.warning("rebuilding prepared claims from the API and the host: %s", self.state.rebuild_reason)
-            cleanup.sweep(config, self.state, self.claims, reprepare=True)
-            self.state.save()
+            if not self._rebuild_once():  # the API server is away (a whole cluster restarting, say)
+                self._background("rebuild", self._rebuild_until_done)
+        else:
+            self._rebuilt.set()
         if config.watch_claims:
             self._background("claim-watch", self.claims.run, self._stop)
 
@@ -144,6 +149,28 @@ class Daemon(Stoppable):
         )
         self._phase = "serving"
 
+    def _rebuild_once(self) -> bool:
+        """One attempt to rebuild the prepared state (every claim folder and CDI spec checked against
+        the API, claims still allocated here prepared again); False when the API could not answer."""
+        try:
+            cleanup.sweep(self.config, self.state, self.claims, reprepare=True)
+        except Exception as error:
+            log.warning("cannot rebuild the prepared claims yet (%s); serving meanwhile, retrying", error)
+            return False
+        self.state.save()
+        self._rebuilt.set()
+        log.info("rebuilt the prepared claims")
+        return True
+
+    def _rebuild_until_done(self) -> None:
+        """Retry the rebuild with back-off until it succeeds. Meanwhile the daemon serves: a claim the
+        kubelet asks for is prepared as soon as it can be read, and readiness says what is missing."""
+        backoff = 1.0
+        while not self._stop.wait(backoff):
+            if self._rebuild_once():
+                return
+            backoff = min(backoff * 2, 30.0)
+
     def _serve(self, socket: Path) -> grpc.Server:
         socket.parent.mkdir(parents=True, exist_ok=True)
         if socket.exists() or socket.is_symlink():
@@ -189,6 +216,8 @@ class Daemon(Stoppable):
             reasons.append(unmonitored)
         if (unreachable := self.api.problem()) is not None:
             reasons.append(unreachable)
+        if not self._rebuilt.is_set():
+            reasons.append("rebuilding the prepared claims from the API and the host")
         if not self.registration.registered.is_set():
             reasons.append(
                 "not registered with the kubelet yet"

@@ -173,3 +173,37 @@ def through_relay(kubeconfig: Path, port: int) -> None:
     for entry in config["clusters"]:
         entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
     kubeconfig.write_text(yaml.safe_dump(config))
+
+
+def test_a_daemon_starting_after_a_reboot_without_the_api_server_serves_and_rebuilds_once_it_is_back(
+    own_cluster: LocalCluster, own_kube: client.ApiClient, own_namespace: str, node: DriverNode
+) -> None:
+    """After a reboot the daemon checks every prepared claim against the API before it trusts its
+    state; a whole cluster coming back up may bring the node before the API server. The daemon then
+    starts anyway, stays up, says it is rebuilding, keeps the claims' files, and rebuilds once the
+    server answers (it used to exit and crash-loop)."""
+    running = serving_a_share(node, own_kube, own_namespace)
+    node.stop()
+    node.reboot()
+    own_cluster.stop_api_server()
+    try:
+        node.start()
+        poll_until(
+            lambda: "rebuilding the prepared claims" in ready_reasons(node),
+            OUTAGE_SECONDS,
+            "the daemon to say so",
+        )
+        assert node.get("/healthz") == (200, "ok\n")
+        assert node.process is not None
+        assert node.process.running(), node.process.log_tail()
+        assert limits_of(node, running) is not None, "nothing is removed while the API cannot say"
+    finally:
+        own_cluster.resume_api_server()
+
+    poll_until(
+        lambda: "rebuilding" not in ready_reasons(node),
+        SCHEDULER_RECOVERY_SECONDS,
+        "the rebuild once the API answers",
+    )
+    assert limits_of(node, running) is not None, "the claim still allocated here is prepared again"
+    a_new_pod_is_prepared(node, own_kube, own_namespace, "after")
