@@ -53,6 +53,24 @@ def service_account_token(
     return str(status.token)
 
 
+def grant_in_namespace(
+    kube: client.ApiClient, namespace: str, account: str, role: str, rules: Sequence[Mapping[str, Any]]
+) -> None:
+    """Bind ``namespace/account`` to ``rules`` in its namespace alone, by a Role and RoleBinding named
+    ``role`` (made if missing), as a chart grants what a component needs in the release namespace."""
+    rbac = client.RbacAuthorizationV1Api(kube)
+    body = {"metadata": {"name": role, "namespace": namespace}, "rules": list(rules)}
+    create_if_absent(rbac.create_namespaced_role, namespace, client.V1Role.model_validate(body))
+    binding = {
+        "metadata": {"name": role, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+    create_if_absent(
+        rbac.create_namespaced_role_binding, namespace, client.V1RoleBinding.model_validate(binding)
+    )
+
+
 def token_kubeconfig(cluster: LocalCluster, token: str, user: str, path: Path) -> Path:
     """A kubeconfig for ``cluster`` that authenticates with ``token``."""
     assert cluster.ca is not None, "cluster not started"

@@ -30,7 +30,7 @@ from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
 from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
-from testbed.accounts import service_account_token, token_kubeconfig
+from testbed.accounts import grant_in_namespace, service_account_token, token_kubeconfig
 from testbed.binaries import COMPONENTS
 from testbed.cluster import LocalCluster
 from testbed.fake_nodes import create_ready_node
@@ -394,24 +394,41 @@ def http_status(port: int, path: str) -> int:
 
 RULES_FILE = Path(__file__).resolve().parents[1] / "charts/tessera/files/admissioncheck-rules.yaml"
 ACCOUNT = "tessera-admission-check"
+NAMESPACE = "tessera"
+"""The check's namespace on the test bed: its service account's, and its Lease's."""
+
+
+def lease_rules(lease: str) -> list[dict[str, Any]]:
+    """The chart's Role for the check's leader election (templates/rbac-admissioncheck.yaml; a chart
+    test holds the two equal): create any Lease, read and renew only ``lease``."""
+    group, resources = ["coordination.k8s.io"], ["leases"]
+    return [
+        {"apiGroups": group, "resources": resources, "verbs": ["create"]},
+        {"apiGroups": group, "resources": resources, "resourceNames": [lease], "verbs": ["get", "update"]},
+    ]
 
 
 def admission_check_kubeconfig(cluster: LocalCluster) -> Path:
-    """A kubeconfig holding exactly the chart's ClusterRole rules for the check (its service account
-    in the ``tessera`` namespace), as the check's pod would have."""
+    """A kubeconfig holding exactly the chart's RBAC for the check (its service account in the
+    ``tessera`` namespace): the ClusterRole's rules, and the Role for its Lease (named as the check's
+    default --leader-election-id), as the check's pod would have."""
     api = api_client(cluster.admin_kubeconfig)
     try:
         rules = yaml.safe_load(RULES_FILE.read_text())
-        token = service_account_token(api, "tessera", ACCOUNT, rules, expiration_seconds=86400)
+        token = service_account_token(api, NAMESPACE, ACCOUNT, rules, expiration_seconds=86400)
+        grant_in_namespace(api, NAMESPACE, ACCOUNT, f"{ACCOUNT}-leader-election", lease_rules(ACCOUNT))
     finally:
         api.close()  # type: ignore[no-untyped-call]
     return token_kubeconfig(cluster, token, ACCOUNT, cluster.state_dir / "admission-check.kubeconfig")
 
 
-def admission_check_process(cluster: LocalCluster, *extra: str) -> tuple[ManagedProcess, int]:
-    """``tessera-admission-check`` against the cluster under the chart's RBAC, logging into the
-    cluster's log folder; the cluster stops it with its own processes. Returns the process and its
-    health port."""
+def admission_check_process(
+    cluster: LocalCluster, *extra: str, name: str = "tessera-admission-check"
+) -> tuple[ManagedProcess, int]:
+    """``tessera-admission-check`` against the cluster under the chart's RBAC, electing its leader on
+    a Lease in the ``tessera`` namespace, logging into the cluster's log folder; the cluster stops it
+    with its own processes (``name`` names the process and its log, one per replica). Returns the
+    process and its health port."""
     port = free_port()
     argv: list[str | Path] = [
         sys.executable,
@@ -420,10 +437,11 @@ def admission_check_process(cluster: LocalCluster, *extra: str) -> tuple[Managed
         f"--kubeconfig={admission_check_kubeconfig(cluster)}",
         "--bind-address=127.0.0.1",
         f"--health-port={port}",
+        f"--leader-election-namespace={NAMESPACE}",
         "--log-level=debug",
         *extra,
     ]
-    process = ManagedProcess("tessera-admission-check", argv, cluster.log_dir, env=dict(os.environ))
+    process = ManagedProcess(name, argv, cluster.log_dir, env=dict(os.environ))
     cluster.processes.append(process)
     return process, port
 

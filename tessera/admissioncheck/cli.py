@@ -1,8 +1,10 @@
 """``tessera-admission-check``: flags (each with an environment variable), start-up in order, a
 health and metrics endpoint, and shutdown on SIGTERM after the decision in flight is written.
 
-Run one replica: decisions are made in one process so that two Workloads never both count the same
-free capacity (a second replica would need leader election, which this controller does not do).
+Decisions are made in one process so that two Workloads never both count the same free capacity:
+every replica runs its watches (warm caches, ready to take over), but only the holder of a Lease
+(tessera/leader_election.py) runs the decision loop. A leader that loses the lease stops deciding at
+once and exits with status 1, to come back as a standby, as client-go's controllers do.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from kubernetes import client
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -24,10 +26,11 @@ from tessera import command
 from tessera.admissioncheck.controller import Stats, WorkloadController
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
-from tessera.command import Stoppable
+from tessera.command import Stoppable, UsageError
 from tessera.kube import api_client
+from tessera.leader_election import LeaderElector, identity
 from tessera.serving import Endpoints, HttpServer, registry_metrics
-from tessera.settings import setting
+from tessera.settings import setting, switch
 
 log = logging.getLogger("tessera.admissioncheck")
 
@@ -64,6 +67,28 @@ def parser() -> argparse.ArgumentParser:
         "share placements tried per decision before a packing search gives up",
         int,
     )
+    switch(
+        p,
+        "--leader-elect",
+        env + "LEADER_ELECT",
+        True,
+        "decide only while holding the Lease, so that replicas can run side by side (off: this "
+        "process must be the only one)",
+    )
+    setting(
+        p,
+        "--leader-election-namespace",
+        "POD_NAMESPACE",
+        "",
+        "namespace of the Lease (the chart sets POD_NAMESPACE to the pod's own)",
+    )
+    setting(
+        p,
+        "--leader-election-id",
+        env + "LEADER_ELECTION_ID",
+        FIELD_MANAGER,
+        "name of the Lease the replicas hold in turn",
+    )
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
@@ -97,7 +122,8 @@ class DecisionMetrics(Collector):
 
 
 class AdmissionCheck(Stoppable):
-    """The caches, the decision loop and the health and metrics endpoint: start, serve, stop."""
+    """The caches, the election, the decision loop and the health and metrics endpoint: start,
+    serve, stop."""
 
     def __init__(self, args: argparse.Namespace, api: client.ApiClient) -> None:
         self.fatal: str | None = None
@@ -106,14 +132,47 @@ class AdmissionCheck(Stoppable):
         # The watches call back only once started, when the controller exists.
         self.inventory = Inventory(api, args.controller_name, lambda what: self.controller.wake(what))
         self.controller = WorkloadController(api, self.inventory, FIELD_MANAGER, budget=args.search_budget)
+        self.elector: LeaderElector | None = None
+        if args.leader_elect:
+            if not args.leader_election_namespace:
+                raise UsageError("--leader-elect needs --leader-election-namespace (or $POD_NAMESPACE)")
+            self.elector = LeaderElector(
+                api,
+                args.leader_election_namespace,
+                args.leader_election_id,
+                identity(),
+                on_started=self.controller.start,
+                on_lost=self._lost,
+            )
         registry = CollectorRegistry()
         registry.register(DecisionMetrics(lambda: self.controller.stats))
+        Gauge(
+            "tessera_admission_check_leader",
+            "1 while this replica holds the Lease and decides, 0 on a standby.",
+            registry=registry,
+        ).set_function(lambda: float(self.deciding()))
         endpoints = Endpoints(
-            healthz=lambda: (self.controller.alive(), "the decision loop is not running"),
+            healthz=lambda: (self.healthy(), "the decision loop or the leader election is not running"),
             readyz=lambda: (self.inventory.synced(), "the caches have not had their first list yet"),
             metrics=registry_metrics(registry),
         )
         self._server = HttpServer("health", args.bind_address, args.health_port, endpoints)
+
+    def deciding(self) -> bool:
+        """Whether this replica runs the decision loop: the leader, or the only replica."""
+        return self.controller.alive() if self.elector is None else self.elector.leading
+
+    def healthy(self) -> bool:
+        """The leader's decision loop runs; a standby's election runs."""
+        if self.elector is None or self.elector.leading:
+            return self.controller.alive()
+        return self.elector.alive()
+
+    def _lost(self, why: str) -> None:
+        """Stop deciding at once (the decision in flight is written), then end the process."""
+        self.controller.stop()
+        self.fatal = f"this replica lost the leadership ({why}); it restarts as a standby"
+        self._stop.set()
 
     def start(self) -> None:
         self._server.start()
@@ -129,11 +188,23 @@ class AdmissionCheck(Stoppable):
                 len(inventory.gpus),
                 len({g.node for g in inventory.gpus}),
             )
-        self.controller.start()
+        if self.elector is None:
+            self.controller.start()
+        elif not self._stop.is_set():
+            log.info(
+                "campaigning for lease %s/%s as %s; deciding only while holding it",
+                self.elector.namespace,
+                self.elector.name,
+                self.elector.holder,
+            )
+            self.elector.start()
 
     def stop(self) -> None:
-        """Finish the decision in flight, stop the watches and the endpoint."""
+        """Finish the decision in flight, release the lease (only once no decision can be in
+        flight: a standby must never decide beside us), stop the watches and the endpoint."""
         self.controller.stop()
+        if self.elector is not None:
+            self.elector.stop(release=not self.controller.alive())
         self.inventory.stop()
         self._server.stop()
         log.info("stopped after %d decisions", self.controller.stats.decisions)

@@ -126,8 +126,16 @@ def check_under_chart_account(
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["tessera-admission-check"]
     chart_args = [a for a in container["args"] if not a.startswith(("--bind-address=", "--health-port="))]
-    # The test bed's own --kubeconfig (the admin's) comes first; the last one given wins.
-    process, port = queue_bed.admission_check_process(cluster, *chart_args, f"--kubeconfig={kubeconfig}")
+    # The pod's POD_NAMESPACE (the downward API's metadata.namespace) names the Lease's namespace.
+    assert {
+        "name": "POD_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in container["env"]
+    lease_namespace = f"--leader-election-namespace={release.namespace}"
+    # The test bed's own --kubeconfig (the admin's) and Lease namespace come first; the last one given wins.
+    process, port = queue_bed.admission_check_process(
+        cluster, *chart_args, f"--kubeconfig={kubeconfig}", lease_namespace
+    )
     process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 180, "caches synced")
     return process, port
 
@@ -346,6 +354,23 @@ def test_the_checks_account_may_do_what_the_check_needs(queues: QueueRelease) ->
 
 def test_the_checks_account_may_do_nothing_else(queues: QueueRelease) -> None:
     assert failures(queues.api, queues.release, "admissioncheck", CHECK_MUST_NOT, False) == []
+
+
+def test_the_checks_account_may_hold_its_own_lease_and_no_other(queues: QueueRelease) -> None:
+    own, lease = queues.release.namespace, queues.release.object_name("admissioncheck")
+    leases = "coordination.k8s.io/leases"
+    must = [
+        Ask("create", leases, namespace=own),
+        *(Ask(v, leases, name=lease, namespace=own) for v in ("get", "update")),
+    ]
+    must_not = [
+        *(Ask(v, leases, name="kube-scheduler", namespace=own) for v in ("get", "update")),
+        *(Ask(v, leases, name=lease, namespace="kube-system") for v in ("create", "get", "update")),
+        *(Ask(v, leases, name=lease, namespace=own) for v in ("delete", "patch")),
+        Ask("list", leases, namespace=own),
+    ]
+    assert failures(queues.api, queues.release, "admissioncheck", must, True) == []
+    assert failures(queues.api, queues.release, "admissioncheck", must_not, False) == []
 
 
 # --------------------------------------------------------------------------- admission by quota

@@ -1,12 +1,15 @@
-"""The command's flags read their environment variables, and /metrics says what was decided."""
+"""The command's flags read their environment variables (leader election on unless turned off, and
+then in a namespace), and /metrics says what was decided."""
 
 from __future__ import annotations
 
 import pytest
+from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tessera.admissioncheck.cli import DecisionMetrics, parser
+from tessera.admissioncheck.cli import AdmissionCheck, DecisionMetrics, parser
 from tessera.admissioncheck.controller import Stats
+from tessera.command import UsageError
 
 
 def test_flags_fall_back_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,3 +41,24 @@ def test_metrics_count_decisions_by_state() -> None:
     assert "# TYPE tessera_admission_check_decision_seconds summary" in text
     assert 'tessera_admission_check_decision_seconds{quantile="0.5"} 0.002' in text
     assert 'tessera_admission_check_decision_seconds{quantile="0.99"} 0.002' in text
+
+
+def test_leader_election_is_on_by_default_in_the_pods_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "tessera-system")
+    args = parser().parse_args([])
+    assert args.leader_elect is True
+    assert args.leader_election_namespace == "tessera-system"
+    assert args.leader_election_id == "tessera-admission-check"
+    monkeypatch.setenv("TESSERA_ADMISSION_CHECK_LEADER_ELECT", "false")
+    monkeypatch.setenv("TESSERA_ADMISSION_CHECK_LEADER_ELECTION_ID", "mine")
+    args = parser().parse_args([])
+    assert args.leader_elect is False and args.leader_election_id == "mine"
+    assert parser().parse_args(["--leader-elect"]).leader_elect is True
+
+
+def test_leader_election_without_a_namespace_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(UsageError, match="--leader-election-namespace"):
+        AdmissionCheck(parser().parse_args([]), client.ApiClient())
+    alone = AdmissionCheck(parser().parse_args(["--no-leader-elect"]), client.ApiClient())
+    assert alone.elector is None and not alone.deciding()

@@ -1,6 +1,7 @@
 """charts/tessera's queue admission values rendered by ``helm template`` (no cluster): the admission
-check's Deployment runs the check's own command with flags it accepts, one replica, unprivileged; its
-role is its rules file; the AdmissionCheck names the check's controller; the example queues form a
+check's Deployment runs the check's own command with flags it accepts, two replicas electing a leader
+on a Lease (a PodDisruptionBudget keeping one), unprivileged; its role is its rules file, and its Lease
+role the one the test bed grants; the AdmissionCheck names the check's controller; the example queues form a
 cohort of borrowing ClusterQueues with LocalQueues and three priority tiers; and what cannot work is
 refused. The real API server and Kueue's webhooks judge the same objects in
 tests/integration/test_chart_queue_install.py."""
@@ -102,13 +103,53 @@ def test_every_flag_the_chart_passes_is_one_the_check_accepts(both: list[dict[st
     assert args.controller_name == cli.CONTROLLER_NAME
     assert args.health_port == 8081
     assert args.bind_address == "0.0.0.0"
+    assert args.leader_elect is True
+    assert args.leader_election_id == "tessera-admissioncheck"
 
 
-def test_the_check_is_one_replica_that_never_overlaps_another(both: list[dict[str, Any]]) -> None:
-    # No leader election in the check: a rolling update would run two deciders at once.
+def test_two_replicas_elect_a_leader_on_a_lease_in_the_release_namespace(both: list[dict[str, Any]]) -> None:
+    # Only the Lease's holder decides, so replicas may overlap, in a rollout too.
     spec = find(both, "Deployment", "tessera-admissioncheck")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["env"] == [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    budget = find(both, "PodDisruptionBudget", "tessera-admissioncheck")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"] == spec["selector"]
+
+
+def test_one_replica_gets_no_disruption_budget(home: Path) -> None:
+    # minAvailable 1 of one replica would block every drain of its node.
+    values = merged(CHECK_ON, {"queue": {"admissionCheck": {"replicas": 1}}})
+    objects = render(home / "one", values, extra=WITH_KUEUE)
+    assert find(objects, "Deployment", "tessera-admissioncheck")["spec"]["replicas"] == 1
+    assert not [
+        o for o in objects if o["kind"] == "PodDisruptionBudget" and "admissioncheck" in o["metadata"]["name"]
+    ]
+
+
+def test_the_lease_role_is_the_test_beds_and_names_the_checks_lease(both: list[dict[str, Any]]) -> None:
+    role = find(both, "Role", "tessera-admissioncheck-leader-election")
+    assert role["metadata"]["namespace"] == "tessera"
+    assert role["rules"] == queue_bed.lease_rules("tessera-admissioncheck")
+    binding = find(both, "RoleBinding", "tessera-admissioncheck-leader-election")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tessera-admissioncheck", "namespace": "tessera"}
+    ]
 
 
 def test_the_checks_probes_use_its_health_port(home: Path) -> None:
@@ -365,8 +406,8 @@ def test_queue_objects_carry_the_release_labels(both: list[dict[str, Any]]) -> N
         ),
         (examples(bogus=1), "additional properties 'bogus' not allowed"),
         (
-            merged(CHECK_ON, {"queue": {"admissionCheck": {"replicas": 2}}}),
-            "additional properties 'replicas'",
+            merged(CHECK_ON, {"queue": {"admissionCheck": {"replicas": 0}}}),
+            "replicas': minimum",
         ),
     ],
     ids=[
@@ -380,7 +421,7 @@ def test_queue_objects_carry_the_release_labels(both: list[dict[str, Any]]) -> N
         "quota-not-a-quantity",
         "queue-name-not-dns",
         "unknown-example-key",
-        "no-replicas-value",
+        "no-replica",
     ],
 )
 def test_values_that_cannot_work_are_refused(home: Path, values: dict[str, Any], message: str) -> None:

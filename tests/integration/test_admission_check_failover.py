@@ -1,0 +1,163 @@
+"""Issue 22's bar for the admission check: two replicas against the real API server and Kueue, the
+leader killed (SIGKILL, no release of its Lease) while Workloads wait because they do not fit.
+Exactly one replica decides at a time: the standby decides nothing while the leader lives, takes
+over once the lease has run out, and admits what fits once room is made; no Workload's check is set
+Ready twice, and no more are admitted than fit.
+
+Both replicas run under the chart's RBAC (testbed/queue_bed.py: the ClusterRole's rules and the
+Lease Role), each with the product's default lease of 15 s.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tessera.leader_election import LEASE_DURATION
+from tessera.watching import watch_forever
+from testbed import queue_bed
+from testbed.names import unique_name
+from testbed.polling import poll_until
+from testbed.process import ManagedProcess
+
+pytestmark = pytest.mark.integration
+
+CHECK = "gpu-fit"
+QUOTA = {"nvidia.com/gpu": "1000", queue_bed.GPU_MEMORY: "100Ti", queue_bed.GPU_CORES: "100000"}
+
+
+def leading(port: int) -> bool | None:
+    """The replica's tessera_admission_check_leader gauge (None while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("tessera_admission_check_leader "):
+            return float(line.split()[1]) == 1.0
+    return None
+
+
+def decisions(process: ManagedProcess) -> list[str]:
+    """The decision lines of a replica's log (controller.py logs each new decision once)."""
+    return [line for line in process.log_path.read_text(errors="replace").splitlines() if "workload " in line]
+
+
+class CheckHistory:
+    """Every distinct entry of our check on each Workload of a namespace, as a watch delivers them,
+    so a Workload set Ready twice (two deciders, two messages or transition times) shows up."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.entries: dict[str, list[tuple[str, str, str]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        custom = client.CustomObjectsApi(api)
+        list_call = functools.partial(
+            custom.list_namespaced_custom_object, queue_bed.GROUP, queue_bed.VERSION, namespace, "workloads"
+        )
+        self._thread = threading.Thread(
+            target=watch_forever, args=(list_call, self._seen, self._stop, "workloads"), daemon=True
+        )
+        self._thread.start()
+
+    def _seen(self, kind: str, obj: Mapping[str, Any]) -> None:
+        for workload in obj["items"] if kind == "SYNCED" else [obj]:
+            state = queue_bed.check_state(workload, CHECK)
+            if not state:
+                continue
+            entry = (state.get("state", ""), state.get("message", ""), state.get("lastTransitionTime", ""))
+            with self._lock:
+                seen = self.entries.setdefault(workload["metadata"]["name"], [])
+                if not seen or seen[-1] != entry:
+                    seen.append(entry)
+
+    def readies(self, workload: str) -> int:
+        with self._lock:
+            return sum(1 for state, _, _ in self.entries.get(workload, []) if state == "Ready")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=70)
+
+
+@pytest.fixture(scope="module")
+def two_replicas() -> Iterator[tuple[client.ApiClient, list[tuple[ManagedProcess, int]]]]:
+    with queue_bed.checked_kueue_cluster() as (cluster, api, first, first_port):
+        second, second_port = queue_bed.admission_check_process(cluster, name="tessera-admission-check-2")
+        second.wait_until(lambda: queue_bed.http_status(second_port, "/readyz") == 200, 120, "caches synced")
+        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", "default-flavor", {}))
+        queue_bed.create(api, queue_bed.admission_check(CHECK))
+        queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", "default-flavor", QUOTA, checks=[CHECK]))
+        yield api, [(first, first_port), (second, second_port)]
+
+
+def test_the_leader_killed_while_workloads_wait_the_standby_admits_what_fits_once(
+    two_replicas: tuple[client.ApiClient, list[tuple[ManagedProcess, int]]],
+) -> None:
+    api, replicas = two_replicas
+    for _, port in replicas:
+        assert queue_bed.http_status(port, "/healthz") == 200  # a standby is healthy too
+
+    def one_leader() -> list[bool | None] | None:
+        roles = [leading(port) for _, port in replicas]
+        return roles if roles.count(True) == 1 and roles.count(False) == 1 else None
+
+    roles = poll_until(one_leader, 30, "one leader and one standby")
+    (leader, _), (standby, standby_port) = replicas if roles[0] else replicas[::-1]
+
+    team = unique_name("team")
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=team)))
+    queue_bed.create(api, queue_bed.local_queue("gpus", team, "gpu-cq"))
+    history = CheckHistory(api, team)
+    node = unique_name("gpu-node")
+    uuids = queue_bed.gpu_node(api, node, [80])
+    pinned = {"nvidia.com/use-gpuuuid": ",".join(uuids)}
+    batch = client.BatchV1Api(api)
+
+    def submit(name: str, gib: int) -> str:
+        job = queue_bed.gpu_job(name, "gpus", 1, gib * 1024, annotations=pinned)
+        batch.create_namespaced_job(team, client.V1Job.model_validate(job))
+        return str(queue_bed.workload_of_job(api, team, name)["metadata"]["name"])
+
+    def state(workload: str) -> str:
+        return str(queue_bed.check_state(queue_bed.read_workload(api, team, workload), CHECK).get("state"))
+
+    try:
+        blocker = submit("blocker", 60)
+        poll_until(lambda: state(blocker) == "Ready", 60, "the blocker Ready")
+        # Three Workloads of 30Gi wait: 20Gi is free. Two fit once the blocker goes, not three.
+        waiting = [submit(f"wait-{i}", 30) for i in range(3)]
+        for workload in waiting:
+            poll_until(functools.partial(queue_bed.fit_refusal, api, team, workload, CHECK), 60, "refused")
+        assert decisions(standby) == [], "the standby decided while the leader lived"
+
+        leader.kill()
+        killed = len(decisions(leader))
+        batch.delete_namespaced_job("blocker", team, propagation_policy="Background")
+        poll_until(lambda: leading(standby_port), LEASE_DURATION + 30, "the standby leading")
+
+        def admitted() -> list[str] | None:
+            ready = [w for w in waiting if state(w) == "Ready"]
+            return ready if len(ready) == 2 else None
+
+        ready = poll_until(admitted, 60, "two of the waiting Workloads Ready")
+        [left] = [w for w in waiting if w not in ready]
+        assert queue_bed.fit_refusal(api, team, left, CHECK), "the third one must keep waiting"
+        assert len(decisions(leader)) == killed
+        for workload in ready:
+            said = [line for line in decisions(standby) if f"workload {team}/{workload}: Ready" in line]
+            assert len(said) == 1, said
+            assert not [line for line in decisions(leader) if f"workload {team}/{workload}: Ready" in line]
+        assert "became the leader" in standby.log_path.read_text()
+    finally:
+        history.stop()
+    for workload in waiting:
+        assert history.readies(workload) == (1 if workload in ready else 0), history.entries[workload]
+    assert history.readies(blocker) == 1
