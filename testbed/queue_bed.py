@@ -8,8 +8,10 @@ HAMi resources in their template, as a user moving from HAMi writes them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,6 +30,7 @@ from tessera.gpu_request import read_request, selection_for
 from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
+from tessera.watching import watch_forever
 from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
 from testbed.accounts import grant_in_namespace, service_account_token, token_kubeconfig
@@ -459,3 +462,48 @@ def checked_kueue_cluster() -> Iterator[tuple[LocalCluster, client.ApiClient, Ma
         process, port = admission_check_process(cluster)
         process.wait_until(lambda: http_status(port, "/readyz") == 200, 120, "caches synced")
         yield cluster, api, process, port
+
+
+class CheckHistory:
+    """Every distinct entry of one admission check on each Workload of a namespace, as a watch delivers them,
+    so a Workload set Ready twice (two deciders, two messages or transition times) shows up."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, check: str) -> None:
+        self._check = check
+        self.entries: dict[str, list[tuple[str, str, str]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        custom = client.CustomObjectsApi(api)
+        list_call = functools.partial(
+            custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "workloads"
+        )
+        self._thread = threading.Thread(
+            target=watch_forever, args=(list_call, self._seen, self._stop, "workloads"), daemon=True
+        )
+        self._thread.start()
+
+    def _seen(self, kind: str, obj: Mapping[str, Any]) -> None:
+        for workload in obj["items"] if kind == "SYNCED" else [obj]:
+            state = check_state(workload, self._check)
+            if not state:
+                continue
+            entry = (state.get("state", ""), state.get("message", ""), state.get("lastTransitionTime", ""))
+            with self._lock:
+                seen = self.entries.setdefault(workload["metadata"]["name"], [])
+                if not seen or seen[-1] != entry:
+                    seen.append(entry)
+
+    def first(self, workload: str, state: str) -> tuple[str, str, str] | None:
+        """The first entry of ``workload`` in ``state`` (state, message, transition time), if any: a
+        state Kueue resets within a moment (Rejected becomes Pending as it deactivates the Workload)
+        is still seen here, where a poll of the object could miss it."""
+        with self._lock:
+            return next((entry for entry in self.entries.get(workload, []) if entry[0] == state), None)
+
+    def readies(self, workload: str) -> int:
+        with self._lock:
+            return sum(1 for state, _, _ in self.entries.get(workload, []) if state == "Ready")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=70)

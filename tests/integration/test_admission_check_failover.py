@@ -11,16 +11,13 @@ Lease Role), each with the product's default lease of 15 s.
 from __future__ import annotations
 
 import functools
-import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
 from tessera.leader_election import LEASE_DURATION
-from tessera.watching import watch_forever
 from testbed import queue_bed
 from testbed.names import unique_name
 from testbed.polling import poll_until
@@ -48,43 +45,6 @@ def leading(port: int) -> bool | None:
 def decisions(process: ManagedProcess) -> list[str]:
     """The decision lines of a replica's log (controller.py logs each new decision once)."""
     return [line for line in process.log_path.read_text(errors="replace").splitlines() if "workload " in line]
-
-
-class CheckHistory:
-    """Every distinct entry of our check on each Workload of a namespace, as a watch delivers them,
-    so a Workload set Ready twice (two deciders, two messages or transition times) shows up."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.entries: dict[str, list[tuple[str, str, str]]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        custom = client.CustomObjectsApi(api)
-        list_call = functools.partial(
-            custom.list_namespaced_custom_object, queue_bed.GROUP, queue_bed.VERSION, namespace, "workloads"
-        )
-        self._thread = threading.Thread(
-            target=watch_forever, args=(list_call, self._seen, self._stop, "workloads"), daemon=True
-        )
-        self._thread.start()
-
-    def _seen(self, kind: str, obj: Mapping[str, Any]) -> None:
-        for workload in obj["items"] if kind == "SYNCED" else [obj]:
-            state = queue_bed.check_state(workload, CHECK)
-            if not state:
-                continue
-            entry = (state.get("state", ""), state.get("message", ""), state.get("lastTransitionTime", ""))
-            with self._lock:
-                seen = self.entries.setdefault(workload["metadata"]["name"], [])
-                if not seen or seen[-1] != entry:
-                    seen.append(entry)
-
-    def readies(self, workload: str) -> int:
-        with self._lock:
-            return sum(1 for state, _, _ in self.entries.get(workload, []) if state == "Ready")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=70)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +75,7 @@ def test_the_leader_killed_while_workloads_wait_the_standby_admits_what_fits_onc
     team = unique_name("team")
     client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=team)))
     queue_bed.create(api, queue_bed.local_queue("gpus", team, "gpu-cq"))
-    history = CheckHistory(api, team)
+    history = queue_bed.CheckHistory(api, team, CHECK)
     node = unique_name("gpu-node")
     uuids = queue_bed.gpu_node(api, node, [80])
     pinned = {"nvidia.com/use-gpuuuid": ",".join(uuids)}
