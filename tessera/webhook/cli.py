@@ -4,6 +4,7 @@ SIGTERM with the reviews in flight answered (the process skeleton is tessera/com
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import sys
 import threading
@@ -18,6 +19,7 @@ from tessera.kube import api_client
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
+from tessera.webhook.secret_tls import Policy, SecretCertificates
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
@@ -59,8 +61,50 @@ def parser() -> argparse.ArgumentParser:
         env + "TLS_DIR",
         None,
         "folder with tls.crt and tls.key (a mounted cert-manager secret), reloaded when they change; "
-        "without it the webhook makes and rotates its own CA",
+        "without it, the certificate of --tls-secret, else a CA of this process's own (one replica only)",
         _optional_path,
+    )
+    setting(
+        p,
+        "--tls-secret",
+        env + "TLS_SECRET",
+        "",
+        "Secret in --tls-secret-namespace where the replicas keep their shared CA and serving certificate "
+        "(made by the first replica, rotated CA-first; tessera/webhook/secret_tls.py), its CA kept in "
+        "--webhook-configuration's caBundle",
+    )
+    setting(
+        p,
+        "--tls-secret-namespace",
+        env + "TLS_SECRET_NAMESPACE",
+        "",
+        "namespace of --tls-secret (the release namespace)",
+    )
+    setting(
+        p,
+        "--certificate-lifetime",
+        env + "CERTIFICATE_LIFETIME",
+        365 * 86400.0,
+        "seconds a CA and serving certificate made for --tls-secret live",
+        float,
+    )
+    setting(
+        p,
+        "--renew-fraction",
+        env + "RENEW_FRACTION",
+        0.67,
+        "fraction of its lifetime after which a --tls-secret certificate is rotated",
+        float,
+    )
+    setting(
+        p,
+        "--rotation-settle",
+        env + "ROTATION_SETTLE",
+        600.0,
+        "seconds each --tls-secret rotation phase waits (new CA trusted before it serves, old CA kept "
+        "after the switch) so every replica and the API server catch up; at least twice "
+        "--certificate-check-interval",
+        float,
     )
     setting(
         p,
@@ -108,7 +152,8 @@ def parser() -> argparse.ArgumentParser:
         "--webhook-configuration",
         env + "CONFIGURATION",
         "",
-        "MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA",
+        "MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA "
+        "or keeps --tls-secret",
     )
     setting(
         p,
@@ -152,7 +197,7 @@ def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
     return ClientPolicy(frozenset(args.client_names))
 
 
-def certificates_from(args: argparse.Namespace) -> Certificates:
+def certificates_from(args: argparse.Namespace, api: client.ApiClient) -> Certificates:
     client_ca = args.client_ca_file
     if args.tls_dir is not None:
         return TlsFiles(args.tls_dir, client_ca)
@@ -160,7 +205,29 @@ def certificates_from(args: argparse.Namespace) -> Certificates:
         raise SystemExit(
             "tessera-webhook: give --tls-dir, or --dns-names/--ip-addresses for a self-made certificate"
         )
-    return SelfManagedCertificates(args.dns_names, args.ip_addresses, client_ca=client_ca)
+    if not args.tls_secret:
+        return SelfManagedCertificates(args.dns_names, args.ip_addresses, client_ca=client_ca)
+    if not args.tls_secret_namespace or not args.webhook_configuration:
+        raise SystemExit(
+            "tessera-webhook: --tls-secret needs --tls-secret-namespace and --webhook-configuration"
+        )
+    if not 0 < args.renew_fraction < 1:
+        raise SystemExit("tessera-webhook: --renew-fraction must lie between 0 and 1")
+    if args.rotation_settle < 2 * args.certificate_check_interval:
+        raise SystemExit(
+            "tessera-webhook: --rotation-settle must be at least twice --certificate-check-interval, "
+            "or a replica could still serve a certificate the caBundle no longer trusts"
+        )
+    policy = Policy(
+        lifetime=datetime.timedelta(seconds=args.certificate_lifetime),
+        renew_fraction=args.renew_fraction,
+        settle=datetime.timedelta(seconds=args.rotation_settle),
+        dns_names=tuple(args.dns_names),
+        ip_addresses=tuple(args.ip_addresses),
+    )
+    return SecretCertificates(
+        api, args.tls_secret_namespace, args.tls_secret, args.webhook_configuration, policy, client_ca
+    )
 
 
 def _maintain_certificates(
@@ -189,8 +256,8 @@ class Webhook(Stoppable):
         self.fatal: str | None = None
         self._args = args
         self._clients = client_policy(args)
-        self._certificates = certificates_from(args)
         self._api = api_client(args.kubeconfig)
+        self._certificates = certificates_from(args, self._api)
         self._cache = SliceCache(self._api)
         self._templates = TemplateStore(self._api, ttl=args.template_ttl)
         self._server: WebhookServer | None = None

@@ -128,7 +128,8 @@ class SelfManagedCertificates:
 
     A new CA is added to the bundle before it signs anything and the old one stays in the bundle
     until it expires, so clients holding either bundle keep trusting the server during a rotation.
-    Made for one replica: each process has its own CA (use a mounted secret for several replicas)."""
+    Made for one replica: each process has its own CA (several replicas share one through
+    secret_tls.py, or a mounted secret)."""
 
     def __init__(
         self,

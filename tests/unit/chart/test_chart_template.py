@@ -347,16 +347,47 @@ def test_the_webhook_may_touch_its_configuration_only_when_it_keeps_the_ca_itsel
 ) -> None:
     file_rules = yaml.safe_load((FILES / "webhook-rules.yaml").read_text())
     others = [r for r in file_rules if "mutatingwebhookconfigurations" not in r["resources"]]
-    assert rules_of(default, "tessera-webhook") == others
+    chart_ca = render(home / "chart-ca", {"webhook": {"tls": {"source": "chart"}}})
+    assert rules_of(chart_ca, "tessera-webhook") == others
     own_ca = render(home / "self", {"webhook": {"tls": {"source": "self"}, "replicas": 1}})
-    configuration = [r for r in rules_of(own_ca, "tessera-webhook") if r not in others]
-    assert configuration == [
+    for kept in (default, own_ca):
+        configuration = [r for r in rules_of(kept, "tessera-webhook") if r not in others]
+        assert configuration == [
+            {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": ["tessera-webhook"],
+                "verbs": ["get", "update"],
+            }
+        ]
+
+
+def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
+    home: Path, default: list[dict[str, Any]]
+) -> None:
+    role = find(default, "Role", "tessera-webhook")
+    assert role["metadata"]["namespace"] == "tessera"
+    assert role["rules"] == [
         {
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": ["mutatingwebhookconfigurations"],
-            "resourceNames": ["tessera-webhook"],
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["tessera-webhook-shared-tls"],
             "verbs": ["get", "update"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    binding = find(default, "RoleBinding", "tessera-webhook")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "tessera-webhook",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tessera-webhook", "namespace": "tessera"}
+    ]
+    chart_ca = render(home / "chart-ca-role", {"webhook": {"tls": {"source": "chart"}}})
+    assert not [
+        o for o in chart_ca if o["kind"] in ("Role", "RoleBinding") and "webhook" in o["metadata"]["name"]
     ]
 
 
@@ -425,7 +456,32 @@ def test_the_webhook_configuration_is_the_shipped_file_pointed_at_the_release(ho
     assert role["metadata"]["name"] == "gpus-tessera-webhook"
 
 
-def test_the_chart_made_certificate_is_trusted_by_the_configuration(default: list[dict[str, Any]]) -> None:
+def test_by_default_the_replicas_keep_the_certificate_and_the_chart_renders_no_key_material(
+    default: list[dict[str, Any]],
+) -> None:
+    args = find(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    for arg in (
+        "--tls-secret=tessera-webhook-shared-tls",
+        "--tls-secret-namespace=tessera",
+        "--webhook-configuration=tessera-webhook",
+        "--dns-names=tessera-webhook.tessera.svc",
+        f"--certificate-lifetime={365 * 86400}",
+        "--renew-fraction=0.67",
+        "--rotation-settle=600",
+    ):
+        assert arg in args
+    assert not [a for a in args if a.startswith("--tls-dir")]
+    assert not [o for o in default if o["kind"] == "Secret" and "tls" in o["metadata"]["name"]]
+    assert "caBundle" not in find(default, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
+
+
+def test_a_short_rotation_phase_is_refused(home: Path) -> None:
+    with pytest.raises(HelmError, match=r"settleSeconds \(60\) must be at least twice"):
+        render(home / "settle", {"webhook": {"tls": {"secret": {"settleSeconds": 60}}}})
+
+
+def test_the_chart_made_certificate_is_trusted_by_the_configuration(home: Path) -> None:
+    default = render(home / "chart-tls", {"webhook": {"tls": {"source": "chart"}}})
     secret = find(default, "Secret", "tessera-webhook-tls")
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
     serving = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
