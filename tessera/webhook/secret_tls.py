@@ -283,7 +283,17 @@ class SecretCertificates:
                 stored, version = self._read()
             assert stored is not None
             self._stored = stored
-            keep_ca_bundle(self._api, self.configuration, stored.ca_bundle)
+            try:
+                keep_ca_bundle(self._api, self.configuration, stored.ca_bundle)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                # Another replica set it between our read and write: from the same Secret, or from
+                # one a step older, which the next round corrects (the module docstring says why
+                # that is safe).
+                log.info(
+                    "caBundle of %s written by another replica; checking it next round", self.configuration
+                )
             return self._serve(stored)
 
     def _serve(self, stored: Stored) -> bool:

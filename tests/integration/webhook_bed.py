@@ -27,15 +27,23 @@ from testbed.polling import poll_until
 CHART_FILES = Path(__file__).resolve().parents[2] / "charts/tessera/files"
 CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"
 RULES_FILE = CHART_FILES / "webhook-rules.yaml"
+SECRET_RULES_FILE = CHART_FILES / "webhook-secret-rules.yaml"
 
 
-def webhook_token(kube: client.ApiClient, configuration_name: str) -> str:
+def webhook_token(kube: client.ApiClient, configuration_name: str, tls_secret: str | None = None) -> str:
     """A token of a service account bound to exactly the chart's webhook rules (with
-    ``resourceNames`` set to this configuration's name), as the webhook's pod would have."""
+    ``resourceNames`` set to this configuration's name), as the webhook's pod would have; with
+    ``tls_secret``, also the chart's rules on that shared Secret (granted cluster-wide here, where
+    the chart grants them in the release namespace only)."""
     rules = yaml.safe_load(RULES_FILE.read_text())
     for rule in rules:
         if "resourceNames" in rule:
             rule["resourceNames"] = [configuration_name]
+    if tls_secret is not None:
+        for rule in yaml.safe_load(SECRET_RULES_FILE.read_text()):
+            if "resourceNames" in rule:
+                rule["resourceNames"] = [tls_secret]
+            rules.append(rule)
     return service_account_token(kube, "tessera", configuration_name, rules, expiration_seconds=3600)
 
 
@@ -52,10 +60,14 @@ def webhook_api_client(
 
 
 def webhook_kubeconfig(
-    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str, path: Path
+    kube: client.ApiClient,
+    cluster: LocalCluster,
+    configuration_name: str,
+    path: Path,
+    tls_secret: str | None = None,
 ) -> Path:
     """The same credentials as a kubeconfig file, for the ``tessera-webhook`` command."""
-    return token_kubeconfig(cluster, webhook_token(kube, configuration_name), "webhook", path)
+    return token_kubeconfig(cluster, webhook_token(kube, configuration_name, tls_secret), "webhook", path)
 
 
 def remove_account(kube: client.ApiClient, name: str) -> None:
