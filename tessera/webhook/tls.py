@@ -94,6 +94,36 @@ def make_ca(
     return _Issued(pem, _key_pem(key), now, now + lifetime), key
 
 
+def make_leaf(
+    ca: _Issued,
+    ca_key: ec.EllipticCurvePrivateKey,
+    subject: x509.Name,
+    names: list[x509.GeneralName],
+    usage: x509.ObjectIdentifier,
+    now: datetime.datetime,
+    lifetime: datetime.timedelta,
+) -> _Issued:
+    """A certificate for ``subject`` (and ``names``, if any) with the one extended key ``usage``,
+    signed by ``ca``, valid for ``lifetime``."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + lifetime)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return _Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), now, now + lifetime)
+
+
 def make_serving(
     ca: _Issued,
     ca_key: ec.EllipticCurvePrivateKey,
@@ -103,24 +133,10 @@ def make_serving(
     lifetime: datetime.timedelta,
 ) -> _Issued:
     """A serving certificate for the names and addresses, signed by ``ca``, valid for ``lifetime``."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     names += [x509.IPAddress(address) for address in ip_addresses]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-webhook")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + lifetime)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return _Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), now, now + lifetime)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-webhook")])
+    return make_leaf(ca, ca_key, subject, names, ExtendedKeyUsageOID.SERVER_AUTH, now, lifetime)
 
 
 class SelfManagedCertificates:

@@ -12,6 +12,7 @@ converts, so each create is one real call through the balancer.
 from __future__ import annotations
 
 import base64
+import datetime
 import signal
 import socket
 import ssl
@@ -26,13 +27,19 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
+from tessera.webhook.client_ca import ClientCaSecret
 from testbed.balancer import Balancer
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import shareable_gpu_slice
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from tests.integration.test_webhook_daemon import free_port, status_of
-from tests.integration.webhook_bed import configuration, remove_account, webhook_kubeconfig
+from tests.integration.webhook_bed import (
+    configuration,
+    remove_account,
+    webhook_api_client,
+    webhook_kubeconfig,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -55,9 +62,7 @@ class Replicas:
         client.AdmissionregistrationV1Api(kube).create_mutating_webhook_configuration(
             client.V1MutatingWebhookConfiguration.model_validate(body)
         )
-        kubeconfig = webhook_kubeconfig(
-            kube, cluster, self.name, folder / "kubeconfig", tls_secret=self.secret
-        )
+        kubeconfig = webhook_kubeconfig(kube, cluster, self.name, folder / "kubeconfig", secret=self.secret)
         assert cluster.webhook_client_ca is not None
         self.logs = [folder / f"webhook-{index}.log" for index in range(2)]
         self.processes = [
@@ -71,7 +76,7 @@ class Replicas:
                     "--ip-addresses=127.0.0.1",
                     f"--webhook-configuration={self.name}",
                     f"--tls-secret={self.secret}",
-                    f"--tls-secret-namespace={NAMESPACE}",
+                    f"--namespace={NAMESPACE}",
                     f"--certificate-lifetime={LIFETIME}",
                     "--renew-fraction=0.5",
                     f"--rotation-settle={SETTLE}",
@@ -232,3 +237,37 @@ def test_both_replicas_serve_the_secrets_certificate_through_a_rotation_and_one_
         assert refusal is None, refusal
     assert stopped.wait(30) == 0
     assert replicas.balancer.forwarded[replicas.ports[1]] > before[replicas.ports[1]]
+
+
+def test_the_client_ca_secret_is_made_once_and_every_replica_trusts_its_ca(
+    cluster: LocalCluster, kube: client.ApiClient, tmp_path: Path
+) -> None:
+    """webhook.clientAuth without a CA: the first replica makes the Secret under the chart's rules,
+    the next finds it and makes none, so every replica trusts the same CA."""
+    name = unique_name("tessera-webhook")
+    secret = f"{name}-apiserver-client"
+    api = webhook_api_client(kube, cluster, name, secret=secret)
+    lifetime = datetime.timedelta(days=1)
+    try:
+        replicas = [
+            ClientCaSecret(
+                api, NAMESPACE, secret, "kube-apiserver-webhook-client", lifetime, tmp_path / f"{i}/ca.crt"
+            )
+            for i in range(2)
+        ]
+        for replica in replicas:
+            replica.sync()
+        made = {
+            key: base64.b64decode(value)
+            for key, value in raw_json(
+                client.CoreV1Api(kube).read_namespaced_secret(secret, NAMESPACE, _preload_content=False)
+            )["data"].items()
+        }
+        assert set(made) == {"ca.crt", "tls.crt", "tls.key"}
+        assert [r.file.read_bytes() for r in replicas] == [made["ca.crt"], made["ca.crt"]]
+        x509.load_pem_x509_certificate(made["tls.crt"]).verify_directly_issued_by(
+            x509.load_pem_x509_certificate(made["ca.crt"])
+        )
+    finally:
+        with_suppressed_404(lambda: client.CoreV1Api(kube).delete_namespaced_secret(secret, NAMESPACE))
+        remove_account(kube, name)

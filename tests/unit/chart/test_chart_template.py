@@ -127,9 +127,12 @@ def test_the_default_install_has_every_component(default: list[dict[str, Any]]) 
         "PodDisruptionBudget",
         "Service",
         "MutatingWebhookConfiguration",
-        "Secret",
+        "Role",
+        "RoleBinding",
     }
     assert not kinds(default) & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Issuer", "Certificate"}
+    # No Secret: the webhook makes its serving and client certificates (no key material renders).
+    assert "Secret" not in kinds(default)
     device_class = find(default, "DeviceClass")
     assert device_class["metadata"]["name"] == "gpu.tessera.dev"
     assert device_class["spec"]["selectors"] == [
@@ -371,7 +374,8 @@ def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
         {
             "apiGroups": [""],
             "resources": ["secrets"],
-            "resourceNames": ["tessera-webhook-shared-tls"],
+            # The shared serving certificate, and the API server's client certificate (no CA given).
+            "resourceNames": ["tessera-webhook-shared-tls", "tessera-webhook-apiserver-client"],
             "verbs": ["get", "update"],
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
@@ -385,7 +389,10 @@ def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "tessera-webhook", "namespace": "tessera"}
     ]
-    chart_ca = render(home / "chart-ca-role", {"webhook": {"tls": {"source": "chart"}}})
+    chart_ca = render(
+        home / "chart-ca-role",
+        {"webhook": {"tls": {"source": "chart"}, "clientAuth": {"caSecret": "corp-ca"}}},
+    )
     assert not [
         o for o in chart_ca if o["kind"] in ("Role", "RoleBinding") and "webhook" in o["metadata"]["name"]
     ]
@@ -462,7 +469,7 @@ def test_by_default_the_replicas_keep_the_certificate_and_the_chart_renders_no_k
     args = find(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     for arg in (
         "--tls-secret=tessera-webhook-shared-tls",
-        "--tls-secret-namespace=tessera",
+        "--namespace=tessera",
         "--webhook-configuration=tessera-webhook",
         "--dns-names=tessera-webhook.tessera.svc",
         f"--certificate-lifetime={365 * 86400}",
@@ -473,6 +480,18 @@ def test_by_default_the_replicas_keep_the_certificate_and_the_chart_renders_no_k
     assert not [a for a in args if a.startswith("--tls-dir")]
     assert not [o for o in default if o["kind"] == "Secret" and "tls" in o["metadata"]["name"]]
     assert "caBundle" not in find(default, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
+
+
+def test_helm_template_renders_the_same_tls_objects_twice(home: Path) -> None:
+    """GitOps tools render with `helm template`, where `lookup` finds nothing: a render that made key
+    material would hand the cluster a new CA at every sync."""
+
+    def tls_objects(folder: str) -> str:
+        objects = render(home / folder)
+        kept = [o for o in objects if o["kind"] in ("Secret", "ConfigMap", "MutatingWebhookConfiguration")]
+        return yaml.safe_dump_all(kept)
+
+    assert tls_objects("twice-1") == tls_objects("twice-2")
 
 
 def test_a_short_rotation_phase_is_refused(home: Path) -> None:
@@ -498,9 +517,8 @@ def test_the_chart_made_certificate_is_trusted_by_the_configuration(home: Path) 
 
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(home: Path) -> None:
     objects = render(home / "cert-manager", {"webhook": {"tls": {"source": "certManager"}}})
-    # The only Secret is the API server's client certificate (webhook-client-ca.yaml).
-    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
-    assert secrets == ["tessera-webhook-apiserver-client"]
+    # No Secret: cert-manager makes the serving one, the webhook the API server's client certificate.
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     certificate = find(objects, "Certificate")
     assert certificate["spec"]["secretName"] == "tessera-webhook-tls"
     assert "tessera-webhook.tessera.svc" in certificate["spec"]["dnsNames"]
@@ -531,8 +549,7 @@ def test_the_webhooks_own_ca_is_for_one_replica(home: Path) -> None:
     assert "webhook.replicas" in message and "webhook.tls.source" in message
     objects = render(home / "own-ca", {"webhook": {"tls": {"source": "self"}, "replicas": 1}})
     assert "Certificate" not in kinds(objects)
-    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
-    assert secrets == ["tessera-webhook-apiserver-client"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     args = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--dns-names=tessera-webhook.tessera.svc" in args
     assert "--webhook-configuration=tessera-webhook" in args
