@@ -222,7 +222,6 @@ class SecretCertificates:
         self._clock = clock
         self._lock = threading.Lock()
         self._served: tuple[bytes, bytes, bytes | None] | None = None
-        self._stored = UNUSABLE
         self._context: ssl.SSLContext | None = None
         self.refresh()
 
@@ -282,7 +281,6 @@ class SecretCertificates:
                     )
                 stored, version = self._read()
             assert stored is not None
-            self._stored = stored
             try:
                 keep_ca_bundle(self._api, self.configuration, stored.ca_bundle)
             except ApiException as error:
@@ -311,14 +309,6 @@ class SecretCertificates:
         self._context = server_context(stored.cert, stored.key, client_ca)
         self._served = served
         return changed
-
-    def ca_bundle(self) -> bytes:
-        """The CAs the Secret says the configuration must trust (as last read)."""
-        return self._stored.ca_bundle
-
-    def serving_certificate(self) -> bytes:
-        assert self._served is not None
-        return self._served[0]
 
     def context(self) -> ssl.SSLContext:
         assert self._context is not None
