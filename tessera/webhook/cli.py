@@ -4,8 +4,10 @@ SIGTERM with the reviews in flight answered (the process skeleton is tessera/com
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +20,8 @@ from tessera.kube import api_client
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
+from tessera.webhook.client_ca import ClientCaSecret
+from tessera.webhook.secret_tls import Policy, SecretCertificates
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
@@ -59,8 +63,50 @@ def parser() -> argparse.ArgumentParser:
         env + "TLS_DIR",
         None,
         "folder with tls.crt and tls.key (a mounted cert-manager secret), reloaded when they change; "
-        "without it the webhook makes and rotates its own CA",
+        "without it, the certificate of --tls-secret, else a CA of this process's own (one replica only)",
         _optional_path,
+    )
+    setting(
+        p,
+        "--tls-secret",
+        env + "TLS_SECRET",
+        "",
+        "Secret in --namespace where the replicas keep their shared CA and serving certificate "
+        "(made by the first replica, rotated CA-first; tessera/webhook/secret_tls.py), its CA kept in "
+        "--webhook-configuration's caBundle",
+    )
+    setting(
+        p,
+        "--namespace",
+        env + "NAMESPACE",
+        "",
+        "the release namespace, where --tls-secret and --client-ca-secret are",
+    )
+    setting(
+        p,
+        "--certificate-lifetime",
+        env + "CERTIFICATE_LIFETIME",
+        365 * 86400.0,
+        "seconds a CA and serving certificate made for --tls-secret live",
+        float,
+    )
+    setting(
+        p,
+        "--renew-fraction",
+        env + "RENEW_FRACTION",
+        0.67,
+        "fraction of its lifetime after which a --tls-secret certificate is rotated",
+        float,
+    )
+    setting(
+        p,
+        "--rotation-settle",
+        env + "ROTATION_SETTLE",
+        600.0,
+        "seconds each --tls-secret rotation phase waits (new CA trusted before it serves, old CA kept "
+        "after the switch) so every replica and the API server catch up; at least twice "
+        "--certificate-check-interval",
+        float,
     )
     setting(
         p,
@@ -89,6 +135,24 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--client-ca-secret",
+        env + "CLIENT_CA_SECRET",
+        "",
+        "instead of --client-ca-file: a Secret in --namespace holding the CA (ca.crt) and the API "
+        "server's client certificate (tls.crt, tls.key, for the first --client-names), made by the "
+        "first replica when absent (tessera/webhook/client_ca.py)",
+    )
+    setting(
+        p,
+        "--client-certificate-lifetime",
+        env + "CLIENT_CERTIFICATE_LIFETIME",
+        3650 * 86400.0,
+        "seconds the CA and client certificate made for --client-ca-secret live (never rotated: the API "
+        "server's kubeconfig holds a copy)",
+        float,
+    )
+    setting(
+        p,
         "--client-names",
         env + "CLIENT_NAMES",
         [DEFAULT_CLIENT_NAME],
@@ -108,7 +172,8 @@ def parser() -> argparse.ArgumentParser:
         "--webhook-configuration",
         env + "CONFIGURATION",
         "",
-        "MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA",
+        "MutatingWebhookConfiguration whose caBundle the webhook keeps current when it makes its own CA "
+        "or keeps --tls-secret",
     )
     setting(
         p,
@@ -139,7 +204,7 @@ def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
         if not args.allow_unauthenticated:
             raise SystemExit(
                 "tessera-webhook: give --client-ca-file (the CA of the API server's client certificate; "
-                "docs/install.md), or --allow-unauthenticated to serve any caller"
+                "docs/install.md) or --client-ca-secret, or --allow-unauthenticated to serve any caller"
             )
         log.warning("serving /mutate to any caller: --allow-unauthenticated")
         return None
@@ -152,7 +217,31 @@ def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
     return ClientPolicy(frozenset(args.client_names))
 
 
-def certificates_from(args: argparse.Namespace) -> Certificates:
+def client_ca_secret(args: argparse.Namespace, api: client.ApiClient) -> ClientCaSecret | None:
+    """With --client-ca-secret: the Secret made if absent and its CA written to a private file, which
+    becomes --client-ca-file (so the server reloads it like any other)."""
+    if not args.client_ca_secret:
+        return None
+    if args.client_ca_file is not None or not args.namespace or not args.client_names:
+        raise SystemExit(
+            "tessera-webhook: --client-ca-secret needs --namespace and --client-names, "
+            "and no --client-ca-file"
+        )
+    file = Path(tempfile.mkdtemp(prefix="tessera-client-ca-")) / "ca.crt"
+    secret = ClientCaSecret(
+        api,
+        args.namespace,
+        args.client_ca_secret,
+        args.client_names[0],
+        datetime.timedelta(seconds=args.client_certificate_lifetime),
+        file,
+    )
+    secret.sync()
+    args.client_ca_file = file
+    return secret
+
+
+def certificates_from(args: argparse.Namespace, api: client.ApiClient) -> Certificates:
     client_ca = args.client_ca_file
     if args.tls_dir is not None:
         return TlsFiles(args.tls_dir, client_ca)
@@ -160,19 +249,43 @@ def certificates_from(args: argparse.Namespace) -> Certificates:
         raise SystemExit(
             "tessera-webhook: give --tls-dir, or --dns-names/--ip-addresses for a self-made certificate"
         )
-    return SelfManagedCertificates(args.dns_names, args.ip_addresses, client_ca=client_ca)
+    if not args.tls_secret:
+        return SelfManagedCertificates(args.dns_names, args.ip_addresses, client_ca=client_ca)
+    if not args.namespace or not args.webhook_configuration:
+        raise SystemExit("tessera-webhook: --tls-secret needs --namespace and --webhook-configuration")
+    if not 0 < args.renew_fraction < 1:
+        raise SystemExit("tessera-webhook: --renew-fraction must lie between 0 and 1")
+    if args.rotation_settle < 2 * args.certificate_check_interval:
+        raise SystemExit(
+            "tessera-webhook: --rotation-settle must be at least twice --certificate-check-interval, "
+            "or a replica could still serve a certificate the caBundle no longer trusts"
+        )
+    policy = Policy(
+        lifetime=datetime.timedelta(seconds=args.certificate_lifetime),
+        renew_fraction=args.renew_fraction,
+        settle=datetime.timedelta(seconds=args.rotation_settle),
+        dns_names=tuple(args.dns_names),
+        ip_addresses=tuple(args.ip_addresses),
+    )
+    return SecretCertificates(
+        api, args.namespace, args.tls_secret, args.webhook_configuration, policy, client_ca
+    )
 
 
 def _maintain_certificates(
     certificates: Certificates,
+    client_secret: ClientCaSecret | None,
     api: client.ApiClient,
     configuration: str,
     interval: float,
     stop: threading.Event,
 ) -> None:
-    """Reload or rotate the certificate, and keep the caBundle current, until ``stop``."""
+    """Reload or rotate the certificate (and the client CA), and keep the caBundle current, until
+    ``stop``."""
     while True:
         try:
+            if client_secret is not None:
+                client_secret.sync()
             certificates.refresh()
             if configuration and isinstance(certificates, SelfManagedCertificates):
                 keep_ca_bundle(api, configuration, certificates.ca_bundle())
@@ -188,9 +301,10 @@ class Webhook(Stoppable):
     def __init__(self, args: argparse.Namespace) -> None:
         self.fatal: str | None = None
         self._args = args
-        self._clients = client_policy(args)
-        self._certificates = certificates_from(args)
         self._api = api_client(args.kubeconfig)
+        self._client_secret = client_ca_secret(args, self._api)
+        self._clients = client_policy(args)
+        self._certificates = certificates_from(args, self._api)
         self._cache = SliceCache(self._api)
         self._templates = TemplateStore(self._api, ttl=args.template_ttl)
         self._server: WebhookServer | None = None
@@ -209,6 +323,7 @@ class Webhook(Stoppable):
             target=_maintain_certificates,
             args=(
                 self._certificates,
+                self._client_secret,
                 self._api,
                 args.webhook_configuration,
                 args.certificate_check_interval,

@@ -70,12 +70,82 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def make_ca(
+    now: datetime.datetime, lifetime: datetime.timedelta
+) -> tuple[_Issued, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA valid for ``lifetime`` from ``now`` (backdated a little), and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"tessera-webhook-ca-{now:%Y%m%d%H%M%S}")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + lifetime)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    return _Issued(pem, _key_pem(key), now, now + lifetime), key
+
+
+def make_leaf(
+    ca: _Issued,
+    ca_key: ec.EllipticCurvePrivateKey,
+    subject: x509.Name,
+    names: list[x509.GeneralName],
+    usage: x509.ObjectIdentifier,
+    now: datetime.datetime,
+    lifetime: datetime.timedelta,
+) -> _Issued:
+    """A certificate for ``subject`` (and ``names``, if any) with the one extended key ``usage``,
+    signed by ``ca``, valid for ``lifetime``."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + lifetime)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return _Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), now, now + lifetime)
+
+
+def make_serving(
+    ca: _Issued,
+    ca_key: ec.EllipticCurvePrivateKey,
+    dns_names: list[str],
+    ip_addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address],
+    now: datetime.datetime,
+    lifetime: datetime.timedelta,
+) -> _Issued:
+    """A serving certificate for the names and addresses, signed by ``ca``, valid for ``lifetime``."""
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    names += [x509.IPAddress(address) for address in ip_addresses]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-webhook")])
+    return make_leaf(ca, ca_key, subject, names, ExtendedKeyUsageOID.SERVER_AUTH, now, lifetime)
+
+
 class SelfManagedCertificates:
     """A CA and a serving certificate made here, rotated at two thirds of their lives.
 
     A new CA is added to the bundle before it signs anything and the old one stays in the bundle
     until it expires, so clients holding either bundle keep trusting the server during a rotation.
-    Made for one replica: each process has its own CA (use a mounted secret for several replicas)."""
+    Made for one replica: each process has its own CA (several replicas share one through
+    secret_tls.py, or a mounted secret)."""
 
     def __init__(
         self,
@@ -97,60 +167,18 @@ class SelfManagedCertificates:
         self._context: ssl.SSLContext | None = None
         self.refresh()
 
-    def _new_ca(self, now: datetime.datetime) -> tuple[_Issued, ec.EllipticCurvePrivateKey]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"tessera-webhook-ca-{now:%Y%m%d%H%M%S}")])
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + self.ca_lifetime)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-            )
-            .sign(key, hashes.SHA256())
-        )
-        pem = cert.public_bytes(serialization.Encoding.PEM)
-        issued = _Issued(pem, _key_pem(key), now, now + self.ca_lifetime)
-        return issued, key
-
-    def _new_serving(self, now: datetime.datetime) -> _Issued:
-        ca, ca_key = self._cas[-1]
-        ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-        key = ec.generate_private_key(ec.SECP256R1())
-        names: list[x509.GeneralName] = [x509.DNSName(name) for name in self.dns_names]
-        names += [x509.IPAddress(address) for address in self.ip_addresses]
-        not_after = min(now + self.serving_lifetime, ca.not_after)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-webhook")]))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256())
-        )
-        cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-        return _Issued(cert_pem, _key_pem(key), now, not_after)
-
     def refresh(self, now: datetime.datetime | None = None) -> bool:
         now = now or _now()
         with self._lock:
             changed = False
             self._cas = [(ca, key) for ca, key in self._cas if ca.not_after > now]
             if not self._cas or self._cas[-1][0].due(now):
-                self._cas.append(self._new_ca(now))
+                self._cas.append(make_ca(now, self.ca_lifetime))
                 changed = True
             if changed or self._serving is None or self._serving.due(now):
-                self._serving = self._new_serving(now)
+                ca, ca_key = self._cas[-1]
+                lifetime = min(self.serving_lifetime, ca.not_after - now)
+                self._serving = make_serving(ca, ca_key, self.dns_names, self.ip_addresses, now, lifetime)
                 changed = True
             client_ca = self._client_ca_pem
             if self.client_ca is not None and self._context is not None:

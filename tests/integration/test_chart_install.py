@@ -224,7 +224,10 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
         )
         return str(configuration["webhooks"][0]["clientConfig"]["caBundle"])
 
-    helm(tmp_path, "install", release, str(CHART), *common, kubeconfig=cluster.admin_kubeconfig)
+    # The chart-made CA (webhook.tls.source chart) is the one an upgrade could replace; the default
+    # (secret) renders none, and the next test shows its caBundle kept.
+    chart_ca = ["--set", "webhook.tls.source=chart"]
+    helm(tmp_path, "install", release, str(CHART), *common, *chart_ca, kubeconfig=cluster.admin_kubeconfig)
     try:
         before, bundle, webhook_before = daemonset(), ca_bundle(), webhook_pod_template()
         assert bundle
@@ -234,6 +237,7 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
             release,
             str(CHART),
             *common,
+            *chart_ca,
             "--set",
             "kubeletPlugin.logLevel=debug",
             kubeconfig=cluster.admin_kubeconfig,
@@ -250,14 +254,16 @@ def test_an_upgrade_with_changed_values_rolls_the_daemonset_and_keeps_the_webhoo
         helm(tmp_path, "uninstall", release, *common, "--wait", kubeconfig=cluster.admin_kubeconfig)
 
 
+@pytest.mark.parametrize("own", [{}, OWN_CA], ids=["secret", "self"])
 def test_an_upgrade_leaves_the_caBundle_the_webhook_keeps_itself(
-    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
+    cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path, own: dict[str, Any]
 ) -> None:
-    """With webhook.tls.source self the webhook writes caBundle; Helm's three-way merge must keep it."""
+    """With webhook.tls.source secret (the default) or self the webhook writes caBundle; Helm's
+    three-way merge must keep it."""
     release = unique_name("tessera")
     admission = client.AdmissionregistrationV1Api(kube)
     configuration = f"{release}-webhook"
-    values = ["-n", namespace, "-f", str(values_file(tmp_path, {**NO_CLUSTER_SINGLETONS, **OWN_CA}))]
+    values = ["-n", namespace, "-f", str(values_file(tmp_path, {**NO_CLUSTER_SINGLETONS, **own}))]
     helm(tmp_path, "install", release, str(CHART), *values, kubeconfig=cluster.admin_kubeconfig)
     try:
         written = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"  # what the webhook would write (any bytes do)

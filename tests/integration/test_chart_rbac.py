@@ -181,14 +181,29 @@ def test_the_webhook_may_do_what_it_needs(kube: client.ApiClient, release: Relea
     assert failures(kube, release, "webhook", WEBHOOK_MUST, True) == []
 
 
-def test_the_webhook_may_do_nothing_else(kube: client.ApiClient, release: Release) -> None:
+def test_the_webhook_may_keep_its_own_secrets_and_configuration_and_do_nothing_else(
+    kube: client.ApiClient, release: Release
+) -> None:
+    """By default the webhook keeps its certificates itself (webhook.tls.source secret, clientAuth
+    without a CA): its two Secrets in the release namespace and its configuration's caBundle."""
     configuration = f"{release.name}-webhook"
-    # With a chart-made certificate the webhook never touches its configuration.
-    not_even_its_configuration = [
-        Ask("get", "admissionregistration.k8s.io/mutatingwebhookconfigurations", name=configuration),
-        Ask("update", "admissionregistration.k8s.io/mutatingwebhookconfigurations", name=configuration),
+    group = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
+    here = release.namespace
+    kept = [f"{release.name}-webhook-shared-tls", f"{release.name}-webhook-apiserver-client"]
+    may = [Ask("get", group, configuration), Ask("update", group, configuration)]
+    may += [Ask(verb, "secrets", name=name, namespace=here) for name in kept for verb in ("get", "update")]
+    may += [Ask("create", "secrets", namespace=here)]
+    assert failures(kube, release, "webhook", may, True) == []
+    never = [
+        *(Ask(verb, "secrets", name="someone-elses", namespace=here) for verb in ("get", "update", "delete")),
+        Ask("delete", "secrets", name=kept[0], namespace=here),
+        Ask("list", "secrets", namespace=here),
+        Ask("watch", "secrets", namespace=here),
+        Ask("create", "secrets", namespace=ANYWHERE),
+        Ask("get", "secrets", name=kept[0], namespace=ANYWHERE),
+        Ask("update", group, name="someone-elses"),
     ]
-    assert failures(kube, release, "webhook", WEBHOOK_MUST_NOT + not_even_its_configuration, False) == []
+    assert failures(kube, release, "webhook", WEBHOOK_MUST_NOT + never, False) == []
 
 
 def test_a_webhook_keeping_its_own_ca_may_update_only_its_own_configuration(

@@ -27,35 +27,47 @@ from testbed.polling import poll_until
 CHART_FILES = Path(__file__).resolve().parents[2] / "charts/tessera/files"
 CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"
 RULES_FILE = CHART_FILES / "webhook-rules.yaml"
+SECRET_RULES_FILE = CHART_FILES / "webhook-secret-rules.yaml"
 
 
-def webhook_token(kube: client.ApiClient, configuration_name: str) -> str:
+def webhook_token(kube: client.ApiClient, configuration_name: str, secret: str | None = None) -> str:
     """A token of a service account bound to exactly the chart's webhook rules (with
-    ``resourceNames`` set to this configuration's name), as the webhook's pod would have."""
+    ``resourceNames`` set to this configuration's name), as the webhook's pod would have; with
+    ``secret``, also the chart's rules on a Secret it keeps itself (granted cluster-wide here, where
+    the chart grants them in the release namespace only)."""
     rules = yaml.safe_load(RULES_FILE.read_text())
     for rule in rules:
         if "resourceNames" in rule:
             rule["resourceNames"] = [configuration_name]
+    if secret is not None:
+        for rule in yaml.safe_load(SECRET_RULES_FILE.read_text()):
+            if "resourceNames" in rule:
+                rule["resourceNames"] = [secret]
+            rules.append(rule)
     return service_account_token(kube, "tessera", configuration_name, rules, expiration_seconds=3600)
 
 
 def webhook_api_client(
-    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str
+    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str, secret: str | None = None
 ) -> client.ApiClient:
     """An API client with the webhook's least-privilege token (``webhook_token``)."""
     assert cluster.ca is not None
     configuration = client.Configuration()
     configuration.host = cluster.server
     configuration.ssl_ca_cert = str(cluster.ca.pair.cert)
-    configuration.api_key = {"authorization": f"Bearer {webhook_token(kube, configuration_name)}"}
+    configuration.api_key = {"authorization": f"Bearer {webhook_token(kube, configuration_name, secret)}"}
     return client.ApiClient(configuration)
 
 
 def webhook_kubeconfig(
-    kube: client.ApiClient, cluster: LocalCluster, configuration_name: str, path: Path
+    kube: client.ApiClient,
+    cluster: LocalCluster,
+    configuration_name: str,
+    path: Path,
+    secret: str | None = None,
 ) -> Path:
     """The same credentials as a kubeconfig file, for the ``tessera-webhook`` command."""
-    return token_kubeconfig(cluster, webhook_token(kube, configuration_name), "webhook", path)
+    return token_kubeconfig(cluster, webhook_token(kube, configuration_name, secret), "webhook", path)
 
 
 def remove_account(kube: client.ApiClient, name: str) -> None:

@@ -28,6 +28,9 @@ Names, labels and values derived once, for every template. Component objects are
 {{- define "tessera.webhook.name" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{- define "tessera.exporter.name" -}}{{ include "tessera.fullname" . | trunc 54 | trimSuffix "-" }}-exporter{{- end -}}
 {{- define "tessera.webhook.tlsSecret" -}}{{ include "tessera.webhook.name" . }}-tls{{- end -}}
+{{- /* The Secret the replicas keep their certificate in (webhook.tls.source secret): a name apart from
+the chart's and cert-manager's, so that switching source never hands the replicas a Secret Helm owns. */ -}}
+{{- define "tessera.webhook.sharedTlsSecret" -}}{{ include "tessera.webhook.name" . }}-shared-tls{{- end -}}
 {{- define "tessera.webhook.host" -}}{{ include "tessera.webhook.name" . }}.{{ .Release.Namespace }}.svc{{- end -}}
 {{- define "tessera.admissionCheck.name" -}}{{ include "tessera.fullname" . | trunc 48 | trimSuffix "-" }}-admissioncheck{{- end -}}
 {{/* The AdmissionCheck object (cluster-scoped): the name ClusterQueues list to use the check. */}}

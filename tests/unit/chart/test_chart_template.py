@@ -127,9 +127,12 @@ def test_the_default_install_has_every_component(default: list[dict[str, Any]]) 
         "PodDisruptionBudget",
         "Service",
         "MutatingWebhookConfiguration",
-        "Secret",
+        "Role",
+        "RoleBinding",
     }
     assert not kinds(default) & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Issuer", "Certificate"}
+    # No Secret: the webhook makes its serving and client certificates (no key material renders).
+    assert "Secret" not in kinds(default)
     device_class = find(default, "DeviceClass")
     assert device_class["metadata"]["name"] == "gpu.tessera.dev"
     assert device_class["spec"]["selectors"] == [
@@ -347,16 +350,51 @@ def test_the_webhook_may_touch_its_configuration_only_when_it_keeps_the_ca_itsel
 ) -> None:
     file_rules = yaml.safe_load((FILES / "webhook-rules.yaml").read_text())
     others = [r for r in file_rules if "mutatingwebhookconfigurations" not in r["resources"]]
-    assert rules_of(default, "tessera-webhook") == others
+    chart_ca = render(home / "chart-ca", {"webhook": {"tls": {"source": "chart"}}})
+    assert rules_of(chart_ca, "tessera-webhook") == others
     own_ca = render(home / "self", {"webhook": {"tls": {"source": "self"}, "replicas": 1}})
-    configuration = [r for r in rules_of(own_ca, "tessera-webhook") if r not in others]
-    assert configuration == [
+    for kept in (default, own_ca):
+        configuration = [r for r in rules_of(kept, "tessera-webhook") if r not in others]
+        assert configuration == [
+            {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": ["tessera-webhook"],
+                "verbs": ["get", "update"],
+            }
+        ]
+
+
+def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
+    home: Path, default: list[dict[str, Any]]
+) -> None:
+    role = find(default, "Role", "tessera-webhook")
+    assert role["metadata"]["namespace"] == "tessera"
+    assert role["rules"] == [
         {
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": ["mutatingwebhookconfigurations"],
-            "resourceNames": ["tessera-webhook"],
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            # The shared serving certificate, and the API server's client certificate (no CA given).
+            "resourceNames": ["tessera-webhook-shared-tls", "tessera-webhook-apiserver-client"],
             "verbs": ["get", "update"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    binding = find(default, "RoleBinding", "tessera-webhook")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "tessera-webhook",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tessera-webhook", "namespace": "tessera"}
+    ]
+    chart_ca = render(
+        home / "chart-ca-role",
+        {"webhook": {"tls": {"source": "chart"}, "clientAuth": {"caSecret": "corp-ca"}}},
+    )
+    assert not [
+        o for o in chart_ca if o["kind"] in ("Role", "RoleBinding") and "webhook" in o["metadata"]["name"]
     ]
 
 
@@ -425,7 +463,44 @@ def test_the_webhook_configuration_is_the_shipped_file_pointed_at_the_release(ho
     assert role["metadata"]["name"] == "gpus-tessera-webhook"
 
 
-def test_the_chart_made_certificate_is_trusted_by_the_configuration(default: list[dict[str, Any]]) -> None:
+def test_by_default_the_replicas_keep_the_certificate_and_the_chart_renders_no_key_material(
+    default: list[dict[str, Any]],
+) -> None:
+    args = find(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    for arg in (
+        "--tls-secret=tessera-webhook-shared-tls",
+        "--namespace=tessera",
+        "--webhook-configuration=tessera-webhook",
+        "--dns-names=tessera-webhook.tessera.svc",
+        f"--certificate-lifetime={365 * 86400}",
+        "--renew-fraction=0.67",
+        "--rotation-settle=600",
+    ):
+        assert arg in args
+    assert not [a for a in args if a.startswith("--tls-dir")]
+    assert not [o for o in default if o["kind"] == "Secret" and "tls" in o["metadata"]["name"]]
+    assert "caBundle" not in find(default, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
+
+
+def test_helm_template_renders_the_same_tls_objects_twice(home: Path) -> None:
+    """GitOps tools render with `helm template`, where `lookup` finds nothing: a render that made key
+    material would hand the cluster a new CA at every sync."""
+
+    def tls_objects(folder: str) -> str:
+        objects = render(home / folder)
+        kept = [o for o in objects if o["kind"] in ("Secret", "ConfigMap", "MutatingWebhookConfiguration")]
+        return yaml.safe_dump_all(kept)
+
+    assert tls_objects("twice-1") == tls_objects("twice-2")
+
+
+def test_a_short_rotation_phase_is_refused(home: Path) -> None:
+    with pytest.raises(HelmError, match=r"settleSeconds \(60\) must be at least twice"):
+        render(home / "settle", {"webhook": {"tls": {"secret": {"settleSeconds": 60}}}})
+
+
+def test_the_chart_made_certificate_is_trusted_by_the_configuration(home: Path) -> None:
+    default = render(home / "chart-tls", {"webhook": {"tls": {"source": "chart"}}})
     secret = find(default, "Secret", "tessera-webhook-tls")
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
     serving = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
@@ -442,9 +517,8 @@ def test_the_chart_made_certificate_is_trusted_by_the_configuration(default: lis
 
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(home: Path) -> None:
     objects = render(home / "cert-manager", {"webhook": {"tls": {"source": "certManager"}}})
-    # The only Secret is the API server's client certificate (webhook-client-ca.yaml).
-    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
-    assert secrets == ["tessera-webhook-apiserver-client"]
+    # No Secret: cert-manager makes the serving one, the webhook the API server's client certificate.
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     certificate = find(objects, "Certificate")
     assert certificate["spec"]["secretName"] == "tessera-webhook-tls"
     assert "tessera-webhook.tessera.svc" in certificate["spec"]["dnsNames"]
@@ -475,8 +549,7 @@ def test_the_webhooks_own_ca_is_for_one_replica(home: Path) -> None:
     assert "webhook.replicas" in message and "webhook.tls.source" in message
     objects = render(home / "own-ca", {"webhook": {"tls": {"source": "self"}, "replicas": 1}})
     assert "Certificate" not in kinds(objects)
-    secrets = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
-    assert secrets == ["tessera-webhook-apiserver-client"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     args = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--dns-names=tessera-webhook.tessera.svc" in args
     assert "--webhook-configuration=tessera-webhook" in args

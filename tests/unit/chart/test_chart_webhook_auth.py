@@ -1,10 +1,11 @@
 """The chart's webhook.clientAuth: the webhook is installed answering only the API server's client
-certificate, with the CA from wherever the values say, or a chart-made one whose client certificate
-it trusts; turning it off must be said in so many words."""
+certificate, with the CA from wherever the values say, or one the webhook makes itself (with the
+client certificate it trusts, tessera/webhook/client_ca.py); turning it off must be said in so many
+words."""
 
 from __future__ import annotations
 
-import base64
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME
+from tessera.webhook.client_ca import client_material
 from testbed.pki import CertificateAuthority
 from tests.chart_helm import HelmError, find, render
 
@@ -37,23 +39,35 @@ def client_ca_volume(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return volume
 
 
-def test_by_default_the_chart_makes_a_client_ca_and_the_webhook_requires_its_certificate(home: Path) -> None:
+def test_by_default_the_webhook_makes_a_client_ca_and_requires_its_certificate(home: Path) -> None:
+    """No key material in the render (`helm template` would make new material each time): the
+    webhook makes the CA and client certificate in the Secret the docs copy them from."""
     objects = render(home / "default")
-    args = webhook_pod(objects)["containers"][0]["args"]
-    assert f"--client-ca-file={CA_FILE}" in args
+    pod = webhook_pod(objects)
+    args = pod["containers"][0]["args"]
+    assert "--client-ca-secret=tessera-webhook-apiserver-client" in args
+    assert "--namespace=tessera" in args
+    assert f"--client-certificate-lifetime={3650 * 86400}" in args
     assert f"--client-names={DEFAULT_CLIENT_NAME}" in args
     assert "--allow-unauthenticated" not in args
-    secret = find(objects, "Secret", "tessera-webhook-apiserver-client")
-    assert client_ca_volume(objects) == {
-        "name": "client-ca",
-        "secret": {"secretName": secret["metadata"]["name"], "items": [{"key": "ca.crt", "path": "ca.crt"}]},
-    }
-    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
-    client = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert not [a for a in args if a.startswith("--client-ca-file")]
+    assert "client-ca" not in {v["name"] for v in pod["volumes"]}
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    [kept] = [r for r in find(objects, "Role", "tessera-webhook")["rules"] if "resourceNames" in r]
+    assert "tessera-webhook-apiserver-client" in kept["resourceNames"]
+
+
+def test_the_client_certificate_the_webhook_makes_is_signed_by_its_ca_for_the_first_allowed_name() -> None:
+    material = client_material(
+        DEFAULT_CLIENT_NAME, datetime.timedelta(days=3650), datetime.datetime.now(datetime.UTC)
+    )
+    ca = x509.load_pem_x509_certificate(material["ca.crt"])
+    client = x509.load_pem_x509_certificate(material["tls.crt"])
     client.verify_directly_issued_by(ca)
     assert client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == DEFAULT_CLIENT_NAME
     usages = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    assert b"PRIVATE KEY" in material["tls.key"]
 
 
 def test_an_inline_ca_bundle_becomes_a_configmap_and_no_client_secret_is_made(

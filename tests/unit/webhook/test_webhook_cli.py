@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from tessera.webhook.cli import certificates_from, client_policy, parser
 from testbed.pki import CertificateAuthority
@@ -37,7 +38,7 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
 
 def test_no_certificate_source_is_refused_with_the_flags_to_use() -> None:
     with pytest.raises(SystemExit, match="give --tls-dir, or --dns-names"):
-        certificates_from(parser().parse_args([]))
+        certificates_from(parser().parse_args([]), client.ApiClient())
 
 
 def test_environment_variables_set_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
