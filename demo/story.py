@@ -25,7 +25,7 @@ from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB, MiB, quantity_to_int
 from testbed import chart_bed as charts
 from testbed import queue_bed
-from testbed.chart_bed import CHART_NODE_LABEL, EXAMPLES, ChartBed
+from testbed.chart_bed import EXAMPLES, ChartBed
 from testbed.cluster import LocalCluster
 from testbed.kueue import KueueOptions
 from testbed.node import NodeFactory
@@ -96,7 +96,7 @@ def release_values() -> dict[str, Any]:
     """The test bed's values plus the queue parts: the admission check (from the webhook image, on
     the demo's nodes) and the example queues, the first of them for the TEAM namespace."""
     values = charts.chart_values()
-    check = {"image": charts.local_image("webhook"), "nodeSelector": {CHART_NODE_LABEL: "true"}}
+    check = {"image": charts.local_image("webhook")}
     values["queue"] = {"admissionCheck": {"enabled": True, **check}, "examples": {"enabled": True}}
     return values
 

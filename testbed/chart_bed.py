@@ -43,8 +43,9 @@ from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 
 EXAMPLES = REPO / "examples"
 GPU_LABEL = "nvidia.com/gpu.present"
-# Only these nodes get the webhook and the admission check (other nodes lack the images).
-CHART_NODE_LABEL = "testbed.tessera.dev/chart-node"
+# Each release runs on its own nodes only: the session's cluster keeps the nodes of earlier test
+# modules, which lack this module's images (installed_release labels the nodes with the release).
+CHART_NODE_LABEL = "testbed.tessera.dev/chart-release"
 GPUS_PER_NODE = 2
 GPU_MEMORY = 80 * GiB
 ROLLOUT_TIMEOUT = 300.0
@@ -159,7 +160,7 @@ def chart_values(version: str | None = None) -> dict[str, Any]:
             "healthInterval": 1,
             "logLevel": "debug",
         },
-        "webhook": {"image": local_image("webhook", version), "nodeSelector": {CHART_NODE_LABEL: "true"}},
+        "webhook": {"image": local_image("webhook", version)},
     }
 
 
@@ -175,9 +176,22 @@ def with_webhook_client_ca(cluster: LocalCluster, values: Mapping[str, Any]) -> 
     return {**values, "webhook": {**webhook, "clientAuth": auth}}
 
 
-def label_node(kube: client.ApiClient, node: RealNode) -> None:
-    labels = {GPU_LABEL: "true", CHART_NODE_LABEL: "true"}
-    client.CoreV1Api(kube).patch_node(node.name, {"metadata": {"labels": labels}})
+def label_node(kube: client.ApiClient, node: RealNode, labels: Mapping[str, str]) -> None:
+    client.CoreV1Api(kube).patch_node(node.name, {"metadata": {"labels": dict(labels)}})
+
+
+def confined_to_release_nodes(values: Mapping[str, Any], release: str) -> dict[str, Any]:
+    """``values`` with the daemon, the webhook and (when enabled) the admission check on the nodes
+    labelled for ``release`` only, where the values do not place them themselves."""
+    selector = {CHART_NODE_LABEL: release}
+    out = dict(values)
+    for component in ("kubeletPlugin", "webhook"):
+        out[component] = {"nodeSelector": selector, **(values.get(component) or {})}
+    queue = dict(values.get("queue") or {})
+    if queue.get("admissionCheck"):
+        queue["admissionCheck"] = {"nodeSelector": selector, **queue["admissionCheck"]}
+        out["queue"] = queue
+    return out
 
 
 def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
@@ -239,7 +253,7 @@ def prepare_nodes(cluster: LocalCluster, kube: client.ApiClient, nodes: list[Rea
     pods reach the API server."""
     for node in nodes:
         simulated_gpus(node)
-        label_node(kube, node)
+        label_node(kube, node, {GPU_LABEL: "true"})
     let_pods_reach_apiserver(kube, cluster)
 
 
@@ -257,7 +271,9 @@ def installed_release(
     """`helm install` of the chart with ``values`` on ``nodes`` (prepared with prepare_nodes) in a
     namespace of its own; with ``uninstall``, uninstalled and the namespace deleted afterwards."""
     release, namespace = release or unique_name("tessera"), namespace or unique_name("tessera-system")
-    values = with_webhook_client_ca(cluster, values)
+    for node in nodes:
+        label_node(kube, node, {CHART_NODE_LABEL: release})
+    values = confined_to_release_nodes(with_webhook_client_ca(cluster, values), release)
     core = client.CoreV1Api(kube)
     core.create_namespace(
         client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={LABEL: "true"}))

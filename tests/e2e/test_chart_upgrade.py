@@ -142,7 +142,9 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     old_webhooks = {p["metadata"]["uid"] for p in bed.pods("webhook")}
 
     with PodsThroughTheUpgrade(bed.kube, namespace) as through:
-        values = charts.with_webhook_client_ca(bed.cluster, charts.chart_values())
+        values = charts.confined_to_release_nodes(
+            charts.with_webhook_client_ca(bed.cluster, charts.chart_values()), bed.release
+        )
         bed.helm(
             "upgrade", bed.release, str(CHART), "-f", str(values_file(bed.helm_home, values, "upgrade.yaml"))
         )
