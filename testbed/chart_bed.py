@@ -28,7 +28,7 @@ from kubernetes import client
 from simgpu.config import NodeSpec, library_dir, make_gpus, write_config
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
-from tessera.quantity import GiB
+from tessera.quantity import GiB, MiB
 from testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
 from testbed.cluster import LocalCluster
 from testbed.helm import CHART, REPO, helm, values_file
@@ -295,3 +295,38 @@ def scrape(address: str) -> str:
     """The text of a node's exporter on port 31995."""
     with urllib.request.urlopen(f"http://{address}:{METRICS_PORT}/metrics", timeout=10) as response:
         return str(response.read().decode())
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one example makes: how many pods, the share each pod's claim gets, and whether its pods
+    keep running (the Job's finish)."""
+
+    pods: int
+    memory: int
+    cores: int
+    keeps_running: bool = True
+
+
+EXAMPLE_SHARES = {
+    "hami-pod.yaml": Expected(1, 2000 * MiB, 25),
+    "claim-template-pod.yaml": Expected(1, 2 * GiB, 25),
+    "deployment.yaml": Expected(2, 1 * GiB, 10),
+    "job.yaml": Expected(2, 1024 * MiB, 20, keeps_running=False),
+    "shared-claim-pod.yaml": Expected(1, 4 * GiB, 50),
+}
+
+
+def enforcement_script(limit: int) -> str:
+    """What the container's own CUDA program sees and may do: total memory, an allocation past the
+    limit (CUDA_ERROR_OUT_OF_MEMORY, 2) and one of exactly the limit."""
+    return (
+        "echo '== info'; shim_probe info; "
+        f"echo '== over'; shim_probe alloc mem {limit + 64 * MiB}; "
+        f"echo '== fits'; shim_probe alloc mem {limit}"
+    )
+
+
+def node_address(bed: ChartBed, node_name: str) -> str:
+    [node] = [n for n in bed.nodes if n.name == node_name]
+    return node.address

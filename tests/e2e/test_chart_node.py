@@ -14,7 +14,6 @@ import io
 import json
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,18 @@ from kubernetes import client
 from simgpu.config import make_gpus
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
-from tessera.quantity import GiB, MiB, quantity_to_int
+from tessera.quantity import quantity_to_int
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
+    EXAMPLE_SHARES,
     EXAMPLES,
     GPU_MEMORY,
     GPUS_PER_NODE,
     ROLLOUT_TIMEOUT,
     ChartBed,
+    Expected,
+    enforcement_script,
+    node_address,
     scrape,
     wait_rolled_out,
 )
@@ -118,26 +121,6 @@ def test_port_31995_on_each_node_answers_with_per_gpu_metrics(chart_bed: ChartBe
             assert gpu.uuid in text, f"{gpu.uuid} not in the metrics of {node.name}"
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What one example makes: how many pods, the share each pod's claim gets, and whether its pods
-    keep running (the Job's finish)."""
-
-    pods: int
-    memory: int
-    cores: int
-    keeps_running: bool = True
-
-
-EXAMPLE_SHARES = {
-    "hami-pod.yaml": Expected(1, 2000 * MiB, 25),
-    "claim-template-pod.yaml": Expected(1, 2 * GiB, 25),
-    "deployment.yaml": Expected(2, 1 * GiB, 10),
-    "job.yaml": Expected(2, 1024 * MiB, 20, keeps_running=False),
-    "shared-claim-pod.yaml": Expected(1, 4 * GiB, 50),
-}
-
-
 def test_every_example_has_its_expected_share_here() -> None:
     """A new example needs its line in EXAMPLE_SHARES, so that it is run below."""
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_SHARES)
@@ -166,16 +149,6 @@ def consumed(claim: dict[str, Any]) -> tuple[str, dict[str, int]]:
     return result["device"], {k: quantity_to_int(v) for k, v in result["consumedCapacity"].items()}
 
 
-def enforcement_script(limit: int) -> str:
-    """What the container's own CUDA program sees and may do: total memory, an allocation past the
-    limit (CUDA_ERROR_OUT_OF_MEMORY, 2) and one of exactly the limit."""
-    return (
-        "echo '== info'; shim_probe info; "
-        f"echo '== over'; shim_probe alloc mem {limit + 64 * MiB}; "
-        f"echo '== fits'; shim_probe alloc mem {limit}"
-    )
-
-
 def wait_pods(kube: client.ApiClient, namespace: str, expected: Expected) -> list[dict[str, Any]]:
     """The example's pods once they are all Running (or, for pods that finish, Succeeded)."""
     phase = "Running" if expected.keeps_running else "Succeeded"
@@ -192,11 +165,6 @@ def wait_pods(kube: client.ApiClient, namespace: str, expected: Expected) -> lis
         return poll_until(ready, ROLLOUT_TIMEOUT, f"{expected.pods} pods {phase} in {namespace}")
     except TimeoutError as error:
         raise AssertionError(f"{error}\nevents:\n{events(kube, namespace)}") from error
-
-
-def node_address(bed: ChartBed, node_name: str) -> str:
-    [node] = [n for n in bed.nodes if n.name == node_name]
-    return node.address
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_SHARES), ids=lambda name: name.removesuffix(".yaml"))

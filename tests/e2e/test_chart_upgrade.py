@@ -20,14 +20,22 @@ import yaml
 from kubernetes import client
 
 from testbed import chart_bed as charts
-from testbed.chart_bed import EXAMPLES, ROLLOUT_TIMEOUT, ChartBed, scrape, wait_rolled_out
+from testbed.chart_bed import (
+    EXAMPLE_SHARES,
+    EXAMPLES,
+    ROLLOUT_TIMEOUT,
+    ChartBed,
+    enforcement_script,
+    node_address,
+    scrape,
+    wait_rolled_out,
+)
 from testbed.cluster import LocalCluster
 from testbed.helm import CHART, values_file
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
-from tests.e2e.test_chart_node import EXAMPLE_SHARES, enforcement_script, node_address
 
 pytestmark = pytest.mark.e2e
 
