@@ -28,7 +28,7 @@ from tessera.driver.discovery import Gpu
 from tessera.driver.slices import slice_object
 from tessera.gpu_request import read_request, selection_for
 from tessera.kube import api_client, raw_json
-from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
+from tessera.names import DRIVER_NAME, GPU_REQUEST_ANNOTATION, HAMI_GPU, HAMI_GPUCORES, HAMI_GPUMEM
 from tessera.quantity import GiB
 from tessera.watching import watch_forever
 from tessera.webhook.conversion import claim_template
@@ -274,14 +274,19 @@ def plain_gpu_pod(
     limits: Mapping[str, str],
     annotations: Mapping[str, str] | None = None,
     memory_sizes_gi: Sequence[int] = (80,),
+    record: str | None = None,
 ) -> None:
     """A plain pod in ``queue`` as the webhook leaves it: the HAMi ``limits`` converted by the
-    webhook's own code into a ResourceClaimTemplate (created here) and a claim reference."""
+    webhook's own code into a ResourceClaimTemplate (created here) and a claim reference. With
+    ``record``, the template's gpu-request annotation says that instead: a tenant's forgery, since
+    a tenant may write templates in its own namespace."""
     container = {"name": "work", "image": "tessera.local/none", "resources": {"limits": dict(limits)}}
     request = read_request('container "work"', container, selection_for(annotations or {}))
     assert request is not None
     fleet = Fleet(tuple(m * GiB for m in memory_sizes_gi), 8)
     template = claim_template(namespace, 'container "work"', request, fleet)
+    if record is not None:
+        template["spec"]["metadata"]["annotations"][GPU_REQUEST_ANNOTATION] = record
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(
         namespace, client.V1ResourceClaimTemplate.model_validate(template)
     )

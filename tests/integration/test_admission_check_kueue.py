@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tessera.gpu_request import GpuRequest, request_to_annotation
 from tessera.kube import raw_json
-from tessera.quantity import quantity_to_int
+from tessera.quantity import GiB, quantity_to_int
 from testbed import queue_bed
 from testbed.cluster import LocalCluster
 from testbed.names import unique_name
@@ -238,6 +239,35 @@ def test_a_plain_pod_is_checked_from_its_claim_template_and_v017_without_its_dra
     (assignment,) = done["status"]["admission"]["podSetAssignments"]
     charged = set(assignment.get("resourceUsage") or {})
     assert not charged & {"nvidia.com/gpu", queue_bed.GPU_MEMORY, queue_bed.GPU_CORES}, charged
+
+
+def test_a_template_a_tenant_wrote_with_a_forged_small_record_is_rejected_not_admitted(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """From where a tenant stands: its own ResourceClaimTemplate, created through the API, asks for
+    30 GiB while its gpu-request annotation claims 1 GiB, so that a fit check trusting the record
+    would admit it where it does not fit. The check compares the two and rejects the Workload."""
+    _, uuids = node(40)
+    forged = request_to_annotation(GpuRequest(count=1, memory=GiB, memory_percent=None, cores=20))
+    history = queue_bed.CheckHistory(bed.api, team, CHECK)
+    try:
+        queue_bed.plain_gpu_pod(
+            bed.api,
+            team,
+            "forged",
+            QUEUE,
+            {"nvidia.com/gpumem": "30720", "nvidia.com/gpucores": "20"},
+            pinned(uuids),
+            record=forged,
+        )
+        workload = str(queue_bed.workload_of_job(bed.api, team, "forged", kind="Pod")["metadata"]["name"])
+        rejected = poll_until(
+            lambda: history.first(workload, "Rejected"), 60, f"Workload {workload} Rejected"
+        )
+        assert history.first(workload, "Ready") is None, "never admitted on the forged record"
+    finally:
+        history.stop()
+    assert "asks for other GPU shares than its annotation" in rejected[1]
 
 
 def test_sigterm_stops_the_command_cleanly(bed: QueueBed) -> None:
