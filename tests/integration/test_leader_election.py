@@ -1,14 +1,17 @@
 """The Lease elector against the real API server: of two electors on one Lease exactly one leads; a
-leader cut off from the server (a black hole) stops leading within its renew deadline, and the
-standby takes over only once the lease has run out by its own clock; a leader that stops releases
-the lease, and the standby takes over at once.
+leader cut off from the server (a black hole) stops leading and says it could not renew, before the
+standby takes over, and the standby takes over only once the lease has run out after the last
+renewal the server holds; a leader that stops releases the lease, and the standby takes over at once.
 
 Durations are shrunk (lease 4 s, renew deadline 2.5 s, retry 0.5 s) to keep the tests short; the
-elector's rules do not depend on the values.
+elector's rules do not depend on the values. The tests assert the order of events and lower bounds
+that follow from the rules (no standby before the lease has run out), never an upper bound on how
+soon something happened: on a loaded machine a thread wakes late, and that is not a fault.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Iterator
@@ -45,7 +48,8 @@ def kube(cluster: LocalCluster) -> Iterator[client.ApiClient]:
 
 @dataclass
 class Candidate:
-    """An elector and what it was told, with the monotonic times it happened."""
+    """An elector and what it was told, with the times it happened (wall clock, comparable with the
+    renewTime the electors write into the lease)."""
 
     elector: LeaderElector
     started: list[float]
@@ -60,8 +64,8 @@ def candidate(api: client.ApiClient, lease: str, holder: str, lease_duration: fl
         NAMESPACE,
         lease,
         holder,
-        on_started=lambda: started.append(time.monotonic()),
-        on_lost=lambda why: lost.append((time.monotonic(), why)),
+        on_started=lambda: started.append(time.time()),
+        on_lost=lambda why: lost.append((time.time(), why)),
         lease_duration=lease_duration,
         renew_deadline=RENEW,
         retry_period=RETRY,
@@ -90,11 +94,16 @@ class Watcher:
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             if sum(c.elector.leading for c in self._candidates) > 1:
-                self.both.append(time.monotonic())
+                self.both.append(time.time())
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _wall_time(micro_time: str) -> float:
+    """A lease's MicroTime (RFC 3339, microseconds, UTC) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(micro_time).timestamp()
 
 
 def test_of_two_electors_exactly_one_leads(kube: client.ApiClient) -> None:
@@ -133,16 +142,17 @@ def test_a_cut_off_leader_stops_and_the_standby_waits_for_the_lease_to_run_out(
         b.elector.start()
         time.sleep(2 * RETRY)  # b has read the lease held by a
         relay.black_hole()
-        cut = time.monotonic()
-        poll_until(lambda: b.elector.leading, 3 * LEASE, "b leading")
+        # a's last renewal that reached the server: a writes no more, and b has not taken over yet.
+        last_renewal = _wall_time(str(lease_spec(kube, lease)["renewTime"]))
+        assert lease_spec(kube, lease)["holderIdentity"] == "a"
+        poll_until(lambda: b.elector.leading, 4 * LEASE, "b leading")
         took_over = b.started[0]
         assert a.lost and not a.elector.leading, "the cut-off leader never said it stopped"
         lost_at, why = a.lost[0]
-        assert f"within {RENEW:g} s" in why
-        assert lost_at - cut <= RENEW + 0.5, "the leader led past its renew deadline"
-        assert lost_at < took_over
-        # b last saw the record change (a's last renewal) at most two retry periods before the cut.
-        assert took_over - cut >= LEASE - 2 * RETRY - 0.2, "the standby took over before the lease ran out"
+        assert f"could not renew the lease within {RENEW:g} s" in why
+        assert lost_at < took_over, "the cut-off leader still led when the standby took over"
+        # b saw that renewal after a wrote it, and waits a whole lease from when it saw it.
+        assert took_over - last_renewal >= LEASE, "the standby took over before the lease ran out"
         spec = lease_spec(kube, lease)
         assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     finally:
@@ -166,10 +176,11 @@ def test_a_leader_that_stops_releases_the_lease_and_the_standby_takes_over_at_on
         b.elector.start()
         time.sleep(2 * RETRY)
         a.elector.stop()
-        released = time.monotonic()
+        released = time.time()
         assert not a.elector.leading and not a.lost  # stopping is not losing
-        poll_until(lambda: b.elector.leading, 4 * RETRY, "b leading soon after the release")
-        assert b.started[0] - released < long / 4
+        # Long before the lease could have run out: b saw it released, it did not wait it out.
+        poll_until(lambda: b.elector.leading, long / 2, "b leading soon after the release")
+        assert b.started[0] - released < long / 2
         spec = lease_spec(kube, lease)
         assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     finally:
