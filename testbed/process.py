@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,12 +31,41 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_LISTEN_PORTS = range(10000, 30000)
+"""Where free_port looks first: above the ports well-known services listen on, below Kubernetes'
+NodePort range (30000-32767), where the chart's exporter listens on each node (31995)."""
+
+
+def _ephemeral_low() -> int:
+    """The lowest of the ports the kernel gives outgoing connections (and bind to port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port that was free on every address a moment ago, for a server to listen on.
+
+    Taken from _LISTEN_PORTS, below the kernel's ephemeral range, when there is room: a port the
+    kernel picked for ``bind(port 0)`` is one it may give the next outgoing connection - the test bed makes
+    thousands - and a server started on it minutes later then fails with "address already in use"
+    (kube-apiserver did, once in a CI run). The probe binds every address without SO_REUSEADDR, so
+    a port any socket holds, even in TIME_WAIT, is refused.
+    """
+    below = range(_LISTEN_PORTS.start, min(_LISTEN_PORTS.stop, _ephemeral_low()))
+    for _ in range(100 if len(below) >= 1000 else 0):
+        port = random.choice(below)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # no room below: the kernel's pick
+        probe.bind(("0.0.0.0", 0))
+        picked: int = probe.getsockname()[1]
+        return picked
 
 
 class ManagedProcess:

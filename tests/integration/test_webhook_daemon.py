@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import http.client
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from tessera.kube import raw_json
 from testbed.cluster import LocalCluster
 from testbed.names import unique_name
 from testbed.polling import poll_until
+from testbed.process import free_port
 from tests.integration.webhook_bed import (
     CONFIGURATION_FILE,
     configuration,
@@ -29,12 +29,6 @@ from tests.integration.webhook_bed import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def status_of(port: int, path: str) -> int | None:

@@ -33,7 +33,8 @@ from testbed.cluster import LocalCluster
 from testbed.dra_objects import shareable_gpu_slice
 from testbed.names import unique_name
 from testbed.polling import poll_until
-from tests.integration.test_webhook_daemon import free_port, status_of
+from testbed.process import free_port
+from tests.integration.test_webhook_daemon import status_of
 from tests.integration.webhook_bed import (
     configuration,
     remove_account,

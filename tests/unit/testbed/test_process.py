@@ -77,3 +77,25 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_port_is_outside_the_range_the_kernel_gives_outgoing_connections() -> None:
+    """A server port taken from the ephemeral range can meet an outgoing connection's local port;
+    free_port keeps out of it (this machine's range leaves room below it, as Linux's default does),
+    and out of the NodePort range, where the chart's exporter listens (31995)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert low - 10000 >= 1000, "this machine's ephemeral range leaves no room below it"
+    ports = {free_port() for _ in range(50)}
+    assert all(10000 <= port < min(low, 30000) for port in ports)
+
+
+def test_free_port_skips_a_port_another_socket_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        held: int = holder.getsockname()[1]
+        others = range(held + 1, held + 50)
+        candidates = iter([held, held, *others])  # the held port comes up first, twice
+        monkeypatch.setattr("testbed.process.random.choice", lambda _: next(candidates))
+        monkeypatch.setattr("testbed.process._ephemeral_low", lambda: held + 50)
+        monkeypatch.setattr("testbed.process._LISTEN_PORTS", range(held - 1000, held + 1000))
+        assert free_port() in others
