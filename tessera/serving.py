@@ -43,6 +43,10 @@ REQUEST_TIMEOUT = 10.0
 """Seconds a client may take for each read of its request (and for the TLS handshake). A probe or a
 scrape sends its request at once; the kubelet's probe timeout is one second by default."""
 
+_STOP_POLL = 0.05
+"""Seconds between the accept loop's looks at a stop request: how long :meth:`HttpServer.stop` may
+wait for it (socketserver's default, 0.5 s, was half a second added to every shutdown and rollout)."""
+
 TEXT = "text/plain; charset=utf-8"
 
 Check = Callable[[], tuple[bool, str]]
@@ -273,7 +277,9 @@ class HttpServer:
 
     def start(self) -> None:
         self._server = _Server(self.name, self._address, self._port, self._endpoints, self._tls)
-        self._thread = threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(_STOP_POLL,), name=self.name, daemon=True
+        )
         self._thread.start()
         scheme = "https" if self._tls is not None else "http"
         paths = ", ".join(self._endpoints.paths)
