@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 _STANDARD_CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
+_STOP_CHECK = 0.05
+"""Seconds between looks at a stop request while start() waits for something else."""
+
 
 class Daemon(Stoppable):
     def __init__(self, config: DriverConfig, kube: client.ApiClient | None = None) -> None:
@@ -78,7 +81,8 @@ class Daemon(Stoppable):
                 health.endpoints(self.alive, self.not_ready),
             )
             self._health_http.start()
-        self._state_lock.acquire(self._stop)  # before the checkpoint is read: one daemon per node
+        if not self._state_lock.acquire(self._stop):  # before the checkpoint is read: one daemon per node
+            return  # stopped while a standby
         self._phase = "starting"
         self._nvml = Nvml()
         gpus = devices.shareable(self._nvml.gpus())
@@ -134,8 +138,10 @@ class Daemon(Stoppable):
             self._stop,
         )
         # The first slice says what the first poll found (a lost GPU is never published untainted),
-        # or, if NVML did not answer, that no GPU's health is known.
-        self.tracker.assessed.wait(config.nvml_timeout + 1.0)
+        # or, if NVML did not answer, that no GPU's health is known. A stop asked for meanwhile (a
+        # rollout replacing a daemon still starting) ends the wait: the poll may never run then.
+        if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
+            return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
         self._background(
@@ -256,3 +262,15 @@ class Daemon(Stoppable):
             self._nvml = None
         self._state_lock.release()
         log.info("stopped")
+
+
+def _first_of(awaited: threading.Event, stop: threading.Event, timeout: float) -> bool:
+    """Wait until ``awaited`` is set (True), ``stop`` is (False), or ``timeout`` passes (True: go on
+    without it)."""
+    deadline = time.monotonic() + timeout
+    while not awaited.wait(min(_STOP_CHECK, max(0.0, deadline - time.monotonic()))):
+        if stop.is_set():
+            return False
+        if time.monotonic() >= deadline:
+            break
+    return True

@@ -22,7 +22,7 @@ LOCK_FILE = "daemon.lock"
 
 
 class StateDirectoryBusy(RuntimeError):
-    """Another daemon holds the state directory and did not let go in time (or we were stopped)."""
+    """Another daemon holds the state directory and did not let go in time."""
 
 
 class StateLock:
@@ -32,9 +32,10 @@ class StateLock:
         self.path = state_dir / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self, stop: threading.Event, timeout: float | None = None, poll: float = 1.0) -> None:
-        """Take the lock, waiting while another process holds it: until it is free, ``stop`` is set or
-        ``timeout`` seconds pass (None: no limit). Raises StateDirectoryBusy when it gives up."""
+    def acquire(self, stop: threading.Event, timeout: float | None = None, poll: float = 1.0) -> bool:
+        """Take the lock, waiting while another process holds it: True once taken, False when ``stop``
+        is set first (a standby replaced before its turn came is not a failure). Raises
+        StateDirectoryBusy when ``timeout`` seconds pass (None: no limit)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         waited = 0.0
@@ -53,11 +54,14 @@ class StateLock:
                             self.path,
                         )
                         announced = True
-                    if (timeout is not None and waited >= timeout) or stop.wait(poll):
+                    if timeout is not None and waited >= timeout:
                         raise StateDirectoryBusy(
                             f"another tessera-driver (pid {_holder(fd)}) still holds {self.path}; "
                             "only one daemon may use a node's state directory"
                         ) from None
+                    if stop.wait(poll):
+                        os.close(fd)
+                        return False
                     waited += poll
         except BaseException:
             os.close(fd)
@@ -67,6 +71,7 @@ class StateLock:
         self._fd = fd
         if announced:
             log.info("took %s after waiting %.0f s", self.path, waited)
+        return True
 
     def release(self) -> None:
         if self._fd is not None:

@@ -391,6 +391,16 @@ def test_the_claim_itself_says_whether_each_share_was_prepared_and_why_not(
     assert bad_ready["message"] == response.claims[bad[2]].error
 
 
+def second_daemon(driver_node: DriverNode, health_port: int) -> ManagedProcess:
+    """Another daemon on ``driver_node``'s node and state directory, with its own health port."""
+    return ManagedProcess(
+        "tessera-driver-second",
+        [*driver_node.argv(), f"--health-port={health_port}"],
+        driver_node.work_dir,
+        env=process_env(driver_node.simgpu.config),
+    )
+
+
 def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_over(
     driver_node: DriverNode,
 ) -> None:
@@ -402,12 +412,7 @@ def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_ov
     assert driver_node.process is not None
     first_pid = driver_node.process.pid
     second_health = free_port()
-    second = ManagedProcess(
-        "tessera-driver-second",
-        [*driver_node.argv(), f"--health-port={second_health}"],
-        driver_node.work_dir,
-        env=process_env(driver_node.simgpu.config),
-    )
+    second = second_daemon(driver_node, second_health)
 
     def probe(path: str) -> int:
         try:
@@ -432,6 +437,46 @@ def test_a_second_daemon_on_the_same_state_waits_for_the_first_and_then_takes_ov
         assert "took " in second.log_tail()
     finally:
         second.stop()
+
+
+def test_a_standby_stopped_before_its_turn_exits_cleanly_and_the_first_daemon_serves_on(
+    driver_node: DriverNode,
+) -> None:
+    """A surge rollout undone, or a copy run by hand and stopped: the standby ends while the first
+    daemon still holds the state directory. Stopping is not failing: it exits 0 and says it stopped,
+    and the first daemon serves on."""
+    second = second_daemon(driver_node, free_port())
+    try:
+        second.wait_until(lambda: "waiting for it to exit" in second.log_tail(), 60, "the standby waiting")
+    finally:
+        second.stop(grace=120)  # long: only a daemon that ignores SIGTERM needs it, and it fails below
+    said = second.log_tail()
+    assert second.returncode == 0, said
+    assert "daemon: stopped" in said and "cannot run" not in said, said
+    assert driver_node.get("/healthz") == (200, "ok\n")
+    assert dra_socket_answers(driver_node.dra_socket)
+
+
+def test_a_daemon_stopped_while_it_starts_exits_cleanly_without_sitting_out_the_nvml_timeout(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> None:
+    """A rollout may replace a daemon that is still starting. Stopped as soon as it has found its
+    GPUs - before its first health poll, which then never runs - it stops at once and exits 0,
+    rather than waiting out the NVML timeout (an hour here) for that poll's answer."""
+    ensure_device_class(kube)
+    node = DriverNode(cluster, fake_node(), gpus=2)
+    try:
+        node.start(extra_args=["--nvml-timeout=3600"])
+        daemon = node.process
+        assert daemon is not None
+        daemon.wait_until(lambda: "GPUs to share" in daemon.log_tail(), 60, "the daemon finding its GPUs")
+        daemon.stop(grace=120)  # long: only a daemon that ignores SIGTERM needs it, and it fails below
+        said = daemon.log_tail()
+        assert daemon.returncode == 0, said
+        assert "daemon: stopped" in said, said
+        assert not node.registration_socket.exists(), "the kubelet must not find a stopped daemon's socket"
+    finally:
+        node.cleanup()
 
 
 def test_a_wedged_nvml_makes_every_gpu_unmonitored_and_the_daemon_not_ready_but_alive(
