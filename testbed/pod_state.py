@@ -43,7 +43,7 @@ def generated_claim_name(pod: client.V1Pod, claim: str) -> str | None:
 
 def wait_until_bound(core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60) -> str:
     """Wait for the scheduler to bind the pod; return the node's name."""
-    return _wait_for_pod(
+    return wait_for_pod(
         core,
         namespace,
         pod,
@@ -57,7 +57,7 @@ def wait_until_unschedulable(
     core: client.CoreV1Api, namespace: str, pod: str, timeout: float = 60
 ) -> client.V1PodCondition:
     """Wait for the scheduler to give up on the pod; its PodScheduled=False condition says why."""
-    condition = _wait_for_pod(
+    condition = wait_for_pod(
         core,
         namespace,
         pod,
@@ -87,7 +87,7 @@ def wait_until_claim_allocated(
         made = resource.read_namespaced_resource_claim(name, namespace)
         return made if made.status and made.status.allocation else None
 
-    return _wait_for_pod(
+    return wait_for_pod(
         core, namespace, pod, allocated, timeout, f"allocation of {namespace}/{pod}'s claim {claim}"
     )
 
@@ -124,7 +124,7 @@ def sections(log: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def _wait_for_pod(
+def wait_for_pod(
     core: client.CoreV1Api, namespace: str, pod: str, check: Callable[[], T | None], timeout: float, what: str
 ) -> T:
     """poll_until, and on a timeout what the pod's conditions and its namespace's events say: a
@@ -137,12 +137,19 @@ def _wait_for_pod(
 
 
 def pod_account(core: client.CoreV1Api, namespace: str, pod: str) -> str:
-    """The pod's conditions and claim statuses and its namespace's events, as lines of text."""
+    """The pod's phase, node, conditions, container states and claim statuses and its namespace's
+    events, as lines of text."""
     try:
-        status = core.read_namespaced_pod(pod, namespace).status
-        lines = [
+        read = core.read_namespaced_pod(pod, namespace)
+        status = read.status
+        lines = [f"phase {status.phase if status else None} on node {bound_node(read)}"]
+        lines += [
             f"condition {c.type}={c.status} {c.reason or ''}: {c.message or ''}"
             for c in (status.conditions if status else None) or []
+        ]
+        lines += [
+            f"container {c.name}: {_container_state(c.state)} (restarts: {c.restart_count})"
+            for c in (status.container_statuses if status else None) or []
         ]
         lines += [
             f"claim {s.name}: {s.resource_claim_name}"
@@ -151,3 +158,15 @@ def pod_account(core: client.CoreV1Api, namespace: str, pod: str) -> str:
         return "\n".join([f"pod {namespace}/{pod}:", *lines, "events:", events(core.api_client, namespace)])
     except Exception as error:  # the report must not hide the timeout it explains
         return f"pod {namespace}/{pod}: could not be read ({error})"
+
+
+def _container_state(state: client.V1ContainerState | None) -> str:
+    """ "waiting: <reason>: <message>" (ContainerCreating, ErrImageNeverPull...), "running" or
+    "terminated: <reason> (exit <code>)"."""
+    if state is None:
+        return "no state yet"
+    if state.waiting is not None:
+        return f"waiting: {state.waiting.reason or ''}: {state.waiting.message or ''}"
+    if state.terminated is not None:
+        return f"terminated: {state.terminated.reason or ''} (exit {state.terminated.exit_code})"
+    return "running"

@@ -33,7 +33,7 @@ from testbed.chart_bed import (
 from testbed.cluster import LocalCluster
 from testbed.helm import CHART, values_file
 from testbed.node import NodeFactory
-from testbed.pod_state import events, sections
+from testbed.pod_state import events, sections, wait_for_pod
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
 
@@ -96,7 +96,11 @@ def running_with_its_share(kube: client.ApiClient, namespace: str, name: str) ->
     if pod.status.phase != "Running":
         return False
     log = str(client.CoreV1Api(kube).read_namespaced_pod_log(name, namespace))
-    return f"memory={SHARE.memory} cores={SHARE.cores}" in log
+    if f"memory={SHARE.memory} cores={SHARE.cores}" in log:
+        return True
+    if "memory=" in log:
+        raise AssertionError(f"{namespace}/{name} runs with limits other than its share:\n{log}")
+    return False  # not printed yet
 
 
 class PodsThroughTheUpgrade:
@@ -142,8 +146,13 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     for name in running:
         core.create_namespaced_pod(namespace, hami_pod(name))
     for name in running:
-        poll_until(
-            partial(running_with_its_share, bed.kube, namespace, name), ROLLOUT_TIMEOUT, f"{name} running"
+        wait_for_pod(
+            core,
+            namespace,
+            name,
+            partial(running_with_its_share, bed.kube, namespace, name),
+            ROLLOUT_TIMEOUT,
+            f"{name} running",
         )
     before = {name: uid_of(core, namespace, name) for name in running}
     old_daemons = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
@@ -166,7 +175,10 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     assert through.refused == [], "no GPU pod refused while the release was upgraded"
     assert len(through.created) >= 3, through.created
     for name in through.created:
-        poll_until(
+        wait_for_pod(
+            core,
+            namespace,
+            name,
             partial(running_with_its_share, bed.kube, namespace, name),
             ROLLOUT_TIMEOUT,
             f"{name}, created during the upgrade, running with its share",
