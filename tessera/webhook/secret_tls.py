@@ -17,7 +17,9 @@ certificate with it, and forgets its key, so the CA and its certificate live and
 The phases and the one step out of each (:func:`next_step`, pure, so tested with fixed clocks):
 
 1. absent → CREATE: a CA and a certificate; the first replica to create wins, a loser (409) reads the
-   winner's Secret and serves that.
+   winner's Secret and serves that. ``ca.crt`` also keeps the CAs the configuration's ``caBundle``
+   holds at that moment, so webhooks still serving a certificate from before (an upgrade from the
+   chart-made certificate) are not refused; step 4 drops them after ``settle``.
 2. steady (one CA, no ``next``), certificate past ``renew_fraction`` of its life → ADD_CA: the new CA
    joins ``ca.crt`` and its certificate waits in ``next``; replicas go on serving ``tls.crt``.
 3. adding (``next`` present) → SWITCH once the configuration's ``caBundle`` holds every CA of
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from kubernetes import client
 from kubernetes.client import ApiException
@@ -137,11 +140,43 @@ def _mint(now: datetime.datetime, policy: Policy) -> tuple[bytes, bytes, bytes]:
     return ca.cert_pem, serving.cert_pem, serving.key_pem
 
 
-def apply(step: Step, stored: Stored | None, now: datetime.datetime, policy: Policy) -> Stored:
-    """The Secret's content after ``step`` (KEEP: unchanged)."""
+MAX_ADOPTED_CAS = 4
+"""CAs of the configuration's caBundle a new Secret keeps trusting (see :func:`apply`), at most."""
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    """By signature, not by name: two CAs minted in the same second carry the same name."""
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _still_trusted(configured: bytes, now: datetime.datetime) -> bytes:
+    """The unexpired CAs of the configuration's ``caBundle`` (PEM), at most :data:`MAX_ADOPTED_CAS`;
+    nothing when it cannot be read."""
+    try:
+        valid = [ca for ca in _certificates(configured) if ca.not_valid_after_utc > now]
+    except ValueError:
+        return b""
+    return b"".join(ca.public_bytes(serialization.Encoding.PEM) for ca in valid[:MAX_ADOPTED_CAS])
+
+
+def apply(
+    step: Step, stored: Stored | None, now: datetime.datetime, policy: Policy, configured: bytes = b""
+) -> Stored:
+    """The Secret's content after ``step`` (KEEP: unchanged), given the ``caBundle`` the webhook
+    configuration holds (``configured``).
+
+    CREATE and RESET mint new material, and keep trusting the CAs the configuration trusts now: the
+    webhooks serving at that moment (an upgrade from ``tls.source: chart``, replicas still serving
+    material from before a Secret was deleted) present certificates those CAs signed, and would be
+    refused until they switch. The new Secret starts as a rotation just switched does: several CAs,
+    the new one serving, and DROP_CA leaves the issuer alone once ``settle`` has passed."""
     if step in (Step.CREATE, Step.RESET) or stored is None:
         ca, cert, key = _mint(now, policy)
-        return Stored(ca, cert, key, now)
+        return Stored(ca + _still_trusted(configured, now), cert, key, now)
     if step is Step.ADD_CA:
         ca, cert, key = _mint(now, policy)
         return replace(stored, ca_bundle=stored.ca_bundle + ca, next_cert=cert, next_key=key, since=now)
@@ -149,7 +184,7 @@ def apply(step: Step, stored: Stored | None, now: datetime.datetime, policy: Pol
         return Stored(stored.ca_bundle, stored.next_cert, stored.next_key, now)
     if step is Step.DROP_CA:
         [serving] = _certificates(stored.cert)
-        issuer = [ca for ca in _certificates(stored.ca_bundle) if ca.subject == serving.issuer]
+        issuer = [ca for ca in _certificates(stored.ca_bundle) if _signed_by(serving, ca)]
         pem = b"".join(ca.public_bytes(serialization.Encoding.PEM) for ca in issuer)
         return replace(stored, ca_bundle=pem, since=now)
     return stored
@@ -273,7 +308,7 @@ class SecretCertificates:
                         self.namespace,
                         self.secret,
                     )
-                if self._write(apply(step, stored, now, self.policy), version):
+                if self._write(apply(step, stored, now, self.policy, configured), version):
                     log.info("TLS Secret %s/%s: %s", self.namespace, self.secret, step.value)
                 else:
                     log.info(

@@ -4,12 +4,17 @@ through the upgrade are admitted, placed and prepared.
 
 The two builds are this checkout built twice, the first under an earlier version
 (testbed/product_images.py builds the package and tags the images at a version it is given), so the
-upgrade changes every image and rolls every workload of the release. There is no earlier release to
-upgrade from yet; when there is, its chart and images are the first build to use.
+upgrade changes every image and rolls every workload of the release. The first is installed with
+the webhook's certificate made by the chart (`webhook.tls.source: chart`, the default before
+`secret`), so the upgrade also moves the webhook to the certificate its replicas keep: the caBundle
+the API server trusts must never stop trusting what some replica serves, or GPU pods are refused.
+There is no earlier release to upgrade from yet; when there is, its chart and images are the first
+build to use.
 """
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -17,8 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from kubernetes import client
 
+from tessera.kube import raw_json
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
     EXAMPLE_SHARES,
@@ -61,7 +68,9 @@ def upgrade_bed(
     nodes = node_factory.start(2, extra_images=[*images, *workloads])
     charts.prepare_nodes(cluster, kube, nodes)
     home = tmp_path_factory.mktemp("helm")
-    with charts.installed_release(cluster, kube, nodes, home, charts.chart_values(PREVIOUS)) as bed:
+    values = charts.chart_values(PREVIOUS)
+    values["webhook"]["tls"] = {"source": "chart"}
+    with charts.installed_release(cluster, kube, nodes, home, values) as bed:
         yield bed
 
 
@@ -82,6 +91,18 @@ def uid_of(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
 
 def in_metrics(address: str, pod: str) -> bool:
     return f'pod="{pod}"' in scrape(address)
+
+
+def ca_bundle_of(bed: ChartBed) -> bytes:
+    """The CAs (PEM) the API server trusts for the release's webhook: its configuration's caBundle."""
+    configuration = raw_json(
+        client.AdmissionregistrationV1Api(bed.kube).read_mutating_webhook_configuration(
+            f"{bed.release}-webhook", _preload_content=False
+        )
+    )
+    [bundle] = {w["clientConfig"].get("caBundle", "") for w in configuration["webhooks"]}
+    assert bundle, "a webhook without a caBundle: the API server trusts no certificate"
+    return base64.b64decode(bundle)
 
 
 def images_of(bed: ChartBed, component: str) -> set[str]:
@@ -155,6 +176,7 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
             f"{name} running",
         )
     before = {name: uid_of(core, namespace, name) for name in running}
+    chart_ca = ca_bundle_of(bed)
     old_daemons = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
     old_webhooks = {p["metadata"]["uid"] for p in bed.pods("webhook")}
 
@@ -167,6 +189,18 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
         )
         wait_rolled_out(bed)
         threading.Event().wait(2 * NEW_POD_EVERY)  # a few more pods once the new release serves
+
+    # The replicas' own CA is trusted now, and the chart's still is: it goes once every replica has
+    # served the new certificate for a while (webhook.tls.secret.settleSeconds).
+    trusted = ca_bundle_of(bed)
+    shared = raw_json(
+        core.read_namespaced_secret(
+            f"{bed.release}-webhook-shared-tls", bed.namespace, _preload_content=False
+        )
+    )
+    assert base64.b64decode(shared["data"]["ca.crt"]) == trusted
+    chart_cas, trusted_cas = (set(x509.load_pem_x509_certificates(b)) for b in (chart_ca, trusted))
+    assert chart_cas < trusted_cas
 
     current = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
     assert images_of(bed, "kubeletplugin") == {current}

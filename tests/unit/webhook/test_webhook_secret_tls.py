@@ -7,8 +7,11 @@ from __future__ import annotations
 import datetime
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 
 from tessera.webhook.secret_tls import (
+    MAX_ADOPTED_CAS,
     UNUSABLE,
     Policy,
     Step,
@@ -35,10 +38,18 @@ def cas(pem: bytes) -> list[x509.Certificate]:
 
 
 def issuer_of(cert_pem: bytes, bundle: bytes) -> x509.Certificate:
+    """The one CA of ``bundle`` that signed the certificate (by signature: names can repeat)."""
     cert = x509.load_pem_x509_certificate(cert_pem)
-    [issuer] = [ca for ca in cas(bundle) if ca.subject == cert.issuer]
-    cert.verify_directly_issued_by(issuer)
+    [issuer] = [ca for ca in cas(bundle) if signed_by(cert, ca)]
     return issuer
+
+
+def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, InvalidSignature):
+        return False
+    return True
 
 
 def created() -> Stored:
@@ -115,3 +126,37 @@ def test_the_secret_round_trips_through_its_api_form() -> None:
     assert from_secret(body) == adding
     assert from_secret({"metadata": {}, "data": body["data"]}) is UNUSABLE
     assert from_secret({}) is UNUSABLE
+
+
+def test_a_new_secret_keeps_trusting_what_the_configuration_trusts_until_settled() -> None:
+    """An upgrade from the chart-made certificate: the old replicas serve a certificate the chart's
+    CA signed, and the configuration's caBundle holds that CA. The first replica's new Secret keeps
+    it beside its own CA, so the API server trusts old and new replicas alike; once every replica
+    serves the new certificate (settle), the old CA goes."""
+    [chart_ca] = cas(created().ca_bundle)  # another CA, as the chart made one
+    configured = chart_ca.public_bytes(serialization.Encoding.PEM)
+    assert next_step(None, START, configured, POLICY) is Step.CREATE
+    stored = apply(Step.CREATE, None, START, POLICY, configured)
+    new_ca, kept = cas(stored.ca_bundle)
+    assert kept == chart_ca
+    assert issuer_of(stored.cert, stored.ca_bundle) == new_ca
+    assert not stored.next_cert
+    assert next_step(stored, START + datetime.timedelta(minutes=1), stored.ca_bundle, POLICY) is Step.KEEP
+    later = START + datetime.timedelta(minutes=11)
+    assert next_step(stored, later, stored.ca_bundle, POLICY) is Step.DROP_CA
+    assert cas(apply(Step.DROP_CA, stored, later, POLICY).ca_bundle) == [new_ca]
+
+
+def test_only_readable_unexpired_cas_are_kept_and_only_a_few() -> None:
+    expired = apply(Step.CREATE, None, START - 100 * DAY, POLICY).ca_bundle
+    assert len(cas(apply(Step.CREATE, None, START, POLICY, expired).ca_bundle)) == 1
+    assert len(cas(apply(Step.RESET, UNUSABLE, START, POLICY, b"not pem").ca_bundle)) == 1
+    many = b"".join(created().ca_bundle for _ in range(MAX_ADOPTED_CAS + 3))
+    assert len(cas(apply(Step.CREATE, None, START, POLICY, many).ca_bundle)) == 1 + MAX_ADOPTED_CAS
+
+
+def test_the_old_ca_is_dropped_by_signature_even_when_both_cas_share_a_name() -> None:
+    first, second = created(), created()  # minted in the same second: the same subject
+    assert cas(first.ca_bundle)[0].subject == cas(second.ca_bundle)[0].subject
+    both = Stored(second.ca_bundle + first.ca_bundle, second.cert, second.key, START)
+    assert cas(apply(Step.DROP_CA, both, START, POLICY).ca_bundle) == cas(second.ca_bundle)
