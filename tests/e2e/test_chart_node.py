@@ -3,7 +3,8 @@ webhook (Deployment) as pods from the locally built images (testbed/product_imag
 images images/Dockerfile builds) on two test-bed nodes with simulated GPUs. The examples in
 examples/, applied with kubectl unchanged, run with their shares placed and their limits enforced
 inside the containers; `helm test` passes; port 31995 on each node answers with the examples'
-metrics; `helm upgrade` with changed values rolls the DaemonSet and a prepared claim survives it.
+metrics; a webhook pod deleted while GPU pods are created refuses none; `helm upgrade` with changed
+values rolls the DaemonSet and a prepared claim survives it.
 
 What the test bed sets through values, and why: testbed/chart_bed.py.
 """
@@ -42,6 +43,7 @@ from testbed.chart_bed import (
 from testbed.cluster import LocalCluster
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
+from testbed.pod_stream import PodStream
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
 from tests.chart_helm import CHART, values_file
@@ -229,6 +231,32 @@ def test_each_example_applied_unchanged_runs_with_its_share_placed_and_enforced(
             ]
             assert len(series) == len(pod["spec"]["containers"]), metrics
             assert all(float(line.rsplit(" ", 1)[1]) == expected.memory for line in series), series
+
+
+def test_a_webhook_pod_deleted_while_gpu_pods_are_created_refuses_none_of_them(
+    chart_bed: ChartBed, namespace: str
+) -> None:
+    """The webhook runs two replicas (failurePolicy Fail: with none, no GPU pod is admitted). One pod
+    is deleted, as a drain or an operator deletes it, while a GPU pod is created (dry run) five
+    times a second: the API server calls the other replica meanwhile, the Deployment replaces the
+    deleted one, and no pod is refused or left unconverted."""
+    bed = chart_bed
+    wait_rolled_out(bed)
+    core = client.CoreV1Api(bed.kube)
+    victim = bed.pods("webhook")[0]["metadata"]["name"]
+    with PodStream(bed.kube, namespace, every=0.2, dry_run=True) as stream:
+        poll_until(lambda: stream.calls >= 10, 60, "GPU pods created before the deletion")
+        core.delete_namespaced_pod(victim, bed.namespace)
+        poll_until(
+            lambda: victim not in {p["metadata"]["name"] for p in bed.pods("webhook")},
+            ROLLOUT_TIMEOUT,
+            f"{victim} gone",
+        )
+        wait_rolled_out(bed)
+        after = stream.calls
+        poll_until(lambda: stream.calls >= after + 10, 60, "GPU pods created after the replacement")
+    assert stream.refused == [], "no GPU pod refused while a webhook pod was deleted"
+    assert stream.unconverted == []
 
 
 def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(

@@ -18,10 +18,8 @@ import base64
 import threading
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 import pytest
-import yaml
 from cryptography import x509
 from kubernetes import client
 
@@ -29,7 +27,6 @@ from tessera.kube import raw_json
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
     EXAMPLE_SHARES,
-    EXAMPLES,
     ROLLOUT_TIMEOUT,
     ChartBed,
     enforcement_script,
@@ -41,6 +38,7 @@ from testbed.cluster import LocalCluster
 from testbed.helm import CHART, values_file
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections, wait_for_pod
+from testbed.pod_stream import PodStream, hami_pod
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
 
@@ -49,7 +47,6 @@ pytestmark = pytest.mark.e2e
 PREVIOUS = "0.1.0.dev0"
 """The first build's version: earlier than the checkout's (pyproject.toml), a valid image tag."""
 
-HAMI_POD = EXAMPLES / "hami-pod.yaml"
 SHARE = EXAMPLE_SHARES["hami-pod.yaml"]
 NEW_POD_EVERY = 3.0
 """Seconds between the GPU pods created while the upgrade runs."""
@@ -72,16 +69,6 @@ def upgrade_bed(
     values["webhook"]["tls"] = {"source": "chart"}
     with charts.installed_release(cluster, kube, nodes, home, values) as bed:
         yield bed
-
-
-def hami_pod(name: str) -> client.V1Pod:
-    """The HAMi example pod (2000 MiB, 25 % of one GPU), named ``name``."""
-    body: dict[str, Any] = yaml.safe_load(HAMI_POD.read_text())
-    body["metadata"]["name"] = name
-    for container in body["spec"]["containers"]:  # YAML reads the quantities as numbers
-        limits = container["resources"]["limits"]
-        limits.update({key: str(value) for key, value in limits.items()})
-    return client.V1Pod.model_validate(body)
 
 
 def uid_of(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
@@ -124,36 +111,6 @@ def running_with_its_share(kube: client.ApiClient, namespace: str, name: str) ->
     return False  # not printed yet
 
 
-class PodsThroughTheUpgrade:
-    """Creates a HAMi pod every few seconds until stopped; keeps every refusal the API answered."""
-
-    def __init__(self, kube: client.ApiClient, namespace: str) -> None:
-        self._core = client.CoreV1Api(kube)
-        self._namespace = namespace
-        self._stop = threading.Event()
-        self.created: list[str] = []
-        self.refused: list[str] = []
-        self._thread = threading.Thread(target=self._run, name="pods-through-upgrade", daemon=True)
-
-    def __enter__(self) -> PodsThroughTheUpgrade:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            name = f"during-{len(self.created) + len(self.refused)}"
-            try:
-                self._core.create_namespaced_pod(self._namespace, hami_pod(name))
-                self.created.append(name)
-            except client.ApiException as error:
-                self.refused.append(f"{name}: {error.status} {error.body}")
-            self._stop.wait(NEW_POD_EVERY)
-
-
 def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admits_pods_throughout(
     upgrade_bed: ChartBed, namespace: str
 ) -> None:
@@ -180,7 +137,7 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     old_daemons = {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")}
     old_webhooks = {p["metadata"]["uid"] for p in bed.pods("webhook")}
 
-    with PodsThroughTheUpgrade(bed.kube, namespace) as through:
+    with PodStream(bed.kube, namespace, NEW_POD_EVERY) as through:
         values = charts.confined_to_release_nodes(
             charts.with_webhook_client_ca(bed.cluster, charts.chart_values()), bed.release
         )
@@ -207,6 +164,7 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     assert not {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")} & old_daemons
     assert not {p["metadata"]["uid"] for p in bed.pods("webhook")} & old_webhooks
     assert through.refused == [], "no GPU pod refused while the release was upgraded"
+    assert through.unconverted == [], "every GPU pod converted by the webhook"
     assert len(through.created) >= 3, through.created
     for name in through.created:
         wait_for_pod(
