@@ -25,8 +25,9 @@ The phases and the one step out of each (:func:`next_step`, pure, so tested with
 3. adding (``next`` present) → SWITCH once the configuration's ``caBundle`` holds every CA of
    ``ca.crt`` and ``settle`` has passed since ADD_CA (every replica has polled the Secret and put
    the bigger bundle in place, and the API server has loaded it): ``next`` becomes ``tls``.
-4. switched (two CAs, no ``next``) → DROP_CA once ``settle`` has passed since SWITCH (every replica
-   polls well within it, so all serve the new certificate): ``ca.crt`` keeps only its issuer.
+4. switched (several CAs - two after a rotation, up to five after CREATE kept the configuration's -
+   no ``next``) → DROP_CA once ``settle`` has passed since SWITCH or CREATE (every replica polls
+   well within it, so all serve the new certificate): ``ca.crt`` keeps only its issuer.
 5. unreadable, or its certificate expired (no replica ran through a whole renewal period) → RESET:
    new material at once; the one case with a window, logged as a warning.
 

@@ -47,7 +47,7 @@ def issuer_of(cert_pem: bytes, bundle: bytes) -> x509.Certificate:
 def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
-    except (ValueError, InvalidSignature):
+    except (ValueError, TypeError, InvalidSignature):
         return False
     return True
 
