@@ -81,8 +81,10 @@ class Daemon(Stoppable):
                 health.endpoints(self.alive, self.not_ready),
             )
             self._health_http.start()
-        if not self._state_lock.acquire(self._stop):  # before the checkpoint is read: one daemon per node
-            return  # stopped while a standby
+        # Before the checkpoint is read: one daemon per node. Stopped meanwhile (a standby replaced
+        # before its turn, or a stop during the probes' start): nothing else is started.
+        if not self._state_lock.acquire(self._stop) or self._stop.is_set():
+            return
         self._phase = "starting"
         self._nvml = Nvml()
         gpus = devices.shareable(self._nvml.gpus())

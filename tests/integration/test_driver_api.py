@@ -457,19 +457,27 @@ def test_a_standby_stopped_before_its_turn_exits_cleanly_and_the_first_daemon_se
     assert dra_socket_answers(driver_node.dra_socket)
 
 
+@pytest.mark.parametrize(
+    "stopped_at",
+    [
+        pytest.param("serving health on", id="before-the-state-lock"),
+        pytest.param("GPUs to share", id="after-gpu-discovery"),
+    ],
+)
 def test_a_daemon_stopped_while_it_starts_exits_cleanly_without_sitting_out_the_nvml_timeout(
-    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str], stopped_at: str
 ) -> None:
-    """A rollout may replace a daemon that is still starting. Stopped as soon as it has found its
-    GPUs - before its first health poll, which then never runs - it stops at once and exits 0,
-    rather than waiting out the NVML timeout (an hour here) for that poll's answer."""
+    """A rollout may replace a daemon that is still starting. Stopped once it logs ``stopped_at`` it
+    exits 0 and serves nothing, rather than waiting out the NVML timeout (an hour here) for a first
+    health poll the stop prevented. Stopped before it has the state lock, the stop always precedes
+    that poll; stopped after GPU discovery it does in most runs (the poll starts a moment later)."""
     ensure_device_class(kube)
     node = DriverNode(cluster, fake_node(), gpus=2)
     try:
         node.start(extra_args=["--nvml-timeout=3600"])
         daemon = node.process
         assert daemon is not None
-        daemon.wait_until(lambda: "GPUs to share" in daemon.log_tail(), 60, "the daemon finding its GPUs")
+        daemon.wait_until(lambda: stopped_at in daemon.log_tail(), 60, f"the daemon logging {stopped_at!r}")
         daemon.stop(grace=120)  # long: only a daemon that ignores SIGTERM needs it, and it fails below
         said = daemon.log_tail()
         assert daemon.returncode == 0, said
