@@ -43,7 +43,7 @@ REQUEST_TIMEOUT = 10.0
 """Seconds a client may take for each read of its request (and for the TLS handshake). A probe or a
 scrape sends its request at once; the kubelet's probe timeout is one second by default."""
 
-_STOP_POLL = 0.05
+_STOP_POLL = 0.1
 """Seconds between the accept loop's looks at a stop request: how long :meth:`HttpServer.stop` may
 wait for it (socketserver's default, 0.5 s, was half a second added to every shutdown and rollout)."""
 
