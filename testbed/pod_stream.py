@@ -1,5 +1,6 @@
-"""GPU pods created one after another while something happens to the release (an upgrade, a webhook
-pod deleted), to show that the API server kept calling a webhook that converted each of them.
+"""The HAMi example pod, created one after another while something happens to the release (an upgrade,
+a webhook pod deleted, the API server gone), to show that the API server kept calling a webhook that
+converted each of them, and that each runs with its share.
 
 "Refused" is what failurePolicy Fail makes of a webhook the API server cannot call or does not trust:
 the create fails with ``failed calling webhook``. Every create, dry run or not, is one real call to
@@ -14,9 +15,14 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from testbed.helm import REPO
+from testbed.chart_bed import EXAMPLE_SHARES, EXAMPLES, scrape
+from testbed.pod_state import events
+from testbed.polling import Fatal
 
-HAMI_POD = REPO / "examples" / "hami-pod.yaml"
+HAMI_POD = EXAMPLES / "hami-pod.yaml"
+HAMI_SHARE = EXAMPLE_SHARES[HAMI_POD.name]
+_CALL_TIMEOUT = 30.0
+"""Seconds one create may take: the API server waits at most the webhook's timeoutSeconds (5) for it."""
 
 
 def hami_pod(name: str) -> client.V1Pod:
@@ -29,10 +35,34 @@ def hami_pod(name: str) -> client.V1Pod:
     return client.V1Pod.model_validate(body)
 
 
+def running_with_its_share(kube: client.ApiClient, namespace: str, name: str) -> bool:
+    """Whether the HAMi pod ``name`` runs and has printed the limits of its share (its limits file);
+    Fatal, which ends a poll at once, if it failed or printed other limits."""
+    core = client.CoreV1Api(kube)
+    pod = core.read_namespaced_pod(name, namespace)
+    assert pod.status is not None
+    if pod.status.phase == "Failed":
+        raise Fatal(f"{namespace}/{name} failed:\n{events(kube, namespace)}")
+    if pod.status.phase != "Running":
+        return False
+    log = str(core.read_namespaced_pod_log(name, namespace))
+    if f"memory={HAMI_SHARE.memory} cores={HAMI_SHARE.cores}" in log:
+        return True
+    if "memory=" in log:
+        raise Fatal(f"{namespace}/{name} runs with limits other than its share:\n{log}")
+    return False  # not printed yet
+
+
+def in_metrics(address: str, pod: str) -> bool:
+    """Whether the exporter on the node at ``address`` has series of ``pod``."""
+    return f'pod="{pod}"' in scrape(address)
+
+
 class PodStream:
     """Creates a HAMi pod every ``every`` seconds until stopped, from a thread of its own; keeps the
     names created, the ones the webhook did not convert (no claim in the answer), and every refusal
-    the API answered. With ``dry_run`` nothing is stored, so the stream may be fast."""
+    the API answered. With ``dry_run`` nothing is stored, so the stream may be fast. A create that
+    fails otherwise (the API server unreachable) ends the stream, and leaving the ``with`` raises it."""
 
     def __init__(self, kube: client.ApiClient, namespace: str, every: float, dry_run: bool = False) -> None:
         self._core = client.CoreV1Api(kube)
@@ -43,6 +73,7 @@ class PodStream:
         self.created: list[str] = []
         self.unconverted: list[str] = []
         self.refused: list[str] = []
+        self._failure: Exception | None = None
         self._thread = threading.Thread(target=self._run, name="pod-stream", daemon=True)
 
     @property
@@ -56,18 +87,28 @@ class PodStream:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(_CALL_TIMEOUT + 5)
+        if self._thread.is_alive():
+            raise RuntimeError("the pod stream did not stop: a create hangs")
+        if self._failure is not None:
+            raise RuntimeError(f"the pod stream stopped after {self.calls} creates") from self._failure
 
     def _run(self) -> None:
         while not self._stop.is_set():
             name = f"stream-{self.calls}"
             try:
                 answer = self._core.create_namespaced_pod(
-                    self._namespace, hami_pod(name), dry_run="All" if self._dry_run else None
+                    self._namespace,
+                    hami_pod(name),
+                    dry_run="All" if self._dry_run else None,
+                    _request_timeout=_CALL_TIMEOUT,
                 )
                 self.created.append(name)
                 if not (answer.spec is not None and answer.spec.resource_claims):
                     self.unconverted.append(name)
             except client.ApiException as error:
                 self.refused.append(f"{name}: {error.status} {error.body}")
+            except Exception as error:  # not an answer: the stream cannot say what the webhook did
+                self._failure = error
+                return
             self._stop.wait(self._every)

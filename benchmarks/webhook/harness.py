@@ -12,7 +12,6 @@ import base64
 import http.client
 import json
 import os
-import socket
 import ssl
 import statistics
 import subprocess
@@ -34,17 +33,12 @@ from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.fake_nodes import create_ready_node
 from testbed.polling import poll_until
+from testbed.process import free_port
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "charts/tessera/files/webhook-configuration.yaml"
 NAMESPACE = "bench"
 GPU_LIMITS = {"nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "30"}
 THREADS_PER_PROCESS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def pod(limits: dict[str, str]) -> dict[str, Any]:

@@ -26,19 +26,18 @@ from kubernetes import client
 from tessera.kube import raw_json
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
-    EXAMPLE_SHARES,
     ROLLOUT_TIMEOUT,
     ChartBed,
     enforcement_script,
     node_address,
-    scrape,
     wait_rolled_out,
 )
 from testbed.cluster import LocalCluster
 from testbed.helm import CHART, values_file
 from testbed.node import NodeFactory
-from testbed.pod_state import events, sections, wait_for_pod
-from testbed.pod_stream import PodStream, hami_pod
+from testbed.pod_state import sections, wait_for_pod
+from testbed.pod_stream import HAMI_SHARE as SHARE
+from testbed.pod_stream import PodStream, hami_pod, in_metrics, running_with_its_share
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
 
@@ -47,7 +46,6 @@ pytestmark = pytest.mark.e2e
 PREVIOUS = "0.1.0.dev0"
 """The first build's version: earlier than the checkout's (pyproject.toml), a valid image tag."""
 
-SHARE = EXAMPLE_SHARES["hami-pod.yaml"]
 NEW_POD_EVERY = 3.0
 """Seconds between the GPU pods created while the upgrade runs."""
 
@@ -76,10 +74,6 @@ def uid_of(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
     return metadata.uid if metadata is not None else None
 
 
-def in_metrics(address: str, pod: str) -> bool:
-    return f'pod="{pod}"' in scrape(address)
-
-
 def ca_bundle_of(bed: ChartBed) -> bytes:
     """The CAs (PEM) the API server trusts for the release's webhook: its configuration's caBundle."""
     configuration = raw_json(
@@ -94,21 +88,6 @@ def ca_bundle_of(bed: ChartBed) -> bytes:
 
 def images_of(bed: ChartBed, component: str) -> set[str]:
     return {c["image"] for p in bed.pods(component) for c in p["spec"]["containers"]}
-
-
-def running_with_its_share(kube: client.ApiClient, namespace: str, name: str) -> bool:
-    pod = client.CoreV1Api(kube).read_namespaced_pod(name, namespace)
-    assert pod.status is not None
-    if pod.status.phase == "Failed":
-        raise AssertionError(f"{namespace}/{name} failed:\n{events(kube, namespace)}")
-    if pod.status.phase != "Running":
-        return False
-    log = str(client.CoreV1Api(kube).read_namespaced_pod_log(name, namespace))
-    if f"memory={SHARE.memory} cores={SHARE.cores}" in log:
-        return True
-    if "memory=" in log:
-        raise AssertionError(f"{namespace}/{name} runs with limits other than its share:\n{log}")
-    return False  # not printed yet
 
 
 def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admits_pods_throughout(
@@ -138,8 +117,11 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
     old_webhooks = {p["metadata"]["uid"] for p in bed.pods("webhook")}
 
     with PodStream(bed.kube, namespace, NEW_POD_EVERY) as through:
+        upgraded = charts.chart_values()
+        # The chart's CA must still be trusted when checked below, long after the rollout began.
+        upgraded["webhook"]["tls"] = {"secret": {"settleSeconds": 3600}}
         values = charts.confined_to_release_nodes(
-            charts.with_webhook_client_ca(bed.cluster, charts.chart_values()), bed.release
+            charts.with_webhook_client_ca(bed.cluster, upgraded), bed.release
         )
         bed.helm(
             "upgrade", bed.release, str(CHART), "-f", str(values_file(bed.helm_home, values, "upgrade.yaml"))

@@ -84,7 +84,8 @@ def test_free_port_is_outside_the_range_the_kernel_gives_outgoing_connections() 
     free_port keeps out of it (this machine's range leaves room below it, as Linux's default does),
     and out of the NodePort range, where the chart's exporter listens (31995)."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert low - 10000 >= 1000, "this machine's ephemeral range leaves no room below it"
+    if low - 10000 < 1000:
+        pytest.skip(f"this machine's ephemeral range starts at {low}: no room below it")
     ports = {free_port() for _ in range(50)}
     assert all(10000 <= port < min(low, 30000) for port in ports)
 
