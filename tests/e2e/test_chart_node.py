@@ -43,7 +43,7 @@ from testbed.chart_bed import (
 from testbed.cluster import LocalCluster
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
-from testbed.pod_stream import PodStream
+from testbed.pod_stream import PodStream, in_metrics
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
 from tests.chart_helm import CHART, values_file
@@ -287,7 +287,7 @@ def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(
 
     # The new daemon pod took the claim over from the checkpoint: its exporter shows the container.
     address = node_address(bed, pod["spec"]["nodeName"])
-    poll_until(lambda: f'pod="{name}"' in scrape(address), 60, f"{name} in the new daemon's metrics")
+    poll_until(partial(in_metrics, address, name), 60, f"{name} in the new daemon's metrics")
     seen = sections(
         bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", enforcement_script(expected.memory))
     )
