@@ -185,6 +185,15 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--shutdown-delay",
+        env + "SHUTDOWN_DELAY",
+        5.0,
+        "seconds to keep serving after SIGTERM, not ready and closing each connection after its "
+        "answer, so the API server moves to other replicas before this one stops accepting",
+        float,
+    )
+    setting(
+        p,
         "--template-ttl",
         env + "TEMPLATE_TTL",
         300.0,
@@ -300,6 +309,10 @@ class Webhook(Stoppable):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.fatal: str | None = None
+        if not args.shutdown_delay >= 0:
+            raise command.UsageError(
+                f"--shutdown-delay must be 0 or more seconds, not {args.shutdown_delay:g}"
+            )
         self._args = args
         self._api = api_client(args.kubeconfig)
         self._client_secret = client_ca_secret(args, self._api)
@@ -336,9 +349,12 @@ class Webhook(Stoppable):
         log.info("serving /mutate on %s:%d", args.bind_address, self._server.port)
 
     def stop(self) -> None:
-        """Answer the reviews in flight, then stop the watches."""
+        """Drain (when stopped by a signal while serving), answer the reviews in flight, then stop
+        the watches."""
         self._stop.set()
         if self._server is not None:
+            if self.fatal is None:
+                self._server.drain(self._args.shutdown_delay)
             self._server.stop()
             self._server = None
         self._templates.stop()

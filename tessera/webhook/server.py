@@ -29,8 +29,9 @@ says otherwise, so every resource a caller can hold is bounded:
   webhook's own faults.
 
 Connections are kept alive (the apiserver reuses them) and time out when idle, so a shutdown waits
-only for reviews in flight. Answers go out in one write with TCP_NODELAY, so Nagle's algorithm
-never holds them for the client's delayed ACK.
+only for reviews in flight; before it, :meth:`WebhookServer.drain` lets clients move away. Answers
+go out in one write with TCP_NODELAY, so Nagle's algorithm never holds them for the client's
+delayed ACK.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ IDLE_TIMEOUT = 180.0
 """Seconds a kept-alive connection may sit idle before the server closes it. Longer than the
 apiserver's own idle timeout (Go's 90 s), so the apiserver always closes first: a server closing an
 idle connection races the client's next POST on it, which the client reports as a broken pipe and
-does not retry. On shutdown idle connections are closed at once instead."""
+does not retry. On shutdown, idle connections are closed at once, after the drain (WebhookServer.drain)
+has let clients move to other replicas."""
 
 REQUEST_TIMEOUT = 0.8
 """Seconds from a request's first byte (or a connection's opening, for the TLS handshake) until all
@@ -108,10 +110,15 @@ class WebhookApp:
         self.templates = templates
         self.ready = ready
         self.metrics = WebhookMetrics()
+        self.draining = threading.Event()
+        """Set on SIGTERM, before ``closing``: not ready, still serving, each answer closes its connection."""
         self.closing = threading.Event()
         self.endpoints = Endpoints(
             healthz=lambda: (True, "ok"),
-            readyz=lambda: (self.ready() and not self.closing.is_set(), "slice cache not synced or closing"),
+            readyz=lambda: (
+                self.ready() and not self.draining.is_set() and not self.closing.is_set(),
+                "slice cache not synced, or shutting down",
+            ),
             metrics=registry_metrics(self.metrics.registry),
         )
 
@@ -298,7 +305,7 @@ class _Listener:
             )
         else:  # probes and metrics: answered here, so a busy pool never fails a liveness probe
             status, answer, content_type = self._route(request, body)
-        close = not request.keep_alive or self.app.closing.is_set()
+        close = not request.keep_alive or self.app.draining.is_set() or self.app.closing.is_set()
         await self._send(writer, status, answer, content_type, close)
         return not close
 
@@ -381,6 +388,20 @@ class WebhookServer:
             self._plain.start()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
         self._thread.start()
+
+    def drain(self, seconds: float) -> None:
+        """Keep serving for ``seconds`` while clients move away: /readyz fails, so the pod leaves its
+        Service's endpoints, and every answer says ``Connection: close``, so a client that still
+        comes here ends that connection itself, after its answer, and opens the next one elsewhere.
+
+        Why: closing a kept-alive connection races the API server's next POST on it, which it
+        reports as EOF and does not retry, refusing a pod (failurePolicy Fail). Stopping at once on
+        SIGTERM also refuses the calls the API server routes here before it sees the endpoint go."""
+        self.app.draining.set()
+        log.info(
+            "draining for %g s before stopping: not ready, closing each connection after its answer", seconds
+        )
+        self.app.closing.wait(seconds)  # a stop meanwhile ends the drain
 
     def stop(self) -> None:
         """Stop accepting, finish the reviews in flight, close kept-alive connections, return."""

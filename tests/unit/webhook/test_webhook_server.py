@@ -216,6 +216,31 @@ def test_stop_answers_the_review_in_flight_before_returning(tmp_path: Path) -> N
     assert answers[0]["response"]["allowed"] is True
 
 
+def test_a_draining_server_is_not_ready_but_answers_new_and_kept_alive_connections_with_close(
+    running: Running,
+) -> None:
+    """SIGTERM's first phase: the pod must leave its Service's endpoints (readiness fails) while it
+    still answers whoever comes - on a kept-alive connection or a new one - each answer telling the
+    client to close that connection, so none is closed under a POST the client is sending."""
+    running.is_ready = True
+    kept = running.https()
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() == b"ok\n"  # kept alive, now idle
+    drainer = threading.Thread(target=running.server.drain, args=(3600.0,), daemon=True)
+    drainer.start()
+    poll_until(lambda: running.get_plain("/readyz")[0] == 503, 30, "not ready while draining")
+    body = json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request(GPU_POD)}
+    )
+    for connection in (kept, running.https()):
+        connection.request("POST", "/mutate", body.encode(), {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        assert answer.status == 200
+        assert json.loads(answer.read())["response"]["allowed"] is True
+        assert answer.getheader("Connection") == "close"
+    assert running.get_plain("/healthz") == (200, "ok\n")
+
+
 def test_an_empty_fleet_denies_gpu_pods_and_leaves_others_alone(running: Running) -> None:
     running.fleet = Fleet()
     assert "no gpu.tessera.dev GPU is published" in running.review(GPU_POD)["response"]["status"]["message"]
