@@ -510,5 +510,7 @@ class CheckHistory:
             return sum(1 for state, _, _ in self.entries.get(workload, []) if state == "Ready")
 
     def stop(self) -> None:
+        """Stop recording. Returns at once: the watch in flight ends at its server-side timeout (up
+        to 30 s) and its daemon thread with it; waiting for that cost every test that used this
+        about 28 s."""
         self._stop.set()
-        self._thread.join(timeout=70)
