@@ -49,6 +49,9 @@ CHART_NODE_LABEL = "testbed.tessera.dev/chart-release"
 GPUS_PER_NODE = 2
 GPU_MEMORY = 80 * GiB
 ROLLOUT_TIMEOUT = 300.0
+DAEMON_HEALTH_PORT = 51515
+"""The node daemon's /healthz and /readyz (kubeletPlugin.healthPort's default), on its node's address:
+the test bed runs it in the host network."""
 
 
 @dataclass

@@ -1,0 +1,160 @@
+"""The chart on real nodes while the API server is gone for a minute, with a GPU pod running on a
+share: the node daemon's pods stay up, never restarted (their liveness does not depend on the API),
+and say they are not ready and why; the running container keeps its limits and its metrics; once the
+server is back the daemons are ready again, and a new GPU pod is placed, prepared and runs with its
+share.
+
+It stops the API server, so it runs on a control plane and nodes of its own, not the session's.
+tests/integration/test_driver_outages.py holds the same outage, and the black hole, against the
+daemon alone, with the kubelet's calls made by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+from kubernetes import client
+
+from tessera.kube import api_client
+from testbed import chart_bed as charts
+from testbed.chart_bed import (
+    DAEMON_HEALTH_PORT,
+    ROLLOUT_TIMEOUT,
+    ChartBed,
+    enforcement_script,
+    wait_rolled_out,
+)
+from testbed.cluster import LocalCluster
+from testbed.node import NodeFactory
+from testbed.pod_state import sections, wait_for_pod
+from testbed.pod_stream import HAMI_SHARE, hami_pod, in_metrics, running_with_its_share
+from testbed.polling import poll_until
+from testbed.product_images import product_images
+from tests.conftest import made_namespace
+
+pytestmark = pytest.mark.e2e
+
+OUTAGE_SECONDS = 60
+SCHEDULER_RECOVERY_SECONDS = 180
+"""How long the real kube-scheduler may take to place a pod after a minute without an API server:
+its informers back off up to 30 s with as much jitter again (70 s in a run on this test bed)."""
+
+
+@pytest.fixture(scope="module")
+def outage_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartBed]:
+    """The release on two nodes of a control plane of its own."""
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root: containerd and the kubelet mount, and manage cgroups and links")
+    with LocalCluster() as cluster:
+        kube = api_client(cluster.admin_kubeconfig)
+        factory = NodeFactory(cluster)
+        try:
+            workloads = charts.workload_images(tmp_path_factory.mktemp("workload-images"))
+            nodes = factory.start(2, extra_images=[*product_images().values(), *workloads])
+            charts.prepare_nodes(cluster, kube, nodes)
+            home = tmp_path_factory.mktemp("helm")
+            # Not uninstalled: the nodes and the control plane go with the module.
+            with charts.installed_release(
+                cluster, kube, nodes, home, charts.chart_values(), uninstall=False
+            ) as bed:
+                yield bed
+        finally:
+            factory.stop_all()
+            kube.close()  # type: ignore[no-untyped-call]
+
+
+def daemon_health(address: str, path: str) -> tuple[int, str]:
+    """GET the daemon's /healthz or /readyz on its node, straight from the host: (status, body)."""
+    try:
+        with urllib.request.urlopen(f"http://{address}:{DAEMON_HEALTH_PORT}{path}", timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def ready(address: str) -> bool:
+    return daemon_health(address, "/readyz")[0] == 200
+
+
+def daemon_containers(bed: ChartBed) -> dict[tuple[str, str], tuple[str, int]]:
+    """Each container of each daemon pod (the plugin and the exporter): (pod, container) ->
+    (container ID, restart count)."""
+    return {
+        (pod["metadata"]["name"], c["name"]): (c["containerID"], c["restartCount"])
+        for pod in bed.pods("kubeletplugin")
+        for c in pod["status"]["containerStatuses"]
+    }
+
+
+def says_api_unreachable(address: str) -> bool:
+    status, reasons = daemon_health(address, "/readyz")
+    return status == 503 and "the watch of" in reasons
+
+
+def test_a_minute_without_the_api_server_costs_running_shares_nothing_and_new_pods_run_after(
+    outage_bed: ChartBed,
+) -> None:
+    bed = outage_bed
+    wait_rolled_out(bed)
+    core = client.CoreV1Api(bed.kube)
+    with made_namespace(bed.kube) as namespace:
+        core.create_namespaced_pod(namespace, hami_pod("running"))
+        check = partial(running_with_its_share, bed.kube, namespace, "running")
+        wait_for_pod(core, namespace, "running", check, ROLLOUT_TIMEOUT, "running with its share")
+        pod = core.read_namespaced_pod("running", namespace)
+        assert pod.spec is not None and pod.status is not None and pod.status.container_statuses
+        node = next(n for n in bed.nodes if n.name == pod.spec.node_name)
+        container = pod.status.container_statuses[0].container_id
+        poll_until(partial(in_metrics, node.address, "running"), 60, "the share's series on its node")
+        daemons = daemon_containers(bed)
+        assert len(daemons) == 2 * len(bed.nodes), daemons
+
+        bed.cluster.stop_api_server()
+        began = time.monotonic()
+        try:
+            for each in bed.nodes:
+                poll_until(
+                    partial(says_api_unreachable, each.address),
+                    OUTAGE_SECONDS,
+                    f"the daemon on {each.name} saying it cannot reach the API server",
+                )
+            while time.monotonic() - began < OUTAGE_SECONDS:
+                for each in bed.nodes:
+                    assert daemon_health(each.address, "/healthz")[0] == 200, "alive without the API"
+                    assert says_api_unreachable(each.address), daemon_health(each.address, "/readyz")
+                assert in_metrics(node.address, "running"), "the exporter serves the share's series"
+                time.sleep(5)
+        finally:
+            bed.cluster.resume_api_server()
+
+        for each in bed.nodes:
+            poll_until(partial(ready, each.address), 120, f"the daemon on {each.name} ready again")
+        assert daemon_containers(bed) == daemons, "a daemon's container was restarted"
+        pod = core.read_namespaced_pod("running", namespace)
+        assert pod.status is not None and pod.status.container_statuses
+        assert pod.status.container_statuses[0].container_id == container, "the GPU container was restarted"
+        seen = sections(
+            bed.kubectl(
+                "exec", "-n", namespace, "running", "--", "sh", "-c", enforcement_script(HAMI_SHARE.memory)
+            )
+        )
+        assert int(seen["info"]["total"]) == HAMI_SHARE.memory, json.dumps(seen)
+        assert seen["over"]["rc"] == "2", json.dumps(seen)
+
+        core.create_namespaced_pod(namespace, hami_pod("after"))
+        check = partial(running_with_its_share, bed.kube, namespace, "after")
+        wait_for_pod(
+            core,
+            namespace,
+            "after",
+            check,
+            SCHEDULER_RECOVERY_SECONDS + ROLLOUT_TIMEOUT,
+            "a pod created after the outage running with its share",
+        )
