@@ -18,14 +18,14 @@ from __future__ import annotations
 import contextlib
 import urllib.request
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client
 
-from simgpu.config import NodeSpec, library_dir, make_gpus, write_config
+from simgpu.config import GpuFaults, NodeSpec, library_dir, make_gpus, write_config
 from tessera.kube import raw_json
 from tessera.names import METRICS_PORT
 from tessera.quantity import GiB, MiB
@@ -107,14 +107,14 @@ class ChartBed:
         return tails
 
 
-def simulated_gpus(node: RealNode) -> Path:
-    """The node's simulated GPUs: their configuration under the node's own folder."""
+def simulated_gpus(node: RealNode, faults: Mapping[int, GpuFaults] | None = None) -> Path:
+    """The node's simulated GPUs: their configuration under the node's own folder. Rewritten with
+    ``faults`` (by GPU index), processes already running on the node pick them up."""
     folder = node.paths.root / "simgpu"
     folder.mkdir(exist_ok=True)
-    spec = NodeSpec(
-        state_file=folder / "state", gpus=make_gpus(GPUS_PER_NODE, node.name, memory_bytes=GPU_MEMORY)
-    )
-    return write_config(spec, folder / "simgpu.conf")
+    gpus = make_gpus(GPUS_PER_NODE, node.name, memory_bytes=GPU_MEMORY)
+    gpus = tuple(replace(gpu, faults=(faults or {}).get(i, gpu.faults)) for i, gpu in enumerate(gpus))
+    return write_config(NodeSpec(state_file=folder / "state", gpus=gpus), folder / "simgpu.conf")
 
 
 def local_image(name: str, version: str | None = None) -> dict[str, str]:

@@ -1,12 +1,18 @@
-"""The chart on real nodes while the API server is gone for a minute, with a GPU pod running on a
-share: the node daemon's pods stay up, never restarted (their liveness does not depend on the API),
-and say they are not ready and why; the running container keeps its limits and its metrics; once the
-server is back the daemons are ready again, and a new GPU pod is placed, prepared and runs with its
-share.
+"""The chart on real nodes while a dependency fails around it, with GPU pods running on shares.
+
+The API server gone for a minute: the node daemon's pods stay up, never restarted (their liveness
+does not depend on the API), and say they are not ready and why; the running container keeps its
+limits and its metrics; once the server is back the daemons are ready again, and a new GPU pod is
+placed, prepared and runs with its share.
+
+NVML hanging on one GPU of a node (the simulated driver's nvml_hang, as a wedged driver hangs):
+every GPU of that node is tainted unmonitored, so a GPU pod created meanwhile lands on the other
+node; the daemon says why it is not ready and stays alive; when NVML answers again the taints go,
+and the running pod kept its container and its limits throughout.
 
 It stops the API server, so it runs on a control plane and nodes of its own, not the session's.
-tests/integration/test_driver_outages.py holds the same outage, and the black hole, against the
-daemon alone, with the kubelet's calls made by the test.
+tests/integration/test_driver_outages.py holds the same outage, and a black hole to the API server,
+against the daemon alone, with the kubelet's calls made by the test.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from functools import partial
 import pytest
 from kubernetes import client
 
-from tessera.kube import api_client
+from simgpu.config import GpuFaults
+from tessera.kube import api_client, raw_json
+from tessera.names import UNMONITORED_TAINT
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
     DAEMON_HEALTH_PORT,
@@ -158,3 +166,75 @@ def test_a_minute_without_the_api_server_costs_running_shares_nothing_and_new_po
             SCHEDULER_RECOVERY_SECONDS + ROLLOUT_TIMEOUT,
             "a pod created after the outage running with its share",
         )
+
+
+def tainted_unmonitored(kube: client.ApiClient, node: str) -> list[bool]:
+    """For each device of ``node``'s ResourceSlices, whether it carries the unmonitored taint."""
+    slices = raw_json(
+        client.ResourceV1Api(kube).list_resource_slice(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+    )["items"]
+    return [
+        any(t["key"] == UNMONITORED_TAINT for t in device.get("taints") or [])
+        for item in slices
+        for device in item["spec"]["devices"]
+    ]
+
+
+def test_nvml_hanging_on_one_gpu_taints_its_node_unmonitored_and_costs_running_shares_nothing(
+    outage_bed: ChartBed,
+) -> None:
+    bed = outage_bed
+    wait_rolled_out(bed)
+    core = client.CoreV1Api(bed.kube)
+    with made_namespace(bed.kube) as namespace:
+        core.create_namespaced_pod(namespace, hami_pod("steady"))
+        check = partial(running_with_its_share, bed.kube, namespace, "steady")
+        wait_for_pod(core, namespace, "steady", check, ROLLOUT_TIMEOUT, "running with its share")
+        pod = core.read_namespaced_pod("steady", namespace)
+        assert pod.spec is not None and pod.status is not None and pod.status.container_statuses
+        [node] = [n for n in bed.nodes if n.name == pod.spec.node_name]
+        [other] = [n for n in bed.nodes if n is not node]
+        container = pod.status.container_statuses[0].container_id
+        daemons = daemon_containers(bed)
+
+        charts.simulated_gpus(node, {0: GpuFaults(nvml_hang=True)})
+        try:
+            poll_until(
+                lambda: all(tainted_unmonitored(bed.kube, node.name)),
+                120,
+                f"every GPU of {node.name} tainted {UNMONITORED_TAINT}",
+            )
+            assert not any(tainted_unmonitored(bed.kube, other.name)), "only the hung node's GPUs"
+            status, reasons = daemon_health(node.address, "/readyz")
+            assert status == 503 and "NVML did not answer" in reasons, reasons
+            assert daemon_health(node.address, "/healthz")[0] == 200, "alive while NVML hangs"
+
+            core.create_namespaced_pod(namespace, hami_pod("meanwhile"))
+            check = partial(running_with_its_share, bed.kube, namespace, "meanwhile")
+            wait_for_pod(
+                core, namespace, "meanwhile", check, ROLLOUT_TIMEOUT, "a pod placed meanwhile running"
+            )
+            meanwhile = core.read_namespaced_pod("meanwhile", namespace)
+            assert meanwhile.spec is not None and meanwhile.spec.node_name == other.name, (
+                "not on tainted GPUs"
+            )
+        finally:
+            charts.simulated_gpus(node)
+
+        poll_until(
+            lambda: not any(tainted_unmonitored(bed.kube, node.name)), 120, "the unmonitored taints removed"
+        )
+        poll_until(partial(ready, node.address), 120, f"the daemon on {node.name} ready again")
+        assert daemon_containers(bed) == daemons, "a daemon's container was restarted"
+        pod = core.read_namespaced_pod("steady", namespace)
+        assert pod.status is not None and pod.status.container_statuses
+        assert pod.status.container_statuses[0].container_id == container, "the GPU container was restarted"
+        seen = sections(
+            bed.kubectl(
+                "exec", "-n", namespace, "steady", "--", "sh", "-c", enforcement_script(HAMI_SHARE.memory)
+            )
+        )
+        assert int(seen["info"]["total"]) == HAMI_SHARE.memory, json.dumps(seen)
+        assert seen["over"]["rc"] == "2", json.dumps(seen)
