@@ -40,7 +40,7 @@ from testbed.chart_bed import (
     wait_rolled_out,
 )
 from testbed.cluster import LocalCluster
-from testbed.node import NodeFactory
+from testbed.node import NodeFactory, RealNode
 from testbed.pod_state import sections, wait_for_pod
 from testbed.pod_stream import HAMI_SHARE, hami_pod, in_metrics, running_with_its_share
 from testbed.polling import poll_until
@@ -106,6 +106,30 @@ def says_api_unreachable(address: str) -> bool:
     return status == 503 and "the watch of" in reasons
 
 
+def running_share(bed: ChartBed, namespace: str, name: str) -> tuple[RealNode, str]:
+    """Create the HAMi pod ``name`` and wait until it runs with its share: its node and container ID."""
+    core = client.CoreV1Api(bed.kube)
+    core.create_namespaced_pod(namespace, hami_pod(name))
+    check = partial(running_with_its_share, bed.kube, namespace, name)
+    wait_for_pod(core, namespace, name, check, ROLLOUT_TIMEOUT, "running with its share")
+    pod = core.read_namespaced_pod(name, namespace)
+    assert pod.spec is not None and pod.status is not None and pod.status.container_statuses
+    [node] = [n for n in bed.nodes if n.name == pod.spec.node_name]
+    return node, str(pod.status.container_statuses[0].container_id)
+
+
+def assert_share_kept(bed: ChartBed, namespace: str, name: str, container: str) -> None:
+    """The pod ``name`` still runs in ``container`` (never restarted) and its memory limit holds:
+    an allocation up to it succeeds, one byte over is refused."""
+    pod = client.CoreV1Api(bed.kube).read_namespaced_pod(name, namespace)
+    assert pod.status is not None and pod.status.container_statuses
+    assert pod.status.container_statuses[0].container_id == container, "the GPU container was restarted"
+    script = enforcement_script(HAMI_SHARE.memory)
+    seen = sections(bed.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", script))
+    assert int(seen["info"]["total"]) == HAMI_SHARE.memory, json.dumps(seen)
+    assert seen["over"]["rc"] == "2", json.dumps(seen)
+
+
 def test_a_minute_without_the_api_server_costs_running_shares_nothing_and_new_pods_run_after(
     outage_bed: ChartBed,
 ) -> None:
@@ -113,13 +137,7 @@ def test_a_minute_without_the_api_server_costs_running_shares_nothing_and_new_po
     wait_rolled_out(bed)
     core = client.CoreV1Api(bed.kube)
     with made_namespace(bed.kube) as namespace:
-        core.create_namespaced_pod(namespace, hami_pod("running"))
-        check = partial(running_with_its_share, bed.kube, namespace, "running")
-        wait_for_pod(core, namespace, "running", check, ROLLOUT_TIMEOUT, "running with its share")
-        pod = core.read_namespaced_pod("running", namespace)
-        assert pod.spec is not None and pod.status is not None and pod.status.container_statuses
-        node = next(n for n in bed.nodes if n.name == pod.spec.node_name)
-        container = pod.status.container_statuses[0].container_id
+        node, container = running_share(bed, namespace, "running")
         poll_until(partial(in_metrics, node.address, "running"), 60, "the share's series on its node")
         daemons = daemon_containers(bed)
         assert len(daemons) == 2 * len(bed.nodes), daemons
@@ -145,16 +163,7 @@ def test_a_minute_without_the_api_server_costs_running_shares_nothing_and_new_po
         for each in bed.nodes:
             poll_until(partial(ready, each.address), 120, f"the daemon on {each.name} ready again")
         assert daemon_containers(bed) == daemons, "a daemon's container was restarted"
-        pod = core.read_namespaced_pod("running", namespace)
-        assert pod.status is not None and pod.status.container_statuses
-        assert pod.status.container_statuses[0].container_id == container, "the GPU container was restarted"
-        seen = sections(
-            bed.kubectl(
-                "exec", "-n", namespace, "running", "--", "sh", "-c", enforcement_script(HAMI_SHARE.memory)
-            )
-        )
-        assert int(seen["info"]["total"]) == HAMI_SHARE.memory, json.dumps(seen)
-        assert seen["over"]["rc"] == "2", json.dumps(seen)
+        assert_share_kept(bed, namespace, "running", container)
 
         core.create_namespaced_pod(namespace, hami_pod("after"))
         check = partial(running_with_its_share, bed.kube, namespace, "after")
@@ -189,14 +198,8 @@ def test_nvml_hanging_on_one_gpu_taints_its_node_unmonitored_and_costs_running_s
     wait_rolled_out(bed)
     core = client.CoreV1Api(bed.kube)
     with made_namespace(bed.kube) as namespace:
-        core.create_namespaced_pod(namespace, hami_pod("steady"))
-        check = partial(running_with_its_share, bed.kube, namespace, "steady")
-        wait_for_pod(core, namespace, "steady", check, ROLLOUT_TIMEOUT, "running with its share")
-        pod = core.read_namespaced_pod("steady", namespace)
-        assert pod.spec is not None and pod.status is not None and pod.status.container_statuses
-        [node] = [n for n in bed.nodes if n.name == pod.spec.node_name]
+        node, container = running_share(bed, namespace, "steady")
         [other] = [n for n in bed.nodes if n is not node]
-        container = pod.status.container_statuses[0].container_id
         daemons = daemon_containers(bed)
 
         charts.simulated_gpus(node, {0: GpuFaults(nvml_hang=True)})
@@ -228,13 +231,4 @@ def test_nvml_hanging_on_one_gpu_taints_its_node_unmonitored_and_costs_running_s
         )
         poll_until(partial(ready, node.address), 120, f"the daemon on {node.name} ready again")
         assert daemon_containers(bed) == daemons, "a daemon's container was restarted"
-        pod = core.read_namespaced_pod("steady", namespace)
-        assert pod.status is not None and pod.status.container_statuses
-        assert pod.status.container_statuses[0].container_id == container, "the GPU container was restarted"
-        seen = sections(
-            bed.kubectl(
-                "exec", "-n", namespace, "steady", "--", "sh", "-c", enforcement_script(HAMI_SHARE.memory)
-            )
-        )
-        assert int(seen["info"]["total"]) == HAMI_SHARE.memory, json.dumps(seen)
-        assert seen["over"]["rc"] == "2", json.dumps(seen)
+        assert_share_kept(bed, namespace, "steady", container)
