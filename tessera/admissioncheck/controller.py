@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,11 @@ from tessera.admissioncheck.workload_status import (
 )
 
 log = logging.getLogger(__name__)
+
+WRITERS = 8
+"""Status writes in flight at once. Decisions are taken one after another (each takes capacity the
+next must not see), but their writes are independent: one at a time, a pass over a burst of
+Workloads waited for the API server's round trip once per Workload (benchmarks/admissioncheck)."""
 
 
 @dataclass
@@ -79,6 +85,7 @@ class WorkloadController:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="check-writes")
         self.stats = Stats()
         # Ready decisions not yet seen back through the watch: uid -> (name, groups to place).
         self._approved: dict[str, tuple[str, list[PodGroup]]] = {}
@@ -194,6 +201,7 @@ class WorkloadController:
             )
         waiting.sort(key=lambda wc: priority_order(wc[0]))
         decided = 0
+        writes: list[tuple[str, Decision, Future[bool]]] = []
         for workload, check in waiting:
             if self._stop.is_set():
                 break
@@ -203,19 +211,20 @@ class WorkloadController:
             decided += 1
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
             uid = workload["metadata"].get("uid", "")
-            told = (decision.state, decision.message)
-            if self._told.get(uid) != told:
+            if self._told.get(uid) != (decision.state, decision.message):
                 log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
             if decision.state == READY:
                 self._approved[uid] = (name, decision.groups)
                 self._plans[uid] = decision.placements
                 state.take(decision.placements)
-            if not self._write(workload, check, decision):
+            writes.append((uid, decision, self._writers.submit(self._write, workload, check, decision)))
+        for uid, decision, written in writes:
+            if not written.result():
                 if self._approved.pop(uid, None) is not None:
                     del self._plans[uid]
                     state.give_back(decision.placements)
                 continue
-            self._told[uid] = told
+            self._told[uid] = (decision.state, decision.message)
         for uid in [u for u in self._told if u not in live_uids]:
             del self._told[uid]
         for uid in [u for u in self._read if u not in live_uids]:
@@ -305,3 +314,4 @@ class WorkloadController:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._writers.shutdown(wait=True)
