@@ -34,10 +34,10 @@ from typing import Any
 
 from tessera.names import (
     GPU_REQUEST_ANNOTATION,
+    HAMI_DISABLE_CONTROL,
     HAMI_GPU,
     HAMI_GPUCORES,
     HAMI_GPUMEM,
-    HAMI_DISABLE_CONTROL,
     HAMI_GPUMEM_PERCENTAGE,
     HAMI_MIG_PREFIX,
     HAMI_NOUSE_TYPE,
@@ -241,7 +241,9 @@ def read_mig(where: str, container: Mapping[str, Any]) -> MigRequest | None:
             "instances or a GPU share, not both."
         )
     if len(names) > 1:
-        raise Refusal(f"{where}: {quote(names[0])} and {quote(names[1])} are both asked; ask one MIG profile.")
+        raise Refusal(
+            f"{where}: {quote(names[0])} and {quote(names[1])} are both asked; ask one MIG profile."
+        )
     profile = names[0][len(HAMI_MIG_PREFIX) :]
     if not _MIG_PROFILE.match(profile):
         raise Refusal(f"{where}: {quote(names[0])} does not name a MIG profile such as 1g.10gb.")
@@ -484,7 +486,7 @@ def request_from_annotation(text: str) -> GpuRequest:
     selection = Selection(**{name: _entries(record, key, "uuid" in name) for name, key in _SELECTION_KEYS})
     priority = _number(record, "priority", 0, 1)
     if record.get("enforcement", "off") != "off":
-        raise _fail(f"has enforcement {quote(record['enforcement'])}; only \"off\" is recorded")
+        raise _fail(f'has enforcement {quote(record["enforcement"])}; only "off" is recorded')
     return GpuRequest(
         count=count,
         memory=memory,

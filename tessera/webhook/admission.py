@@ -16,13 +16,11 @@ from tessera.gpu_request import (
     Refusal,
     Selection,
     containers,
-    disable_control,
     read_mig,
     read_request,
     selection_for,
 )
 from tessera.names import (
-    HAMI_DISABLE_CONTROL,
     HAMI_MIG_PREFIX,
     HAMI_NOUSE_TYPE,
     HAMI_NOUSE_UUID,
@@ -35,6 +33,7 @@ from tessera.webhook import review
 from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
+from tessera.webhook.notices import annotation_warnings, bounded, env_warnings
 from tessera.webhook.policies import MAX_WARNING, policy_warnings
 from tessera.webhook.review import AdmissionReview, ReviewRequest
 from tessera.webhook.validation import check_against_fleet
@@ -96,26 +95,6 @@ def _selection_warning(selection: Selection, fleet: Fleet) -> str | None:
     )[:MAX_WARNING]
 
 
-def _env_warning(where: str, container: dict[str, Any], enforce: bool) -> str | None:
-    """What the container's ``CUDA_DISABLE_CONTROL`` does, when that is not the obvious."""
-    entry = disable_control(container)
-    if entry is None:
-        return None
-    if not enforce:
-        return (
-            f"{where}: {HAMI_DISABLE_CONTROL}=true gives it a whole GPU without limits (all memory "
-            "and cores), as HAMi's opt-out does."
-        )
-    value = entry.get("value")
-    if not isinstance(value, str):
-        if entry.get("valueFrom") is None:
-            return None
-        return f"{where}: {HAMI_DISABLE_CONTROL} comes from valueFrom, unknown at admission, so limits stay on."
-    if value.lower() in ("false", ""):
-        return None
-    return f'{where}: {HAMI_DISABLE_CONTROL} is {quote(value)}; only "true" turns limits off, so they stay on.'
-
-
 def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
     uid = request["uid"]
     pod = request.get("object")
@@ -147,9 +126,7 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
                 shares = True
             else:
                 continue
-            warning = _env_warning(where, container, gpu.enforce if gpu else True)
-            if warning:
-                warnings.append(warning)
+            warnings += env_warnings(where, container, gpu.enforce if gpu else True)
             name = template["metadata"]["name"]
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))
@@ -168,6 +145,6 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
             return Decision(review.deny(uid, message), "denied")
     selection_warning = _selection_warning(selection, fleet) if shares else None
     warnings += [selection_warning] if selection_warning else []
-    warnings += policy_warnings(annotations)
-    response = review.patch(uid, pod_patch(pod, converted), [w[:MAX_WARNING] for w in warnings])
+    warnings += policy_warnings(annotations) + annotation_warnings(annotations)
+    response = review.patch(uid, pod_patch(pod, converted), bounded(warnings))
     return Decision(response, "converted", list(templates.values()))

@@ -160,7 +160,8 @@ def mig_claim_spec(mig: MigRequest, selection: Selection) -> dict[str, Any]:
     profile is exactly the one asked (quoted by :func:`cel_string`, the only way user text enters
     CEL), plus the pod's selectors. MIG instances are exclusive devices, so N of them are N
     different instances without a constraint."""
-    profile = f"device.attributes[{cel_string(DRIVER_NAME)}].{MIG_PROFILE_ATTRIBUTE} == {cel_string(mig.profile)}"
+    attribute = f"device.attributes[{cel_string(DRIVER_NAME)}].{MIG_PROFILE_ATTRIBUTE}"
+    profile = f"{attribute} == {cel_string(mig.profile)}"
     body = {
         "deviceClassName": MIG_DEVICE_CLASS,
         "allocationMode": "ExactCount",

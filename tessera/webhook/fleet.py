@@ -52,8 +52,8 @@ class Fleet:
             self.uuid_products[uuid] for uuid in selection.nouse_uuids or () if uuid in self.uuid_products
         )
         return any(
-            count > excluded[product] and Selection(None, None, selection.use_types, selection.nouse_types)
-            .matches("", product)
+            count > excluded[product]
+            and Selection(None, None, selection.use_types, selection.nouse_types).matches("", product)
             for product, count in self.products.items()
         )
 

@@ -1,5 +1,5 @@
-"""The pod's JSONPatch: remove the HAMi extended resources (the four, priority and MIG), add one pod claim per converted container
-pointing at its template, and reference that claim from the container; pure.
+"""The pod's JSONPatch: remove the HAMi extended resources (the four, priority and MIG), add one
+pod claim per converted container pointing at its template, and reference that claim from the container; pure.
 
 Paths are built for the pod exactly as the review carries it (lists present or absent), so the patch
 applies with no "add to a missing parent" surprise.
