@@ -90,7 +90,7 @@ def _selection_warning(selection: Selection, fleet: Fleet) -> str | None:
     ]
     uuids = f"; GPUs {_some(sorted(fleet.uuid_products), 2)}" if selection.names_uuids else ""
     return (
-        f"{', '.join(given)} match no published GPU (products {_some(sorted(fleet.products))}{uuids}), "
+        f"{', '.join(given)}: no published GPU matches (products {_some(sorted(fleet.products))}{uuids}), "
         "so the pod waits Pending until one joins."
     )[:MAX_WARNING]
 

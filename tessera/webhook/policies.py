@@ -53,12 +53,14 @@ NODE_POLICIES: Mapping[str, str | None] = {"binpack": _NODE_SCORING, "spread": _
 
 def _entries(value: str) -> list[str]:
     """The comma-separated entries of a policy value, trimmed and lower-cased, at most
-    :data:`MAX_POLICIES` distinct ones of a value of at most ``MAX_ANNOTATION_LENGTH`` characters."""
-    entries = (entry.strip().lower() for entry in value[:MAX_ANNOTATION_LENGTH].split(","))
+    :data:`MAX_POLICIES` distinct ones (the caller bounds the value's length)."""
+    entries = (entry.strip().lower() for entry in value.split(","))
     return list(dict.fromkeys(entries))[:MAX_POLICIES]
 
 
 def _policy_warnings(annotation: str, value: str, known: Mapping[str, str | None]) -> list[str]:
+    if len(value) > MAX_ANNOTATION_LENGTH:
+        return [f"{annotation} is longer than {MAX_ANNOTATION_LENGTH} characters and is ignored."]
     warnings = []
     for entry in _entries(value):
         if entry not in known:
