@@ -73,7 +73,7 @@ def env_warnings(where: str, container: Mapping[str, Any], enforce: bool) -> lis
     for name in dict.fromkeys(n for n in names if isinstance(n, str)):
         reason = _ignored(name)
         if reason:
-            warnings.append(f"{where}: {name} {reason}.")
+            warnings.append(f"{where}: environment variable {name} {reason}.")
     return warnings
 
 
