@@ -126,7 +126,7 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
                 shares = True
             else:
                 continue
-            warnings += env_warnings(where, container, gpu.enforce if gpu else True)
+            warnings += env_warnings(where, container, gpu)
             name = template["metadata"]["name"]
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))

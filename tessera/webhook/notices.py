@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tessera.gpu_request import disable_control
+from tessera.gpu_request import GpuRequest, disable_control
 from tessera.names import (
     HAMI_DISABLE_CONTROL,
     HAMI_GPU_POLICY,
@@ -48,13 +48,14 @@ def _ignored(name: str) -> str | None:
     return None
 
 
-def env_warnings(where: str, container: Mapping[str, Any], enforce: bool) -> list[str]:
-    """What the container's ``CUDA_DISABLE_CONTROL`` did when that is not the obvious, and each
-    HAMi-core variable it sets, which the shim ignores."""
+def env_warnings(where: str, container: Mapping[str, Any], share: GpuRequest | None) -> list[str]:
+    """What the container's ``CUDA_DISABLE_CONTROL`` did to its ``share`` when that is not the
+    obvious (a MIG container, ``share`` None, runs without the shim anyway), and each HAMi-core
+    variable it sets, which the shim ignores."""
     warnings = []
-    entry = disable_control(container)
+    entry = disable_control(container) if share is not None else None
     value = (entry or {}).get("value")
-    if not enforce:
+    if share is not None and not share.enforce:
         warnings.append(
             f"{where}: {HAMI_DISABLE_CONTROL}=true gives it a whole GPU without limits (all memory "
             "and cores), as HAMi's opt-out does."

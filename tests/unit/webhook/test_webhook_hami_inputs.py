@@ -263,3 +263,10 @@ def test_warnings_are_not_given_for_a_pod_asking_no_gpu() -> None:
         container(), annotations={"hami.io/gpu-scheduler-policy": "spread", "nvidia.com/vgpu-mode": "mig"}
     )
     assert decide(obj).response["response"] == {"uid": request(obj)["uid"], "allowed": True}
+
+
+def test_a_mig_container_needs_no_opt_out_but_hears_about_hami_core_variables() -> None:
+    env = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}, {"name": "CUDA_DEVICE_SM_LIMIT", "value": "5"}]
+    decision = decide(pod(container(limits={"nvidia.com/mig-1g.10gb": 1}, env=env)))
+    (warning,) = decision.response["response"]["warnings"]
+    assert "CUDA_DEVICE_SM_LIMIT is HAMi-core's and is ignored" in warning
