@@ -7,6 +7,7 @@ second pass finds nothing to do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ class Decision:
     templates: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _some(items: list[str], shown: int = 3) -> str:
+def _some(items: Sequence[str], shown: int = 3) -> str:
     """Up to ``shown`` of ``items``, quoted, and how many more: a warning names examples, not all."""
     text = ", ".join(quote(item) for item in items[:shown]) or "none"
     return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
@@ -88,7 +89,7 @@ def _selection_warning(selection: Selection, fleet: Fleet) -> str | None:
         )
         if entries is not None
     ]
-    uuids = f"; GPUs {_some(sorted(fleet.uuid_products), 2)}" if selection.names_uuids else ""
+    uuids = f"; GPUs {_some(fleet.uuids, 2)}" if selection.names_uuids else ""
     return (
         f"{', '.join(given)}: no published GPU matches (products {_some(sorted(fleet.products))}{uuids}), "
         "so the pod waits Pending until one joins."

@@ -34,6 +34,8 @@ class Fleet:
     synced: bool = True
     products: Mapping[str, int] = field(default_factory=dict, compare=False)
     uuid_products: Mapping[str, str] = field(default_factory=dict, compare=False)
+    uuids: tuple[str, ...] = field(default=(), compare=False)
+    """The keys of ``uuid_products``, sorted once here: a warning names the first few."""
     mig_profiles: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
@@ -93,5 +95,6 @@ def fleet_from_slices(slices: Iterable[Mapping[str, Any]]) -> Fleet:
         max_gpus_per_node=max(per_node.values(), default=0),
         products=dict(Counter(gpu.product for gpu in gpus)),
         uuid_products={gpu.uuid: gpu.product for gpu in gpus if gpu.uuid},
+        uuids=tuple(sorted({gpu.uuid for gpu in gpus if gpu.uuid})),
         mig_profiles=frozenset(profiles),
     )

@@ -227,6 +227,7 @@ def test_the_fleet_keeps_mig_instances_apart_from_shareable_gpus() -> None:
     assert (fleet.memory_sizes, fleet.max_gpus_per_node) == ((80 * GiB,), 2)
     assert fleet.mig_profiles == {"1g.10gb", "3g.40gb"}
     assert fleet.products == {"NVIDIA H100 80GB HBM3": 1, "NVIDIA A100-SXM4-80GB": 1}
+    assert fleet.uuids == ("GPU-a", "GPU-b")
     assert fleet.has_match(Selection(use_types=("a100",)))
     assert not fleet.has_match(Selection(use_types=("a100",), nouse_uuids=("GPU-b",)))
     assert fleet.has_match(Selection(use_uuids=("GPU-x", "GPU-a")))
@@ -236,7 +237,9 @@ def test_the_fleet_keeps_mig_instances_apart_from_shareable_gpus() -> None:
 
 def test_a_selection_warning_names_a_few_of_many_uuids_within_bounds() -> None:
     uuids = {f"GPU-{i:04d}" + "x" * 60: "NVIDIA H100" for i in range(500)}
-    fleet = Fleet((80 * GiB,), 4, products={"NVIDIA H100": 500}, uuid_products=uuids)
+    fleet = Fleet(
+        (80 * GiB,), 4, products={"NVIDIA H100": 500}, uuid_products=uuids, uuids=tuple(sorted(uuids))
+    )
     obj = pod(container(limits={"nvidia.com/gpu": 1}), annotations={"nvidia.com/use-gpuuuid": "GPU-zzz"})
     (warning,) = decide(obj, fleet).response["response"]["warnings"]
     assert "and 498 more" in warning and len(warning) <= MAX_WARNING

@@ -31,6 +31,7 @@ TABLE_FLEET = Fleet(
     max_gpus_per_node=2,
     products={PRODUCT: 2},
     uuid_products={"GPU-11111111-1111-1111-1111-111111111111": PRODUCT, "GPU-2222": PRODUCT},
+    uuids=("GPU-11111111-1111-1111-1111-111111111111", "GPU-2222"),
     mig_profiles=frozenset({"1g.10gb", "3g.40gb"}),
 )
 """What the integration test's bed publishes: two simulated H100s and MIG instances of two profiles."""
