@@ -59,9 +59,11 @@ def _some(items: Sequence[str], shown: int = 3) -> str:
     return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
-def _mode_refusal(annotations: dict[str, Any]) -> str | None:
+def _mode_refusal(annotations: dict[str, Any], shares: bool) -> str | None:
+    """The denial for ``nvidia.com/vgpu-mode``, None when it is honoured: "hami-core" is what shares
+    are, and "mig" on a pod that asks only static MIG instances is what it gets."""
     mode = annotations.get(HAMI_VGPU_MODE)
-    if mode is None or mode == SHARE_MODE:
+    if mode is None or mode == SHARE_MODE or (mode == "mig" and not shares):
         return None
     if mode == "mig":
         return (
@@ -132,7 +134,7 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))
         if converted:
-            refusal = _mode_refusal(annotations)
+            refusal = _mode_refusal(annotations, shares)
             if refusal:
                 raise Refusal(refusal)
     except (Refusal, AnnotationError, RecordError) as refusal:
