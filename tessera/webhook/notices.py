@@ -1,5 +1,6 @@
 """Warnings for HAMi inputs Tessera reads but does not act on, or acts on differently: a
-container's HAMi-core environment variables and the pod's other ``hami.io/`` annotations; pure.
+container's HAMi-core environment variables, a privileged GPU container (HAMi refuses it), and the
+pod's other ``hami.io/`` annotations; pure.
 
 The shim reads none of HAMi-core's variables (its limits come from the claim, through files the
 driver writes), so a variable a HAMi user sets to change a limit changes nothing, and the user is
@@ -50,8 +51,9 @@ def _ignored(name: str) -> str | None:
 
 def env_warnings(where: str, container: Mapping[str, Any], share: GpuRequest | None) -> list[str]:
     """What the container's ``CUDA_DISABLE_CONTROL`` did to its ``share`` when that is not the
-    obvious (a MIG container, ``share`` None, runs without the shim anyway), and each HAMi-core
-    variable it sets, which the shim ignores."""
+    obvious (a MIG container, ``share`` None, runs without the shim anyway), that a privileged
+    container is not bound by its share, and each HAMi-core variable it sets, which the shim
+    ignores."""
     warnings = []
     entry = disable_control(container) if share is not None else None
     value = (entry or {}).get("value")
@@ -68,6 +70,12 @@ def env_warnings(where: str, container: Mapping[str, Any], share: GpuRequest | N
         warnings.append(
             f"{where}: {HAMI_DISABLE_CONTROL} is {quote(value)}; only "
             '"true" turns limits off, so they stay on.'
+        )
+    security = container.get("securityContext")
+    if isinstance(security, Mapping) and security.get("privileged") is True:
+        warnings.append(
+            f"{where}: it is privileged, so it sees every GPU of its node and no share's limits bind "
+            "it; HAMi refuses such containers (docs/threat-model.md)."
         )
     env = container.get("env")
     names = [e.get("name") for e in env if isinstance(e, Mapping)] if isinstance(env, list) else []

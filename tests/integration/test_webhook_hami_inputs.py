@@ -176,7 +176,7 @@ def test_a_mig_pod_gets_an_instance_of_its_profile_from_the_scheduler(
 ) -> None:
     bed.webhook.wait_effective(namespace)
     core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
-    body = pod_of(Row("", {"nvidia.com/mig-3g.40gb": "1"}, {}, {}, "honoured", ""), "mig")
+    body = pod_of(Row("", {"nvidia.com/mig-3g.40gb": "1"}, {}, {}, {}, "honoured", ""), "mig")
     core.create_namespaced_pod(namespace, client.V1Pod.model_validate(body))
     claim = pod_state.wait_until_claim_allocated(resource, core, namespace, "mig", "tessera-main")
     result = pod_state.single_allocation_result(claim)
@@ -192,7 +192,13 @@ def test_binpack_is_the_allocators_first_fit_two_shares_share_the_first_gpu(
     bed.webhook.wait_effective(namespace)
     core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
     row = Row(
-        "", {"nvidia.com/gpumem": "10000"}, {"hami.io/gpu-scheduler-policy": "binpack"}, {}, "honoured", ""
+        "",
+        {"nvidia.com/gpumem": "10000"},
+        {"hami.io/gpu-scheduler-policy": "binpack"},
+        {},
+        {},
+        "honoured",
+        "",
     )
     devices = []
     for name in ("first", "second"):

@@ -20,18 +20,19 @@ class Row:
     limits: dict[str, str]
     annotations: dict[str, str]
     env: dict[str, str]
+    security: dict[str, str]
     answer: str
     message: str
 
     @property
     def id(self) -> str:
-        items = [*self.limits.items(), *self.annotations.items(), *self.env.items()]
+        items = [*self.limits.items(), *self.annotations.items(), *self.env.items(), *self.security.items()]
         return ",".join(f"{key}={value}" for key, value in items)
 
 
 def _row(cells: list[str]) -> Row:
     name, example, answer, _, message = cells
-    sections: dict[str, dict[str, str]] = {"limits": {}, "annotation": {}, "env": {}}
+    sections: dict[str, dict[str, str]] = {"limits": {}, "annotation": {}, "env": {}, "securityContext": {}}
     for item in _CODE.findall(example):
         kind, _, assignment = item.partition(" ")
         key, _, value = assignment.partition("=")
@@ -39,7 +40,15 @@ def _row(cells: list[str]) -> Row:
     if not sections["limits"]:
         sections["limits"]["nvidia.com/gpu"] = "1"
     codes = _CODE.findall(message)
-    return Row(name, sections["limits"], sections["annotation"], sections["env"], answer, "".join(codes))
+    return Row(
+        name,
+        sections["limits"],
+        sections["annotation"],
+        sections["env"],
+        sections["securityContext"],
+        answer,
+        "".join(codes),
+    )
 
 
 def rows() -> list[Row]:
@@ -56,6 +65,8 @@ def pod_of(row: Row, name: str = "hami", node: str | None = None) -> dict[str, A
         "image": "tessera.local/none",
         "resources": {"limits": row.limits},
     }
+    if row.security:
+        container["securityContext"] = {key: value == "true" for key, value in row.security.items()}
     if row.env:
         container["env"] = [{"name": key, "value": value} for key, value in row.env.items()]
     spec: dict[str, Any] = {"containers": [container]}
