@@ -1,7 +1,8 @@
 """Every HAMi input of docs/webhook.md's table, sent through the real API server as a user sends it
 (``kubectl create``): a honoured row is created converted and silent, a warned row is created with
 the row's message printed as ``Warning: ...``, a refused row is denied with it. The claims that
-honour MIG and binpack are allocated by the real scheduler.
+honour MIG and binpack are allocated by the real scheduler, and the API hands the ShareConfig and
+MIG templates back as a second replica must find them.
 
 The bed: one node whose daemon publishes two simulated 80 GiB GPUs, and a kubelet-less node whose
 ResourceSlice, written by hand as the driver publishes MIG instances (CONTRACTS: type "mig",
@@ -21,10 +22,13 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tessera.gpu_request import Selection, read_mig, read_request
 from tessera.kube import create_if_absent, raw_json
 from tessera.names import DRIVER_NAME, MIG_DEVICE_CLASS
 from tessera.quantity import GiB
+from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.mutation import converted_resource
+from tessera.webhook.templates import TemplateStore
 from testbed import pod_state
 from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
@@ -208,3 +212,30 @@ def test_binpack_is_the_allocators_first_fit_two_shares_share_the_first_gpu(
         devices.append(pod_state.single_allocation_result(claim).device)
     published = bed.gpus.wait_published()["spec"]["devices"]
     assert devices == [published[0]["name"]] * 2
+
+
+def test_a_second_replica_accepts_the_share_config_and_mig_templates_the_api_stored(
+    bed: Bed, namespace: str
+) -> None:
+    """A replica that meets AlreadyExists reads the template back and uses it only if the stored
+    spec is the one it writes: the API must hand back the ShareConfig and the MIG claim unchanged."""
+    fleet = bed.webhook.cache.fleet
+    env = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    share = read_request(
+        "c",
+        {
+            "name": "c",
+            "env": env,
+            "resources": {"limits": {"nvidia.com/priority": "0", "nvidia.com/gpu": "1"}},
+        },
+    )
+    assert share is not None and share.priority == 0 and not share.enforce
+    mig = read_mig("c", {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}})
+    assert mig is not None
+    templates = [
+        claim_template(namespace, "c", share, fleet),
+        mig_claim_template(namespace, mig, Selection()),
+    ]
+    for template in templates:
+        assert TemplateStore(bed.webhook.api).ensure(template)
+        assert TemplateStore(bed.webhook.api).ensure(template)  # 409, read back, verified
