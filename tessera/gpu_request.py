@@ -300,8 +300,8 @@ def read_request(
     where: str, container: Mapping[str, Any], selection: Selection | None = None
 ) -> GpuRequest | None:
     """The container's GPU request with defaults applied (on the GPUs ``selection`` admits), None if
-    it names none of the resources or asks MIG instances instead (:func:`read_mig`); raises Refusal for values no GPU could ever satisfy on their own
-    (fleet-independent rules)."""
+    it names none of the resources or asks MIG instances instead (:func:`read_mig`); raises Refusal
+    for values no GPU could ever satisfy on their own (fleet-independent rules)."""
     resources = container.get("resources") or {}
     if read_mig(where, container) is not None:
         return None
