@@ -17,6 +17,11 @@ expect on a driver whose request policy reserves nothing that a claim does not n
 - no gpumem and no gpumem-percentage means 100 % of each GPU's memory (HAMi's default), never the
   device's default of 0, which would leave the container unable to allocate anything;
 - no gpucores means no compute cap (the device's default 0: time-sliced with everyone else).
+
+Beside the four, a container may carry ``nvidia.com/priority`` (0 high, 1 low: the default) and the
+environment variable ``CUDA_DISABLE_CONTROL=true`` (HAMi's opt-out of enforcement, which here means a
+whole GPU without limits); both are settings of its share. ``nvidia.com/mig-<profile>: N`` asks for
+MIG instances instead (:class:`MigRequest`), and a container may not ask for both kinds.
 """
 
 from __future__ import annotations
@@ -29,19 +34,26 @@ from typing import Any
 
 from tessera.names import (
     GPU_REQUEST_ANNOTATION,
+    HAMI_DISABLE_CONTROL,
     HAMI_GPU,
     HAMI_GPUCORES,
     HAMI_GPUMEM,
     HAMI_GPUMEM_PERCENTAGE,
+    HAMI_MIG_PREFIX,
     HAMI_NOUSE_TYPE,
     HAMI_NOUSE_UUID,
+    HAMI_PRIORITY,
     HAMI_RESOURCES,
     HAMI_USE_TYPE,
     HAMI_USE_UUID,
 )
 from tessera.quantity import MiB, parse_quantity, quote, round_down
+from tessera.slices import WHOLE_GPU_CORES
 
 DEFAULT_MEMORY_PERCENT = 100
+
+DEFAULT_PRIORITY = 1
+"""HAMi's default task priority (low); 0 is high."""
 
 MAX_MEMORY_SIZES = 8
 """A percentage becomes one ``firstAvailable`` choice per GPU memory size; DRA allows at most 8."""
@@ -148,7 +160,8 @@ def selection_for(annotations: Mapping[str, str]) -> Selection:
 class GpuRequest:
     """What one container asks for, after defaults: ``count`` GPUs, on each ``memory`` bytes or
     ``memory_percent`` of the GPU's memory (exactly one is set), ``cores`` percent of its time (None:
-    uncapped), on GPUs ``selection`` admits.
+    uncapped), on GPUs ``selection`` admits, at task ``priority``; ``enforce`` False is HAMi's
+    ``CUDA_DISABLE_CONTROL=true``: the whole GPU, and the driver loads no limits.
 
     ``memory_sizes`` is set once the webhook has converted a percentage: the GPU memory sizes its
     claim has a choice for, largest first (the fleet's when it wrote the claim)."""
@@ -159,6 +172,16 @@ class GpuRequest:
     cores: int | None
     selection: Selection = field(default_factory=Selection)
     memory_sizes: tuple[int, ...] = ()
+    priority: int = DEFAULT_PRIORITY
+    enforce: bool = True
+
+
+@dataclass(frozen=True)
+class MigRequest:
+    """``count`` MIG instances of ``profile`` (``nvidia.com/mig-<profile>: <count>``)."""
+
+    profile: str
+    count: int
 
 
 def share_of(size: int, percent: int) -> int:
@@ -192,6 +215,78 @@ def _read(where: str, resources: Mapping[str, Any], name: str) -> int | None:
     return limit if limit is not None else request
 
 
+def _named(resources: Mapping[str, Any], test: Any) -> list[str]:
+    """The resource names in ``limits`` or ``requests`` for which ``test(name)`` holds, each once."""
+    names = [*(resources.get("limits") or {}), *(resources.get("requests") or {})]
+    return list(dict.fromkeys(name for name in names if isinstance(name, str) and test(name)))
+
+
+_MIG_PROFILE = re.compile(r"^[0-9][A-Za-z0-9.+_-]{0,31}$")
+"""What follows ``nvidia.com/mig-``: a MIG profile such as ``1g.10gb`` or ``1g.5gb+me``, at most 32
+characters; the webhook writes it into CEL only as a quoted string."""
+
+
+def read_mig(where: str, container: Mapping[str, Any]) -> MigRequest | None:
+    """The container's ``nvidia.com/mig-<profile>: N``, None if it names none; raises Refusal for a
+    malformed profile, a count below 1, two profiles, or MIG beside share resources (a container
+    sees one device kind: a MIG instance has no shim limits and no priority)."""
+    resources = container.get("resources") or {}
+    names = _named(resources, lambda name: name.startswith(HAMI_MIG_PREFIX))
+    if not names:
+        return None
+    shares = _named(resources, lambda name: name in HAMI_RESOURCES or name == HAMI_PRIORITY)
+    if shares:
+        raise Refusal(
+            f"{where}: {quote(names[0])} and {shares[0]} are both asked; a container gets MIG "
+            "instances or a GPU share, not both."
+        )
+    if len(names) > 1:
+        raise Refusal(
+            f"{where}: {quote(names[0])} and {quote(names[1])} are both asked; ask one MIG profile."
+        )
+    profile = names[0][len(HAMI_MIG_PREFIX) :]
+    if not _MIG_PROFILE.match(profile):
+        raise Refusal(f"{where}: {quote(names[0])} does not name a MIG profile such as 1g.10gb.")
+    return MigRequest(profile=profile, count=_read(where, resources, names[0]) or 1)
+
+
+def _priority(where: str, resources: Mapping[str, Any]) -> int:
+    """``nvidia.com/priority`` (limits, else requests; equal if both): 0 or 1, default 1."""
+    values = []
+    for section in ("limits", "requests"):
+        raw = (resources.get(section) or {}).get(HAMI_PRIORITY)
+        if raw is None:
+            continue
+        try:
+            value = parse_quantity(raw)
+        except ValueError as error:
+            raise Refusal(f"{where}: {HAMI_PRIORITY} is refused: {error}") from None
+        if value not in (0, 1):
+            raise Refusal(f"{where}: {HAMI_PRIORITY} is {quote(raw)}; it must be 0 (high) or 1 (low).")
+        values.append(int(value))
+    if len(set(values)) > 1:
+        raise Refusal(f"{where}: {HAMI_PRIORITY} has a request and a limit that differ; they must be equal.")
+    return values[0] if values else DEFAULT_PRIORITY
+
+
+def disable_control(container: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container's last ``CUDA_DISABLE_CONTROL`` env entry (the last wins, as in Kubernetes),
+    None when it has none."""
+    found = None
+    env = container.get("env")
+    for entry in env if isinstance(env, list) else []:
+        if isinstance(entry, Mapping) and entry.get("name") == HAMI_DISABLE_CONTROL:
+            found = entry
+    return found
+
+
+def disables_control(container: Mapping[str, Any]) -> bool:
+    """Whether the container asks for HAMi's opt-out: ``CUDA_DISABLE_CONTROL`` is literally ``true``
+    (any case), the one value HAMi-core reads as off."""
+    value = (disable_control(container) or {}).get("value")
+    return isinstance(value, str) and value.lower() == "true"
+
+
 def mentions_gpu(container: Mapping[str, Any]) -> bool:
     """Whether the container names any of the four HAMi resources in its requests or limits."""
     resources = container.get("resources") or {}
@@ -205,11 +300,15 @@ def read_request(
     where: str, container: Mapping[str, Any], selection: Selection | None = None
 ) -> GpuRequest | None:
     """The container's GPU request with defaults applied (on the GPUs ``selection`` admits), None if
-    it names none of the resources; raises Refusal for values no GPU could ever satisfy on their own
-    (fleet-independent rules)."""
-    if not mentions_gpu(container):
-        return None
+    it names none of the resources or asks MIG instances instead (:func:`read_mig`); raises Refusal
+    for values no GPU could ever satisfy on their own (fleet-independent rules)."""
     resources = container.get("resources") or {}
+    if read_mig(where, container) is not None:
+        return None
+    if not mentions_gpu(container):
+        if _named(resources, lambda name: name == HAMI_PRIORITY):
+            raise Refusal(f"{where}: {HAMI_PRIORITY} is given without a GPU; ask {HAMI_GPU} too.")
+        return None
     count = _read(where, resources, HAMI_GPU)
     memory = _read(where, resources, HAMI_GPUMEM)
     percent = _read(where, resources, HAMI_GPUMEM_PERCENTAGE)
@@ -222,6 +321,10 @@ def read_request(
         raise Refusal(f"{where}: {HAMI_GPUMEM_PERCENTAGE} is {percent}; it must be between 1 and 100.")
     if cores is not None and cores > 100:
         raise Refusal(f"{where}: {HAMI_GPUCORES} is {cores}; it must be between 1 and 100.")
+    priority = _priority(where, resources)
+    enforce = not disables_control(container)
+    if not enforce:  # no limits, so nothing less than the whole GPU may be promised to neighbours
+        memory, percent, cores = None, DEFAULT_MEMORY_PERCENT, WHOLE_GPU_CORES
     if memory is None and percent is None:
         percent = DEFAULT_MEMORY_PERCENT
     return GpuRequest(
@@ -230,6 +333,8 @@ def read_request(
         memory_percent=percent,
         cores=cores,
         selection=selection or Selection(),
+        priority=priority,
+        enforce=enforce,
     )
 
 
@@ -240,18 +345,25 @@ CONTAINER_LISTS = (("initContainers", "init container"), ("containers", "contain
 ContainerRequest = tuple[str, int, Mapping[str, Any], str, GpuRequest]
 
 
+def containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any], str]]:
+    """Every container and init container of a pod spec: (list name, index, container, how
+    messages name it)."""
+    for list_name, label in CONTAINER_LISTS:
+        for index, container in enumerate(spec.get(list_name) or []):
+            yield list_name, index, container, f"{label} {quote(container.get('name', index))}"
+
+
 def container_requests(
     spec: Mapping[str, Any], selection: Selection | None = None
 ) -> Iterator[ContainerRequest]:
-    """Every container of a pod spec that asks for a GPU: (list name, index, container, how messages
-    name it, its request on the GPUs ``selection`` admits). The webhook converts these; the admission
-    check sizes Jobs' pods by them. Raises Refusal as :func:`read_request` does."""
-    for list_name, label in CONTAINER_LISTS:
-        for index, container in enumerate(spec.get(list_name) or []):
-            where = f"{label} {quote(container.get('name', index))}"
-            request = read_request(where, container, selection)
-            if request is not None:
-                yield list_name, index, container, where, request
+    """Every container of a pod spec that asks for a GPU share: (list name, index, container, how
+    messages name it, its request on the GPUs ``selection`` admits). The webhook converts these; the
+    admission check sizes Jobs' pods by them (MIG instances it does not count). Raises Refusal as
+    :func:`read_request` does."""
+    for list_name, index, container, where in containers(spec):
+        request = read_request(where, container, selection)
+        if request is not None:
+            yield list_name, index, container, where, request
 
 
 # -- the annotation --------------------------------------------------------------------------------
@@ -272,7 +384,7 @@ _SELECTION_KEYS = (
     ("use_types", "useTypes"),
     ("nouse_types", "nouseTypes"),
 )
-_KEYS = {"version", "count", "memory", "memoryPercent", "memorySizes", "cores"} | {
+_KEYS = {"version", "count", "memory", "memoryPercent", "memorySizes", "cores", "priority", "enforcement"} | {
     key for _, key in _SELECTION_KEYS
 }
 
@@ -290,6 +402,10 @@ def request_to_annotation(request: GpuRequest) -> str:
         record["memorySizes"] = list(request.memory_sizes)
     if request.cores is not None:
         record["cores"] = request.cores
+    if request.priority != DEFAULT_PRIORITY:
+        record["priority"] = request.priority
+    if not request.enforce:
+        record["enforcement"] = "off"
     for name, key in _SELECTION_KEYS:
         entries = getattr(request.selection, name)
         if entries is not None:
@@ -368,6 +484,9 @@ def request_from_annotation(text: str) -> GpuRequest:
                     f"has the memory size {quote(size)}, which is not a whole number from 1 to {MAX_MEMORY}"
                 )
     selection = Selection(**{name: _entries(record, key, "uuid" in name) for name, key in _SELECTION_KEYS})
+    priority = _number(record, "priority", 0, 1)
+    if record.get("enforcement", "off") != "off":
+        raise _fail(f'has enforcement {quote(record["enforcement"])}; only "off" is recorded')
     return GpuRequest(
         count=count,
         memory=memory,
@@ -375,4 +494,6 @@ def request_from_annotation(text: str) -> GpuRequest:
         cores=_number(record, "cores", 1, 100),
         selection=selection,
         memory_sizes=tuple(sizes or ()),
+        priority=DEFAULT_PRIORITY if priority is None else priority,
+        enforce="enforcement" not in record,
     )

@@ -17,6 +17,17 @@ MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"
 """Consumable capacity: percent of the GPU's time, 0-100 (steps of 1)."""
 
+MIG_DEVICE_CLASS = "mig.tessera.dev"
+"""The DeviceClass that selects MIG instances (whole, exclusive devices) of GPUs in MIG mode."""
+
+DEVICE_TYPE_ATTRIBUTE = "type"
+"""Device attribute: "gpu" for a shareable GPU, "mig" for a MIG instance (slices written before MIG
+support have no type: their devices are GPUs)."""
+
+MIG_PROFILE_ATTRIBUTE = "profile"
+"""Device attribute of a MIG instance: its profile ("1g.10gb"), what HAMi's nvidia.com/mig-<profile>
+resource names."""
+
 UUID_ATTRIBUTE = "uuid"
 """Device attribute: the GPU's UUID as NVML gives it ("GPU-..."), what HAMi's UUID annotations name."""
 
@@ -47,6 +58,27 @@ HAMI_GPUCORES = "nvidia.com/gpucores"
 """Percent of each GPU's time (1-100)."""
 
 HAMI_RESOURCES = (HAMI_GPU, HAMI_GPUMEM, HAMI_GPUMEM_PERCENTAGE, HAMI_GPUCORES)
+
+HAMI_PRIORITY = "nvidia.com/priority"
+"""Task priority on a shared GPU: 0 high, 1 low (HAMi's default)."""
+
+HAMI_MIG_PREFIX = "nvidia.com/mig-"
+"""``nvidia.com/mig-<profile>: N`` asks for N MIG instances of that profile (static MIG)."""
+
+HAMI_VGPU_MODE = "nvidia.com/vgpu-mode"
+"""Pod annotation: HAMi's sharing mode; "mig" asks for dynamic MIG, which Tessera does not do."""
+
+HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+"""Pod annotation: how HAMi picks GPUs within a node (binpack, spread, mutex, topology-aware, numa)."""
+
+HAMI_NODE_POLICY = "hami.io/node-scheduler-policy"
+"""Pod annotation: how HAMi picks the node (binpack, spread)."""
+
+HAMI_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+"""Pod annotation: HAMi's weights of its GPU score ("slot=1,core=1,memory=3")."""
+
+HAMI_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+"""Container environment variable: "true" switches HAMi's enforcement off for the container."""
 
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
 """Pod annotation: comma-separated GPU UUIDs the pod may use."""

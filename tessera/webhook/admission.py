@@ -7,16 +7,40 @@ second pass finds nothing to do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.gpu_request import AnnotationError, RecordError, Refusal, container_requests, selection_for
+from tessera.gpu_request import (
+    AnnotationError,
+    RecordError,
+    Refusal,
+    Selection,
+    containers,
+    read_mig,
+    read_request,
+    selection_for,
+)
+from tessera.names import (
+    HAMI_MIG_PREFIX,
+    HAMI_NOUSE_TYPE,
+    HAMI_NOUSE_UUID,
+    HAMI_USE_TYPE,
+    HAMI_USE_UUID,
+    HAMI_VGPU_MODE,
+)
+from tessera.quantity import quote
 from tessera.webhook import review
-from tessera.webhook.conversion import claim_template
+from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
+from tessera.webhook.notices import annotation_warnings, bounded, env_warnings
+from tessera.webhook.policies import MAX_WARNING, policy_warnings
 from tessera.webhook.review import AdmissionReview, ReviewRequest
 from tessera.webhook.validation import check_against_fleet
+
+SHARE_MODE = "hami-core"
+"""The one ``nvidia.com/vgpu-mode`` Tessera has: shares enforced in the container (HAMi-core's way)."""
 
 
 @dataclass
@@ -29,6 +53,51 @@ class Decision:
     templates: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _some(items: Sequence[str], shown: int = 3) -> str:
+    """Up to ``shown`` of ``items``, quoted, and how many more: a warning names examples, not all."""
+    text = ", ".join(quote(item) for item in items[:shown]) or "none"
+    return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def _mode_refusal(annotations: dict[str, Any], shares: bool) -> str | None:
+    """The denial for ``nvidia.com/vgpu-mode``, None when it is honoured: "hami-core" is what shares
+    are, and "mig" on a pod that asks only static MIG instances is what it gets."""
+    mode = annotations.get(HAMI_VGPU_MODE)
+    if mode is None or mode == SHARE_MODE or (mode == "mig" and not shares):
+        return None
+    if mode == "mig":
+        return (
+            f'annotation {HAMI_VGPU_MODE} "mig" asks for dynamic MIG, which Tessera does not do; ask '
+            f"{HAMI_MIG_PREFIX}<profile> for an instance of a GPU an operator put in MIG mode."
+        )
+    return (
+        f"annotation {HAMI_VGPU_MODE} is {quote(mode)}; Tessera shares GPUs only in mode "
+        f'"{SHARE_MODE}" (or asks {HAMI_MIG_PREFIX}<profile> for MIG instances).'
+    )
+
+
+def _selection_warning(selection: Selection, fleet: Fleet) -> str | None:
+    """A warning when the pod's use/nouse annotations leave no published GPU: the pod would wait
+    Pending with the scheduler's generic message, while the webhook knows what the cluster has."""
+    if selection == Selection() or not fleet.memory_sizes or fleet.has_match(selection):
+        return None
+    given = [
+        name
+        for name, entries in (
+            (HAMI_USE_UUID, selection.use_uuids),
+            (HAMI_NOUSE_UUID, selection.nouse_uuids),
+            (HAMI_USE_TYPE, selection.use_types),
+            (HAMI_NOUSE_TYPE, selection.nouse_types),
+        )
+        if entries is not None
+    ]
+    uuids = f"; GPUs {_some(fleet.uuids, 2)}" if selection.names_uuids else ""
+    return (
+        f"{', '.join(given)}: no published GPU matches (products {_some(sorted(fleet.products))}{uuids}), "
+        "so the pod waits Pending until one joins."
+    )[:MAX_WARNING]
+
+
 def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
     uid = request["uid"]
     pod = request.get("object")
@@ -38,16 +107,36 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
     namespace = request.get("namespace", "")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     spec = pod.get("spec") or {}
+    warnings: list[str] = []
     try:
         selection = selection_for(annotations)
         converted: list[Converted] = []
         templates: dict[str, dict[str, Any]] = {}
-        for list_name, index, container, where, gpu in container_requests(spec, selection):
-            check_against_fleet(where, gpu, fleet)
-            template = claim_template(namespace, where, gpu, fleet)
+        shares = False
+        for list_name, index, container, where in containers(spec):
+            mig = read_mig(where, container)
+            gpu = read_request(where, container, selection)
+            if mig is not None:
+                template = mig_claim_template(namespace, mig, selection)
+                if mig.profile not in fleet.mig_profiles:
+                    warnings.append(
+                        f"{where}: no GPU publishes MIG profile {quote(mig.profile)} (the cluster has "
+                        f"{_some(sorted(fleet.mig_profiles))}), so the pod waits Pending until one does."
+                    )
+            elif gpu is not None:
+                check_against_fleet(where, gpu, fleet)
+                template = claim_template(namespace, where, gpu, fleet)
+                shares = True
+            else:
+                continue
+            warnings += env_warnings(where, container, gpu)
             name = template["metadata"]["name"]
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))
+        if converted:
+            refusal = _mode_refusal(annotations, shares)
+            if refusal:
+                raise Refusal(refusal)
     except (Refusal, AnnotationError, RecordError) as refusal:
         return Decision(review.deny(uid, str(refusal)), "denied")
     if not converted:
@@ -57,4 +146,8 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
         if item.claim_name in taken:
             message = f'pod already has a resource claim named "{item.claim_name}", which Tessera needs.'
             return Decision(review.deny(uid, message), "denied")
-    return Decision(review.patch(uid, pod_patch(pod, converted)), "converted", list(templates.values()))
+    selection_warning = _selection_warning(selection, fleet) if shares else None
+    warnings += [selection_warning] if selection_warning else []
+    warnings += policy_warnings(annotations) + annotation_warnings(annotations)
+    response = review.patch(uid, pod_patch(pod, converted), bounded(warnings))
+    return Decision(response, "converted", list(templates.values()))

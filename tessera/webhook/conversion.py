@@ -11,9 +11,12 @@ from typing import Any
 
 from tessera.gpu_request import (
     DEFAULT_MEMORY_PERCENT,
+    DEFAULT_PRIORITY,
     MAX_MEMORY_SIZES,
     GpuRequest,
+    MigRequest,
     Refusal,
+    Selection,
     request_to_annotation,
     share_of,
 )
@@ -25,14 +28,23 @@ from tessera.names import (
     HAMI_GPUMEM,
     HAMI_GPUMEM_PERCENTAGE,
     MEMORY_CAPACITY,
+    MIG_DEVICE_CLASS,
+    MIG_PROFILE_ATTRIBUTE,
     WEBHOOK_MANAGED_BY,
 )
 from tessera.quantity import MiB
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.selectors import selection_cel
+from tessera.webhook.selectors import cel_string, selection_cel
 
 REQUEST_NAME = "gpu"
-"""The one request of every claim the webhook writes."""
+"""The one request of every share claim the webhook writes."""
+
+MIG_REQUEST_NAME = "mig"
+"""The one request of every MIG claim the webhook writes."""
+
+SHARE_CONFIG_API_VERSION = f"{DRIVER_NAME}/v1"
+SHARE_CONFIG_KIND = "ShareConfig"
+"""The opaque configuration the driver reads a share's non-default settings from."""
 
 DISTINCT_GPU_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
 """The attribute a claim's constraint keeps distinct so that the shares of one request go to different
@@ -101,14 +113,35 @@ def claim_spec(request: GpuRequest) -> dict[str, Any]:
     selectors = selection_cel(request.selection)
     if request.memory is not None:
         body = _device_request(request.count, selectors, request.memory, request.cores)
-        return _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "exactly": body})
-    percent = request.memory_percent or DEFAULT_MEMORY_PERCENT
-    subrequests = []
-    for size in request.memory_sizes:
-        share = share_of(size, percent)
-        body = _device_request(request.count, [size_selector(size), *selectors], share, request.cores)
-        subrequests.append({"name": f"m{size // MiB}mi", **body})
-    return _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "firstAvailable": subrequests})
+        spec = _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "exactly": body})
+    else:
+        percent = request.memory_percent or DEFAULT_MEMORY_PERCENT
+        subrequests = []
+        for size in request.memory_sizes:
+            share = share_of(size, percent)
+            body = _device_request(request.count, [size_selector(size), *selectors], share, request.cores)
+            subrequests.append({"name": f"m{size // MiB}mi", **body})
+        spec = _with_distinct_gpus(request.count, {"name": REQUEST_NAME, "firstAvailable": subrequests})
+    config = share_config(request)
+    if config:
+        spec["devices"]["config"] = [
+            {"requests": [REQUEST_NAME], "opaque": {"driver": DRIVER_NAME, "parameters": config}}
+        ]
+    return spec
+
+
+def share_config(request: GpuRequest) -> dict[str, Any]:
+    """The ShareConfig parameters for the settings of ``request`` that differ from the driver's
+    defaults (priority 1, enforcement on), only those keys; empty when none differ, so a claim of
+    default settings carries no configuration."""
+    keys: dict[str, Any] = {}
+    if request.priority != DEFAULT_PRIORITY:
+        keys["priority"] = request.priority
+    if not request.enforce:
+        keys["enforcement"] = "off"
+    if not keys:
+        return {}
+    return {"apiVersion": SHARE_CONFIG_API_VERSION, "kind": SHARE_CONFIG_KIND, **keys}
 
 
 def _with_distinct_gpus(count: int, request: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +153,22 @@ def _with_distinct_gpus(count: int, request: dict[str, Any]) -> dict[str, Any]:
             {"requests": [request["name"]], "distinctAttribute": DISTINCT_GPU_ATTRIBUTE}
         ]
     return {"devices": devices}
+
+
+def mig_claim_spec(mig: MigRequest, selection: Selection) -> dict[str, Any]:
+    """The ResourceClaimSpec for ``nvidia.com/mig-<profile>: N``: N devices of the MIG class whose
+    profile is exactly the one asked (quoted by :func:`cel_string`, the only way user text enters
+    CEL), plus the pod's selectors. MIG instances are exclusive devices, so N of them are N
+    different instances without a constraint."""
+    attribute = f"device.attributes[{cel_string(DRIVER_NAME)}].{MIG_PROFILE_ATTRIBUTE}"
+    profile = f"{attribute} == {cel_string(mig.profile)}"
+    body = {
+        "deviceClassName": MIG_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": mig.count,
+        "selectors": [{"cel": {"expression": e}} for e in (profile, *selection_cel(selection))],
+    }
+    return {"devices": {"requests": [{"name": MIG_REQUEST_NAME, "exactly": body}]}}
 
 
 def template_name(spec: Mapping[str, Any]) -> str:
@@ -135,10 +184,23 @@ def claim_template(namespace: str, where: str, request: GpuRequest, fleet: Fleet
     :data:`~tessera.names.GPU_REQUEST_ANNOTATION` (kube-controller-manager copies it onto every
     claim made from the template), which is what the admission check reads. Raises Refusal."""
     done = converted(where, request, fleet)
-    spec = {
-        "metadata": {"annotations": {GPU_REQUEST_ANNOTATION: request_to_annotation(done)}},
-        "spec": claim_spec(done),
-    }
+    return _template(
+        namespace,
+        {
+            "metadata": {"annotations": {GPU_REQUEST_ANNOTATION: request_to_annotation(done)}},
+            "spec": claim_spec(done),
+        },
+    )
+
+
+def mig_claim_template(namespace: str, mig: MigRequest, selection: Selection) -> dict[str, Any]:
+    """The ResourceClaimTemplate object (JSON) for a MIG request. It records no GPU request: the
+    admission check reads it by its structure, where a class other than the share class counts for
+    nothing (it packs shares, not MIG instances)."""
+    return _template(namespace, {"spec": mig_claim_spec(mig, selection)})
+
+
+def _template(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",

@@ -1,5 +1,5 @@
-"""The pod's JSONPatch: remove the HAMi extended resources, add one pod claim per converted container
-pointing at its template, and reference that claim from the container; pure.
+"""The pod's JSONPatch: remove the HAMi extended resources (the four, priority and MIG), add one
+pod claim per converted container pointing at its template, and reference that claim from the container; pure.
 
 Paths are built for the pod exactly as the review carries it (lists present or absent), so the patch
 applies with no "add to a missing parent" surprise.
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.names import HAMI_RESOURCES
+from tessera.names import HAMI_MIG_PREFIX, HAMI_PRIORITY, HAMI_RESOURCES
 
 CLAIM_PREFIX = "tessera-"
 _MAX_NAME = 63
@@ -47,6 +47,12 @@ def _pointer(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+def converted_resource(name: str) -> bool:
+    """Whether ``name`` is a HAMi resource the claim replaces: nothing offers it as an extended
+    resource, so it must leave the pod."""
+    return name in HAMI_RESOURCES or name == HAMI_PRIORITY or name.startswith(HAMI_MIG_PREFIX)
+
+
 def pod_patch(pod: Mapping[str, Any], converted: list[Converted]) -> list[dict[str, Any]]:
     """JSONPatch operations that apply ``converted`` to ``pod``."""
     operations: list[dict[str, Any]] = []
@@ -54,8 +60,8 @@ def pod_patch(pod: Mapping[str, Any], converted: list[Converted]) -> list[dict[s
         base = f"/spec/{item.list_name}/{item.index}/resources"
         resources = item.container.get("resources") or {}
         for section in ("limits", "requests"):
-            for name in HAMI_RESOURCES:
-                if name in (resources.get(section) or {}):
+            for name in resources.get(section) or {}:
+                if converted_resource(name):
                     operations.append({"op": "remove", "path": f"{base}/{section}/{_pointer(name)}"})
         reference = {"name": item.claim_name}
         if "claims" in resources and resources["claims"] is not None:

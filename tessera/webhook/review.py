@@ -146,6 +146,11 @@ def deny(uid: str, message: str, code: int = 403) -> AdmissionReview:
     return _wrap({"uid": uid, "allowed": False, "status": {"code": code, "message": message}})
 
 
-def patch(uid: str, operations: list[dict[str, Any]]) -> AdmissionReview:
+def patch(uid: str, operations: list[dict[str, Any]], warnings: list[str] | None = None) -> AdmissionReview:
+    """Allow with ``operations``; ``warnings`` go back to the user (kubectl prints each as
+    ``Warning: ...``)."""
     encoded = base64.b64encode(json.dumps(operations, separators=(",", ":")).encode()).decode()
-    return _wrap({"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": encoded})
+    response: ReviewResponse = {"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": encoded}
+    if warnings:
+        response["warnings"] = warnings
+    return _wrap(response)

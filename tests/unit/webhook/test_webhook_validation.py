@@ -65,5 +65,6 @@ def test_fleet_counts_sizes_and_gpus_per_node_of_our_driver_only() -> None:
             gpu_slice("c", "1Ti", "1Ti", "1Ti", "1Ti", "1Ti", driver="other.example.com"),
         ]
     )
-    assert fleet == Fleet(memory_sizes=(80 * GiB, 40 * GiB), max_gpus_per_node=3)
+    assert (fleet.memory_sizes, fleet.max_gpus_per_node) == ((80 * GiB, 40 * GiB), 3)
+    assert fleet.products == {"": 4}
     assert fleet.largest_memory == 80 * GiB
