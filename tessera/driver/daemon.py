@@ -30,6 +30,7 @@ from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import resolve
+from tessera.driver.cordon import NodeCordon
 from tessera.driver.discovery import Nvml
 from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
@@ -125,11 +126,22 @@ class Daemon(Stoppable):
             resource, client.CoreV1Api(self._kube), config.node_name, config.driver_name, self.api
         )
 
+        self.cordon = NodeCordon(
+            client.CoreV1Api(self._kube), config.node_name, [g.uuid for g in gpus], self.api
+        )
+        publishing = threading.Lock()
+
         def publish() -> None:
-            taints = self.tracker.taints()
-            self.publisher.set_devices([devices.device(g, taints.get(g.uuid, ())) for g in gpus])
+            # Health and cordon changes arrive on two threads: one at a time, so the last slice
+            # written is built from the latest of both.
+            with publishing:
+                taints, cordoned = self.tracker.taints(), self.cordon.taints()
+                self.publisher.set_devices(
+                    [devices.device(g, [*taints.get(g.uuid, ()), *cordoned.get(g.uuid, ())]) for g in gpus]
+                )
 
         self.tracker.on_change = publish
+        self.cordon.on_change = publish
         self._background(
             "gpu-health",
             device_health.poll_forever,
@@ -139,10 +151,14 @@ class Daemon(Stoppable):
             config.nvml_timeout,
             self._stop,
         )
+        self._background("node-cordon", self.cordon.run, self._stop)
         # The first slice says what the first poll found (a lost GPU is never published untainted),
-        # or, if NVML did not answer, that no GPU's health is known. A stop asked for meanwhile (a
+        # or, if NVML did not answer, that no GPU's health is known; and the cordon the Node's
+        # annotation asks for, if the API server answers in that time. A stop asked for meanwhile (a
         # rollout replacing a daemon still starting) ends the wait: the poll may never run then.
         if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
+            return
+        if not _first_of(self.cordon.synced, self._stop, config.nvml_timeout + 1.0):
             return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
