@@ -33,7 +33,7 @@ from tessera.driver.device_health import _now
 from tessera.driver.devices import DeviceTaint
 from tessera.gpu_request import AnnotationError, _uuid_entries
 from tessera.names import CORDONED_TAINT, HAMI_DEVICE_CORDON
-from tessera.watching import Reachability, watch_forever
+from tessera.watching import watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -56,41 +56,44 @@ def cordon_taint(since: str | None) -> DeviceTaint:
 
 class NodeCordon:
     """The cordon the annotation on ``node`` asks for, kept current by :meth:`run`; ``on_change`` is
-    called (from the watch's thread) whenever the set of cordoned GPUs of this node changes."""
+    called (from the watch's thread) whenever the set of cordoned UUIDs changes. ``published`` gives
+    the UUIDs of the GPUs the daemon publishes now, to name those the annotation lists in vain; the
+    publisher applies a taint only to a GPU it publishes, so a GPU that appears later (renamed, out
+    of MIG mode) is cordoned as soon as it is published."""
 
     def __init__(
         self,
         core: client.CoreV1Api,
         node: str,
-        gpu_uuids: Collection[str],
-        reachability: Reachability | None = None,
+        published: Callable[[], Collection[str]],
     ) -> None:
         self._core = core
         self._node = node
-        self._gpu_uuids = frozenset(gpu_uuids)
-        self._reachability = reachability
+        self._published = published
         self._lock = threading.Lock()
         self._value: str | None = None
         self._since: dict[str, str] = {}
-        """Each cordoned GPU of this node and when the cordon was first seen (the taint's timeAdded)."""
+        """Each UUID the annotation cordons and when that was first seen (the taint's timeAdded)."""
         self.on_change: Callable[[], None] = lambda: None
         self.synced = threading.Event()
         """Set once the Node has been read: the first slice waits for it, so that a cordoned GPU is
         not published untainted for a moment when the daemon starts."""
 
     def taints(self) -> Mapping[str, list[DeviceTaint]]:
-        """The taints of each cordoned GPU of this node, by UUID: its cordon taint."""
+        """The taints of each cordoned GPU, by UUID: its cordon taint."""
         with self._lock:
             return {uuid: [cordon_taint(since)] for uuid, since in self._since.items()}
 
     def run(self, stop: threading.Event) -> None:
-        """Watch the Node until ``stop``; a deleted Node cordons nothing (its slice goes with it)."""
+        """Watch the Node until ``stop``; a deleted Node cordons nothing (its slice goes with it).
+
+        A failing watch is logged at each retry but leaves readiness alone: the daemon serves claims
+        and publishes GPUs without it (the other watches say when the API server is away)."""
         watch_forever(
             self._core.list_node,
             self._on_event,
             stop,
             f"Node {self._node}",
-            reachability=self._reachability,
             field_selector=f"metadata.name={self._node}",
         )
 
@@ -112,25 +115,25 @@ class NodeCordon:
             uuids, problem = parse(value)
             if problem is not None:
                 log.error("node %s: %s", self._node, problem)
-            unknown = sorted(uuids - self._gpu_uuids)
+            published = frozenset(self._published())
+            unknown = sorted(uuids - published)
             if unknown:
                 log.warning(
                     "node %s: %s names %s, not a GPU this daemon publishes on the node (its GPUs: %s)",
                     self._node,
                     HAMI_DEVICE_CORDON,
                     ", ".join(unknown),
-                    ", ".join(sorted(self._gpu_uuids)) or "none",
+                    ", ".join(sorted(published)) or "none",
                 )
-            cordoned = uuids & self._gpu_uuids
-            changed = cordoned != self._since.keys()
+            changed = uuids != self._since.keys()
             now = _now()
-            self._since = {uuid: self._since.get(uuid, now) for uuid in cordoned}
+            self._since = {uuid: self._since.get(uuid, now) for uuid in uuids}
         if changed:
             log.info(
                 "node %s: GPUs cordoned by %s: %s",
                 self._node,
                 HAMI_DEVICE_CORDON,
-                ", ".join(sorted(cordoned)) or "none",
+                ", ".join(sorted(uuids & published)) or "none",
             )
             self.on_change()
 

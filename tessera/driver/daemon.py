@@ -36,7 +36,7 @@ from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
-from tessera.kube import api_client
+from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, api_client
 from tessera.serving import HttpServer
 from tessera.watching import Reachability
 
@@ -127,7 +127,7 @@ class Daemon(Stoppable):
         )
 
         self.cordon = NodeCordon(
-            client.CoreV1Api(self._kube), config.node_name, [g.uuid for g in gpus], self.api
+            client.CoreV1Api(self._kube), config.node_name, lambda: [g.uuid for g in gpus]
         )
         publishing = threading.Lock()
 
@@ -154,11 +154,12 @@ class Daemon(Stoppable):
         self._background("node-cordon", self.cordon.run, self._stop)
         # The first slice says what the first poll found (a lost GPU is never published untainted),
         # or, if NVML did not answer, that no GPU's health is known; and the cordon the Node's
-        # annotation asks for, if the API server answers in that time. A stop asked for meanwhile (a
-        # rollout replacing a daemon still starting) ends the wait: the poll may never run then.
+        # annotation asks for, if the Node can be read within one API call's bound. A stop asked
+        # for meanwhile (a rollout replacing a daemon still starting) ends the wait: the poll may
+        # never run then.
         if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
             return
-        if not _first_of(self.cordon.synced, self._stop, config.nvml_timeout + 1.0):
+        if not _first_of(self.cordon.synced, self._stop, CONNECT_TIMEOUT + READ_TIMEOUT):
             return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)

@@ -61,20 +61,26 @@ def test_the_cordon_taint_is_a_noschedule_taint_saying_where_it_came_from() -> N
 
 def _cordon() -> tuple[NodeCordon, list[int]]:
     calls: list[int] = []
-    cordon = NodeCordon(client.CoreV1Api(client.ApiClient()), "node-1", [A, B])
+    cordon = NodeCordon(client.CoreV1Api(client.ApiClient()), "node-1", lambda: [A, B])
     cordon.on_change = lambda: calls.append(1)
     return cordon, calls
 
 
-def test_only_gpus_of_this_node_are_tainted_and_others_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_uuid_that_is_not_a_gpu_of_this_node_is_logged_with_the_nodes_gpus(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It stays in the cordon (the publisher taints only GPUs it publishes): a GPU that appears
+    later with that UUID is cordoned as soon as it is published."""
     cordon, calls = _cordon()
     with caplog.at_level(logging.WARNING):
         cordon.update(f"{A},{ELSEWHERE}")
-    assert set(cordon.taints()) == {A}
-    ((taint,),) = cordon.taints().values()
+    assert set(cordon.taints()) == {A, ELSEWHERE}
+    (taint,) = cordon.taints()[A]
     assert taint.key == CORDONED_TAINT and taint.since
     assert calls == [1]
-    assert f"names {ELSEWHERE}, not a GPU this daemon publishes on the node" in caplog.text
+    assert (
+        f"names {ELSEWHERE}, not a GPU this daemon publishes on the node (its GPUs: {A}, {B})" in caplog.text
+    )
 
 
 def test_a_change_is_announced_once_and_the_time_a_gpu_was_cordoned_is_kept() -> None:
@@ -82,7 +88,7 @@ def test_a_change_is_announced_once_and_the_time_a_gpu_was_cordoned_is_kept() ->
     cordon.update(A)
     first = cordon.taints()[A][0].since
     cordon.update(A)  # the same value again (a resync, another annotation changed)
-    cordon.update(f"{A}, {ELSEWHERE}")  # a new value, but the same GPUs of this node
+    cordon.update(f" {A},{A}")  # a new value, but the same GPUs
     assert calls == [1]
     cordon.update(f"{A},{B}")
     assert calls == [1, 1]
