@@ -69,7 +69,7 @@ def _by_uuid(published: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {d["attributes"][UUID_ATTRIBUTE]["string"]: d for d in published["spec"]["devices"]}
 
 
-def _devices(kube: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
+def devices_of(kube: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
     """The node's published devices by UUID."""
     return _by_uuid(_slice(kube, node))
 
@@ -141,7 +141,7 @@ def _cordon_holds(
     core = client.CoreV1Api(kube)
     unschedulable = wait_until_unschedulable(core, namespace, _probe(kube, namespace, node.node_name, gpu0))
     assert "cannot allocate all claims" in (unschedulable.message or "")
-    devices = _devices(kube, node.node_name)
+    devices = devices_of(kube, node.node_name)
     new = [share_pod(kube, namespace, node.node_name, f"new{i}", memory="5Gi", cores="5") for i in range(2)]
     assert {_device_of(kube, c) for c in new} == {devices[gpu1]["name"]}
     claim = _claim(kube, running)
@@ -157,7 +157,7 @@ def _uncordoned(kube: client.ApiClient, node: DriverNode, namespace: str, gpu0: 
     core = client.CoreV1Api(kube)
     wait_until_bound(core, namespace, "probe", timeout=180)
     probe = wait_until_claim_allocated(client.ResourceV1Api(kube), core, namespace, "probe", "gpu")
-    assert single_allocation_result(probe).device == _devices(kube, node.node_name)[gpu0]["name"]
+    assert single_allocation_result(probe).device == devices_of(kube, node.node_name)[gpu0]["name"]
 
 
 def _running_share_on_gpu0(
@@ -166,13 +166,13 @@ def _running_share_on_gpu0(
     """A prepared share on the GPU the allocator fills first (GPU 0 here), and the two UUIDs."""
     running = share_pod(kube, namespace, node.node_name, "running", memory="40Gi", cores="40")
     assert _prepare(node, running).error == ""
-    by_name = {d["name"]: uuid for uuid, d in _devices(kube, node.node_name).items()}
+    by_name = {d["name"]: uuid for uuid, d in devices_of(kube, node.node_name).items()}
     gpu0 = by_name.pop(_device_of(kube, running))
     (gpu1,) = by_name.values()
     return running, gpu0, gpu1
 
 
-def _docs_rule(node: str, device: str) -> dict[str, Any]:
+def docs_rule(node: str, device: str) -> dict[str, Any]:
     """The DeviceTaintRule of docs/driver.md "Cordoning a GPU", placeholders filled in."""
     section = DRIVER_MD.read_text().split("## Cordoning a GPU", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
@@ -186,8 +186,8 @@ def test_a_device_taint_rule_as_the_docs_write_it_cordons_one_gpu_and_deleting_i
     driver_node: DriverNode, kube: client.ApiClient, cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
     running, gpu0, gpu1 = _running_share_on_gpu0(kube, driver_node, namespace)
-    device0 = _devices(kube, driver_node.node_name)[gpu0]["name"]
-    rule = _docs_rule(driver_node.node_name, device0)
+    device0 = devices_of(kube, driver_node.node_name)[gpu0]["name"]
+    rule = docs_rule(driver_node.node_name, device0)
     assert rule["apiVersion"] == "resource.k8s.io/v1"
     manifest = tmp_path / "rule.yaml"
     manifest.write_text(yaml.safe_dump(rule))
@@ -197,7 +197,7 @@ def test_a_device_taint_rule_as_the_docs_write_it_cordons_one_gpu_and_deleting_i
     finally:
         kubectl(cluster.admin_kubeconfig, "delete", "devicetaintrule", rule["metadata"]["name"])
     _uncordoned(kube, driver_node, namespace, gpu0)
-    assert "taints" not in _devices(kube, driver_node.node_name)[gpu0]  # the rule never touched the slice
+    assert "taints" not in devices_of(kube, driver_node.node_name)[gpu0]  # the rule never touched the slice
 
 
 def test_hamis_device_cordon_annotation_taints_that_gpu_in_the_slice_and_removing_it_uncordons(
@@ -206,15 +206,15 @@ def test_hamis_device_cordon_annotation_taints_that_gpu_in_the_slice_and_removin
     running, gpu0, gpu1 = _running_share_on_gpu0(kube, driver_node, namespace)
     node = driver_node.node_name
     kubectl(cluster.admin_kubeconfig, "annotate", "node", node, f"{HAMI_DEVICE_CORDON}={gpu0}")
-    taints = poll_until(lambda: _devices(kube, node)[gpu0].get("taints"), 30, "GPU 0 tainted")
+    taints = poll_until(lambda: devices_of(kube, node)[gpu0].get("taints"), 30, "GPU 0 tainted")
     assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
         (CORDONED_TAINT, "hami.io-device-cordon", "NoSchedule")
     ]
-    assert "taints" not in _devices(kube, node)[gpu1]
+    assert "taints" not in devices_of(kube, node)[gpu1]
     _cordon_holds(kube, driver_node, namespace, running, gpu0, gpu1)
 
     kubectl(cluster.admin_kubeconfig, "annotate", "node", node, f"{HAMI_DEVICE_CORDON}-")
-    poll_until(lambda: "taints" not in _devices(kube, node)[gpu0], 30, "GPU 0 untainted")
+    poll_until(lambda: "taints" not in devices_of(kube, node)[gpu0], 30, "GPU 0 untainted")
     _uncordoned(kube, driver_node, namespace, gpu0)
 
 
@@ -248,7 +248,7 @@ def test_effect_none_says_what_noexecute_would_evict_and_noexecute_evicts_the_ru
     """What docs/driver.md says of the other effects: ``None`` is a dry run whose condition counts
     the pods ``NoExecute`` would evict, and ``NoExecute`` deletes the pod whose share is on the GPU."""
     _, gpu0, _ = _running_share_on_gpu0(kube, driver_node, namespace)
-    rule = _docs_rule(driver_node.node_name, _devices(kube, driver_node.node_name)[gpu0]["name"])
+    rule = docs_rule(driver_node.node_name, devices_of(kube, driver_node.node_name)[gpu0]["name"])
     rule["spec"]["taint"]["effect"] = "None"
     resource = client.ResourceV1Api(kube)
     name = rule["metadata"]["name"]
