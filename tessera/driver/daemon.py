@@ -3,7 +3,8 @@
 Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state
 (a rebuild the API server cannot answer yet is retried in the background while the daemon serves),
 serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
-cannot answer — then publish the slice and watch GPU health. The metrics exporter is not here: it
+cannot answer — then publish the slice and watch GPU health and the Node's cordon annotation
+(tessera/driver/cordon.py), both of which taint GPUs in the slice. The metrics exporter is not here: it
 is its own process (``tessera-exporter``, tessera/exporter/cli.py) so that nothing a scrape meets
 can stop a prepare, and this one reads no other process.
 Stop (SIGTERM): deregister first (the registration socket goes, so the kubelet stops calling), let
