@@ -42,6 +42,12 @@ UNMONITORED_TAINT = f"{DRIVER_NAME}/unmonitored"
 """Device taint key the driver sets on every GPU while NVML does not answer at all: their health is
 unknown, which is not the same as unhealthy (nothing says the GPUs themselves failed)."""
 
+CORDONED_TAINT = f"{DRIVER_NAME}/cordoned"
+"""Device taint key the driver sets on a GPU that its node's ``hami.io/device-cordon`` annotation names."""
+
+HAMI_DEVICE_CORDON = "hami.io/device-cordon"
+"""Node annotation (HAMi v2.10): comma-separated GPU UUIDs that take no new allocation."""
+
 METRICS_PORT = 31995
 
 # HAMi's spellings, which users' manifests already carry: the webhook converts them into claims.

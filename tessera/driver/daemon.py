@@ -3,7 +3,8 @@
 Start: discover GPUs, decide how containers reach the driver, load (or rebuild) the prepared state
 (a rebuild the API server cannot answer yet is retried in the background while the daemon serves),
 serve the DRA socket, then register with the kubelet — so the kubelet never reaches a socket that
-cannot answer — then publish the slice and watch GPU health. The metrics exporter is not here: it
+cannot answer — then publish the slice and watch GPU health and the Node's cordon annotation
+(tessera/driver/cordon.py), both of which taint GPUs in the slice. The metrics exporter is not here: it
 is its own process (``tessera-exporter``, tessera/exporter/cli.py) so that nothing a scrape meets
 can stop a prepare, and this one reads no other process.
 Stop (SIGTERM): deregister first (the registration socket goes, so the kubelet stops calling), let
@@ -30,12 +31,13 @@ from tessera.driver.claim_status import ClaimStatusWriter
 from tessera.driver.claims import ClaimCache
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import resolve
+from tessera.driver.cordon import NodeCordon
 from tessera.driver.discovery import Nvml
 from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
-from tessera.kube import api_client
+from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, api_client
 from tessera.serving import HttpServer
 from tessera.watching import Reachability
 
@@ -125,11 +127,22 @@ class Daemon(Stoppable):
             resource, client.CoreV1Api(self._kube), config.node_name, config.driver_name, self.api
         )
 
+        self.cordon = NodeCordon(
+            client.CoreV1Api(self._kube), config.node_name, lambda: [g.uuid for g in gpus]
+        )
+        publishing = threading.Lock()
+
         def publish() -> None:
-            taints = self.tracker.taints()
-            self.publisher.set_devices([devices.device(g, taints.get(g.uuid, ())) for g in gpus])
+            # Health and cordon changes arrive on two threads: one at a time, so the last slice
+            # written is built from the latest of both.
+            with publishing:
+                taints, cordoned = self.tracker.taints(), self.cordon.taints()
+                self.publisher.set_devices(
+                    [devices.device(g, [*taints.get(g.uuid, ()), *cordoned.get(g.uuid, ())]) for g in gpus]
+                )
 
         self.tracker.on_change = publish
+        self.cordon.on_change = publish
         self._background(
             "gpu-health",
             device_health.poll_forever,
@@ -139,10 +152,15 @@ class Daemon(Stoppable):
             config.nvml_timeout,
             self._stop,
         )
+        self._background("node-cordon", self.cordon.run, self._stop)
         # The first slice says what the first poll found (a lost GPU is never published untainted),
-        # or, if NVML did not answer, that no GPU's health is known. A stop asked for meanwhile (a
-        # rollout replacing a daemon still starting) ends the wait: the poll may never run then.
+        # or, if NVML did not answer, that no GPU's health is known; and the cordon the Node's
+        # annotation asks for, if the Node can be read within one API call's bound. A stop asked
+        # for meanwhile (a rollout replacing a daemon still starting) ends the wait: the poll may
+        # never run then.
         if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
+            return
+        if not _first_of(self.cordon.synced, self._stop, CONNECT_TIMEOUT + READ_TIMEOUT):
             return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)

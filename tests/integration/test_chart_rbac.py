@@ -96,6 +96,10 @@ PLUGIN_MUST = [
     Ask("list", f"{RESOURCE}/resourceclaims"),
     Ask("watch", f"{RESOURCE}/resourceclaims"),
     Ask("get", "nodes", name="some-node"),
+    # tessera/driver/cordon.py watches its own Node; RBAC cannot narrow a list to it. Read-only, and
+    # no more than the node's kubelet credentials (on the host the daemon runs on) already read.
+    Ask("list", "nodes"),
+    Ask("watch", "nodes"),
     Ask("list", "pods"),
     Ask("watch", "pods"),
     Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
@@ -121,9 +125,12 @@ PLUGIN_MUST_NOT = [
     Ask("create", "pods", namespace=ANYWHERE),
     Ask("delete", "pods", namespace=ANYWHERE),
     Ask("create", "pods/exec", namespace=ANYWHERE),
-    Ask("list", "nodes"),
     Ask("update", "nodes", name="some-node"),
+    Ask("patch", "nodes", name="some-node"),
     Ask("patch", "nodes/status", name="some-node"),
+    # The cordon annotation becomes a taint in the node's own slice, never a DeviceTaintRule, which
+    # could taint (and with NoExecute evict from) any device in the cluster.
+    *(Ask(verb, f"{RESOURCE}/devicetaintrules") for verb in ("create", "update", "patch", "delete")),
     Ask("get", "secrets", namespace=ANYWHERE),
     Ask("list", "secrets"),
     Ask("list", "configmaps"),
