@@ -122,7 +122,7 @@ def _split_list(annotation: str, value: str) -> list[str]:
     return entries
 
 
-def _uuid_entries(annotation: str, value: str) -> tuple[str, ...]:
+def uuid_entries(annotation: str, value: str) -> tuple[str, ...]:
     entries = _split_list(annotation, value)
     for entry in entries:
         if not _UUID.match(entry):
@@ -135,8 +135,8 @@ def _type_entries(annotation: str, value: str) -> tuple[str, ...]:
 
 
 _SELECTION_ANNOTATIONS = (
-    ("use_uuids", HAMI_USE_UUID, _uuid_entries),
-    ("nouse_uuids", HAMI_NOUSE_UUID, _uuid_entries),
+    ("use_uuids", HAMI_USE_UUID, uuid_entries),
+    ("nouse_uuids", HAMI_NOUSE_UUID, uuid_entries),
     ("use_types", HAMI_USE_TYPE, _type_entries),
     ("nouse_types", HAMI_NOUSE_TYPE, _type_entries),
 )

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from tessera.driver.device_health import _now
 from tessera.driver.devices import DeviceTaint
-from tessera.gpu_request import AnnotationError, _uuid_entries
+from tessera.gpu_request import AnnotationError, uuid_entries
 from tessera.names import CORDONED_TAINT, HAMI_DEVICE_CORDON
 from tessera.watching import watch_forever
 
@@ -44,7 +44,7 @@ def parse(value: str | None) -> tuple[frozenset[str], str | None]:
     if value is None or not value.strip():
         return frozenset(), None
     try:
-        return frozenset(_uuid_entries(HAMI_DEVICE_CORDON, value)), None
+        return frozenset(uuid_entries(HAMI_DEVICE_CORDON, value)), None
     except AnnotationError as error:
         return frozenset(), f"{error} No GPU is cordoned by it."
 
