@@ -2,23 +2,23 @@
  * Sharded open-addressing hash table (linear probing, backward-shift deletion, no tombstones).
  * Each shard grows independently at half load, so lookups stay O(1) at any size.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lock.h"
 #include "ptrtable.h"
 
 #define SHARDS 64
 #define MIN_CAPACITY 64
 
 struct shard {
-    pthread_mutex_t mu;
+    struct shim_lock mu;
     struct shim_entry *slots; /* capacity is a power of two */
     uint64_t capacity;
     uint64_t count;
 } __attribute__((aligned(64)));
 
-static struct shard shards[SHARDS] = {[0 ... SHARDS - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+static struct shard shards[SHARDS];
 
 static inline uint64_t mix(enum shim_kind kind, uint64_t key)
 {
@@ -90,9 +90,9 @@ int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
 {
     uint64_t h = mix(e->kind, e->key);
     struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->mu);
+    shim_lock(&s->mu);
     if ((s->count + 1) * 2 > s->capacity && grow(s) != 0) {
-        pthread_mutex_unlock(&s->mu);
+        shim_unlock(&s->mu);
         return -1;
     }
     uint64_t i = find(s, e->kind, e->key, h);
@@ -102,7 +102,7 @@ int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
     if (!replaced)
         s->count++;
     s->slots[i] = *e;
-    pthread_mutex_unlock(&s->mu);
+    shim_unlock(&s->mu);
     return replaced;
 }
 
@@ -115,7 +115,7 @@ bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out)
 {
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->mu);
+    shim_lock(&s->mu);
     bool found = false;
     if (s->capacity > 0) {
         uint64_t i = find(s, kind, key, h);
@@ -125,7 +125,7 @@ bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out)
                 *out = s->slots[i];
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    shim_unlock(&s->mu);
     return found;
 }
 
@@ -133,7 +133,7 @@ bool shim_table_take(enum shim_kind kind, uint64_t key, struct shim_entry *out)
 {
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->mu);
+    shim_lock(&s->mu);
     bool found = false;
     if (s->capacity > 0) {
         uint64_t i = find(s, kind, key, h);
@@ -144,7 +144,7 @@ bool shim_table_take(enum shim_kind kind, uint64_t key, struct shim_entry *out)
             erase(s, i);
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    shim_unlock(&s->mu);
     return found;
 }
 
@@ -152,7 +152,7 @@ bool shim_table_add_refs(enum shim_kind kind, uint64_t key, int delta, struct sh
 {
     uint64_t h = mix(kind, key);
     struct shard *s = shard_of(h);
-    pthread_mutex_lock(&s->mu);
+    shim_lock(&s->mu);
     bool found = false;
     if (s->capacity > 0) {
         uint64_t i = find(s, kind, key, h);
@@ -167,7 +167,7 @@ bool shim_table_add_refs(enum shim_kind kind, uint64_t key, int delta, struct sh
                 erase(s, i);
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    shim_unlock(&s->mu);
     return found;
 }
 
@@ -177,7 +177,7 @@ int shim_table_sweep(bool (*match)(const struct shim_entry *e, void *arg),
     int n = 0;
     for (int k = 0; k < SHARDS; k++) {
         struct shard *s = &shards[k];
-        pthread_mutex_lock(&s->mu);
+        shim_lock(&s->mu);
         for (uint64_t i = 0; i < s->capacity;) {
             struct shim_entry *e = &s->slots[i];
             if (e->kind != 0 && match(e, arg)) {
@@ -189,7 +189,7 @@ int shim_table_sweep(bool (*match)(const struct shim_entry *e, void *arg),
             }
             i++;
         }
-        pthread_mutex_unlock(&s->mu);
+        shim_unlock(&s->mu);
     }
     return n;
 }
@@ -198,9 +198,9 @@ uint64_t shim_table_count(void)
 {
     uint64_t n = 0;
     for (int k = 0; k < SHARDS; k++) {
-        pthread_mutex_lock(&shards[k].mu);
+        shim_lock(&shards[k].mu);
         n += shards[k].count;
-        pthread_mutex_unlock(&shards[k].mu);
+        shim_unlock(&shards[k].mu);
     }
     return n;
 }
@@ -208,20 +208,19 @@ uint64_t shim_table_count(void)
 void shim_table_prepare_fork(void)
 {
     for (int k = 0; k < SHARDS; k++)
-        pthread_mutex_lock(&shards[k].mu);
+        shim_lock(&shards[k].mu);
 }
 
 void shim_table_parent_after_fork(void)
 {
     for (int k = SHARDS - 1; k >= 0; k--)
-        pthread_mutex_unlock(&shards[k].mu);
+        shim_unlock(&shards[k].mu);
 }
 
 void shim_table_child_after_fork(void)
 {
     for (int k = 0; k < SHARDS; k++) {
-        pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-        shards[k].mu = fresh;
+        shards[k].mu = (struct shim_lock)SHIM_LOCK_INIT;
         free(shards[k].slots);
         shards[k].slots = NULL;
         shards[k].capacity = 0;
