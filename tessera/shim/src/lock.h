@@ -22,7 +22,8 @@ struct shim_lock {
 
 #define SHIM_LOCK_INIT {0}
 
-static __attribute__((noinline, cold, unused)) void shim_lock_wait(struct shim_lock *l, uint32_t seen)
+static __attribute__((noinline, cold, unused)) void shim_lock_wait(struct shim_lock *l,
+                                                                   uint32_t seen)
 {
     if (seen != 2)
         seen = __atomic_exchange_n(&l->word, 2, __ATOMIC_ACQUIRE);
