@@ -1,12 +1,16 @@
 """Added cost per call of the shim: kernel launch, allocation and free with 10 000 allocations
 live, cuMemGetInfo_v2, and the launch of a one-node CUDA graph, against the same program with no
 shim; the capped configuration gives the cost of launches and graph launches under a compute
-cap. Writes overhead.{md,json} into benchmarks/shim/results/ (or --out DIR).
+cap. Alloc+free is also measured inside one process against the driver's own functions
+(alloc_free.c), which is what the target is set on. Writes overhead.{md,json} into
+benchmarks/shim/results/ (or --out DIR).
 
-    .venv/bin/python benchmarks/shim/overhead.py [--driver-dir DIR] [--out DIR] [--runs N]
+    .venv/bin/python benchmarks/shim/overhead.py [--driver-dir DIR | --stub] [--out DIR] [--runs N]
 
 By default it runs on the simulated driver; --driver-dir names a directory holding NVIDIA's
-libcuda.so.1 and libnvidia-ml.so.1 to measure against a real GPU. Each configuration runs
+libcuda.so.1 and libnvidia-ml.so.1 to measure against a real GPU; --stub runs on a driver that
+does nothing (stub_driver.c: every call returns at once), where what a hook costs is nearly all
+that is measured, and writes overhead_stub.{md,json}. Each configuration runs
 --runs times (the configurations interleaved, so load that comes and goes falls on all of them),
 each run keeping the best of 5 rounds per call; the table gives the best run (least disturbed)
 and the JSON also the median. The results name the machine, the command and the commit
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -33,6 +38,7 @@ from testbed.shim_harness import (
     PROGRAM_BUILD,
     REPO,
     SIMGPU_BUILD,
+    SIMGPU_TEST_HEADERS,
     build_programs,
     build_shim,
     claim_on,
@@ -41,9 +47,15 @@ from testbed.shim_harness import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STUB_SOURCE = Path(__file__).resolve().parent / "stub_driver.c"
+ALLOC_FREE_SOURCE = Path(__file__).resolve().parent / "alloc_free.c"
+BENCH_BUILD = REPO / "build" / "shim" / "bench"
+STUB_BUILD = BENCH_BUILD / "stub"
+STUB_UUID = "GPU-5a5a5a5a-0000-0000-0000-000000000001"  # stub_driver.c's uuid_bytes
 RUNS = 5
 KEYS = ("launch_ns", "alloc_ns", "free_ns", "info_ns", "graph_ns")
-MEASURES = (*KEYS, "info_direct_ns")
+MEASURES = (*KEYS, "info_direct_ns", "pair_added_ns")
+ROUNDS = {"simulated": 200, "stub": 3000, "real": 1000}  # alloc_free rounds per run
 
 
 def added(r: dict[str, int], base: dict[str, int], key: str) -> int:
@@ -56,31 +68,56 @@ def added(r: dict[str, int], base: dict[str, int], key: str) -> int:
     return r[key] - base[key]
 
 
-# The code whose cost is measured: the shim, the simulated driver it runs on, the probe.
-MEASURED = ["tessera/shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
+# The code whose cost is measured: the shim, the drivers it runs on, the probes.
+MEASURED = [
+    "tessera/shim",
+    "simgpu/src",
+    "include/cuda-abi",
+    "tests/shim/programs",
+    "benchmarks/shim/alloc_free.c",
+    "benchmarks/shim/stub_driver.c",
+]
 
 
-def bench_once(env: dict[str, str], n: int) -> dict[str, int]:
-    done = subprocess.run(
+def _compile(source: Path, target: Path, *extra: str) -> None:
+    """Compile a benchmark program or the stub with the flags the test programs get."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    includes = [f"-I{REPO / 'include' / 'cuda-abi'}", f"-I{SIMGPU_TEST_HEADERS}"]
+    flags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", *includes]
+    cc = shlex.split(os.environ.get("CC", "cc"))
+    subprocess.run([*cc, *flags, *extra, "-o", str(target), str(source)], check=True)
+
+
+def build_stub() -> Path:
+    """Compile stub_driver.c into a libcuda.so.1 of its own directory (built like the
+    simulator's libraries); returns the directory."""
+    soname = ["-Wl,-soname,libcuda.so.1", "-Wl,--no-undefined"]
+    _compile(STUB_SOURCE, STUB_BUILD / "libcuda.so.1", "-fPIC", "-shared", "-fvisibility=hidden", *soname)
+    return STUB_BUILD
+
+
+def bench_once(env: dict[str, str], n: int, rounds: int) -> dict[str, int]:
+    """One run of ``shim_probe bench`` and one of alloc_free (its added_ns as pair_added_ns)."""
+    found: dict[str, int] = {}
+    for command in (
         [str(PROGRAM_BUILD / "shim_probe"), "bench", str(n)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
-    return {key: int(value) for key, value in values(done.stdout).items()}
+        [str(BENCH_BUILD / "alloc_free"), str(rounds)],
+    ):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr)
+        found.update({key: int(value) for key, value in values(done.stdout).items()})
+    return {key: found["added_ns" if key == "pair_added_ns" else key] for key in MEASURES}
 
 
 def bench(
-    envs: dict[str, dict[str, str]], n: int, runs: int
+    envs: dict[str, dict[str, str]], n: int, runs: int, rounds: int
 ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
     """Best and median per configuration over ``runs`` interleaved runs."""
     seen: dict[str, dict[str, list[int]]] = {name: {k: [] for k in MEASURES} for name in envs}
     for _ in range(runs):
         for name, env in envs.items():
-            for key, value in bench_once(env, n).items():
+            for key, value in bench_once(env, n, rounds).items():
                 seen[name][key].append(value)
     best = {name: {k: min(v) for k, v in r.items()} for name, r in seen.items()}
     median = {name: {k: int(statistics.median(v)) for k, v in r.items()} for name, r in seen.items()}
@@ -174,7 +211,9 @@ def added_instructions(env: dict[str, str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--driver-dir", type=Path, default=None)
+    driver_choice = parser.add_mutually_exclusive_group()
+    driver_choice.add_argument("--driver-dir", type=Path, default=None)
+    driver_choice.add_argument("--stub", action="store_true")
     parser.add_argument("--launches", type=int, default=200_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--runs", type=int, default=RUNS)
@@ -185,14 +224,21 @@ def main() -> None:
         subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
     driver = args.driver_dir or SIMGPU_BUILD
     build_programs(PROGRAM_BUILD, driver)
+    _compile(ALLOC_FREE_SOURCE, BENCH_BUILD / "alloc_free", "-ldl")
+    simulated = args.driver_dir is None
+    kind = "stub" if args.stub else "simulated" if simulated else "real"
     with tempfile.TemporaryDirectory(prefix="tessera-overhead-") as tmp:
         root = Path(tmp)
-        if args.driver_dir is None:
+        if simulated:
             uuids, env = simulated_node(root / "node", memory_bytes=16 << 30)
         else:
             env = dict(os.environ)
             uuids = [_first_uuid(env)]
         cuda, nvml = driver / "libcuda.so.1", driver / "libnvidia-ml.so.1"
+        if args.stub:  # the stub's libcuda.so.1 found first; the simulator's NVML (unused)
+            stub = build_stub()
+            env["LD_LIBRARY_PATH"] = f"{stub}:{env['LD_LIBRARY_PATH']}"
+            uuids, cuda = [STUB_UUID], stub / "libcuda.so.1"
         unlimited = claim_on(root / "none", env, [], cuda, nvml, PROGRAM_BUILD)
         limited = claim_on(root / "mem", env, [(uuids[0], 8 << 30, 0)], cuda, nvml, PROGRAM_BUILD)
         capped = claim_on(root / "cap", env, [(uuids[0], 8 << 30, 50)], cuda, nvml, PROGRAM_BUILD)
@@ -205,19 +251,25 @@ def main() -> None:
             },
             args.launches,
             args.runs,
+            ROUNDS[kind],
         )
-        # On the simulated driver only: a real driver's calls are short enough to time, and
-        # valgrind over NVIDIA's library would take the GPU check's time.
+        # On the simulated driver (and the stub) only: a real driver's calls are short enough to
+        # time, and valgrind over NVIDIA's library would take the GPU check's time.
         instructions = (
             {
                 "shim, memory limit, uncapped": added_instructions(limited.env()),
                 "shim, memory limit, capped at 50 %": added_instructions(capped.env()),
             }
-            if args.driver_dir is None
+            if simulated
             else {}
         )
-    driver = "simulated (build/simgpu)" if args.driver_dir is None else str(args.driver_dir)
-    write(results, medians, instructions, driver, args.runs, args.out, info.finish())
+    if args.stub:
+        driver, name = "stub (benchmarks/shim/stub_driver.c: every call returns at once)", "overhead_stub"
+    elif simulated:
+        driver, name = "simulated (build/simgpu)", "overhead"
+    else:
+        driver, name = str(args.driver_dir), "overhead"
+    write(results, medians, instructions, driver, args.runs, args.out / name, info.finish())
 
 
 def _first_uuid(env: dict[str, str]) -> str:
@@ -236,8 +288,9 @@ def write(
     out: Path,
     info: RunInfo,
 ) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "overhead.json").write_text(
+    """``out``.json and ``out``.md."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
         json.dumps(
             {
                 "run": info.as_json(),
@@ -262,10 +315,10 @@ def write(
         "cuMemGetInfo_v2 (memory limit in force: the claim's figures). Graph: cuGraphLaunch of a",
         "one-node graph. Added = with shim minus without; for info, the call through the shim",
         "minus the driver's own function called directly in the same run (alternating rounds).",
-        "Targets: launch <= 30 ns (uncapped),",
-        "alloc/free <= 1000 ns, info <= 100 ns. The capped row is the controller's own cost per",
-        "launch and graph launch: its empty kernels are measured at 0 ns, so the budget never runs",
-        "out and no launch waits. The medians (overhead.json) show what the machine's load added.",
+        "Targets: launch <= 30 ns (uncapped), alloc+free <= 150 ns (the pair, in one process:",
+        "medians below), info <= 100 ns. The capped row is the controller's own cost per launch",
+        "and graph launch: its empty kernels are measured at 0 ns, so the budget never runs out",
+        "and no launch waits. The medians (overhead.json) show what the machine's load added.",
         "",
         "| configuration | launch | alloc | free | info | graph | added launch | added alloc "
         "| added free | added info | added graph |",
@@ -276,12 +329,22 @@ def write(
         "",
         "Medians of the same runs:",
         "",
-        "| configuration | added launch | added alloc | added free | added info | added graph |",
-        "|---|---|---|---|---|---|",
+        "| configuration | added launch | added alloc | added free | added info | added graph "
+        "| added alloc+free, one process |",
+        "|---|---|---|---|---|---|---|",
     ]
     base = medians["no shim"]
     for name, r in medians.items():
-        lines.append(f"| {name} | " + " | ".join(f"{added(r, base, k):+d}" for k in KEYS) + " |")
+        cells = [f"{added(r, base, k):+d}" for k in KEYS] + [f"{r['pair_added_ns']:+d}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Added alloc+free, one process (alloc_free.c): rounds of 200 cuMemAlloc_v2 (4 KiB) and",
+        "their cuMemFree_v2 through the shim alternate with the same through the driver's own",
+        "functions in one process, 10 000 allocations live through the shim; per run the median",
+        "over the rounds of the pair through the shim less the pair direct, then the median over",
+        "the runs. Without the shim both rounds call the driver: that row is the method's noise.",
+    ]
     if not instructions:
         lines += ["", "Instructions added per call: not counted (a real driver, or no valgrind)."]
     else:
@@ -295,7 +358,7 @@ def write(
     for name, counts in instructions.items():
         cells = [f"{counts[k]:.0f}" if k in counts else "-" for k in HOOKED]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    (out / "overhead.md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 def _rows(results: dict[str, dict[str, int]]) -> list[str]:

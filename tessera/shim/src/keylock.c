@@ -2,14 +2,15 @@
 #include <pthread.h>
 
 #include "keylock.h"
+#include "lock.h"
 
 #define STRIPES 256 /* a power of two */
 
 struct stripe {
-    pthread_mutex_t mu;
+    struct shim_lock mu;
 } __attribute__((aligned(64)));
 
-static struct stripe stripes[STRIPES] = {[0 ... STRIPES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+static struct stripe stripes[STRIPES];
 
 /* Writer-preferring: a free waiting to close the gate is not starved by a stream of
  * allocations (readers never nest, so the preference cannot deadlock a reader). */
@@ -25,12 +26,12 @@ static inline struct stripe *stripe_of(enum shim_kind kind, uint64_t key)
 
 void shim_key_lock(enum shim_kind kind, uint64_t key)
 {
-    pthread_mutex_lock(&stripe_of(kind, key)->mu);
+    shim_lock(&stripe_of(kind, key)->mu);
 }
 
 void shim_key_unlock(enum shim_kind kind, uint64_t key)
 {
-    pthread_mutex_unlock(&stripe_of(kind, key)->mu);
+    shim_unlock(&stripe_of(kind, key)->mu);
 }
 
 void shim_gate_enter(void)
@@ -56,7 +57,7 @@ void shim_gate_open(void)
 void shim_keylock_prepare_fork(void)
 {
     for (int i = 0; i < STRIPES; i++)
-        pthread_mutex_lock(&stripes[i].mu);
+        shim_lock(&stripes[i].mu);
     pthread_rwlock_wrlock(&gate);
 }
 
@@ -64,15 +65,13 @@ void shim_keylock_parent_after_fork(void)
 {
     pthread_rwlock_unlock(&gate);
     for (int i = STRIPES - 1; i >= 0; i--)
-        pthread_mutex_unlock(&stripes[i].mu);
+        shim_unlock(&stripes[i].mu);
 }
 
 void shim_keylock_child_after_fork(void)
 {
     pthread_rwlock_t fresh_gate = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
     gate = fresh_gate;
-    for (int i = 0; i < STRIPES; i++) {
-        pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-        stripes[i].mu = fresh;
-    }
+    for (int i = 0; i < STRIPES; i++)
+        stripes[i].mu = (struct shim_lock)SHIM_LOCK_INIT;
 }

@@ -1,0 +1,113 @@
+/*
+ * What the shim adds to a cuMemAlloc_v2 + cuMemFree_v2 pair with 10 000 allocations live,
+ * measured inside one process: rounds of BATCH allocations and their frees through the library
+ * the process loaded (the shim, when preloaded) alternate with the same rounds through the
+ * driver's own functions (libcuda-real.so.1, which the shim loads), so both see the same load,
+ * the same driver state and caches the driver's own work leaves behind. Across processes the
+ * simulated driver's calls (microseconds) swing by more than the shim adds. Without the shim
+ * both rounds call the driver: what the method reads then is its noise.
+ *
+ *     alloc_free ROUNDS
+ *
+ * Prints alloc_ns, free_ns (through the loaded library), direct_alloc_ns, direct_free_ns
+ * (medians over the rounds) and added_ns: the median over round pairs of the loaded library's
+ * alloc + free less the driver's own, ns per pair.
+ */
+#include <stdlib.h>
+
+#include "simgpu_test.h"
+
+enum { LIVE = 10000, BATCH = 200, SIZE = 4096 };
+
+#define CHECK(call)                                                                               \
+    do {                                                                                          \
+        CUresult rc_ = (call);                                                                    \
+        if (rc_ != CUDA_SUCCESS) {                                                                \
+            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)rc_);             \
+            exit(3);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+struct api {
+    __typeof__(&cuMemAlloc_v2) alloc;
+    __typeof__(&cuMemFree_v2) free;
+};
+
+/* One round of BATCH allocations, then their frees: ns per call of each. */
+static void round_of(const struct api *a, int64_t *alloc_ns, int64_t *free_ns)
+{
+    static CUdeviceptr batch[BATCH];
+    uint64_t t0 = test_now_ns();
+    for (int i = 0; i < BATCH; i++)
+        CHECK(a->alloc(&batch[i], SIZE));
+    uint64_t t1 = test_now_ns();
+    for (int i = 0; i < BATCH; i++)
+        CHECK(a->free(batch[i]));
+    uint64_t t2 = test_now_ns();
+    *alloc_ns = (int64_t)(t1 - t0) / BATCH;
+    *free_ns = (int64_t)(t2 - t1) / BATCH;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int64_t median(int64_t *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = argc > 1 ? atoi(argv[1]) : 100;
+    if (rounds < 1 || rounds > 100000) {
+        fprintf(stderr, "usage: alloc_free ROUNDS (1 to 100000)\n");
+        return 2;
+    }
+    void *lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
+    void *real = dlopen("libcuda-real.so.1", RTLD_NOW | RTLD_NOLOAD);
+    LOAD(lib, cuInit);
+    LOAD(lib, cuDevicePrimaryCtxRetain);
+    LOAD(lib, cuCtxSetCurrent);
+    struct api loaded = {(__typeof__(&cuMemAlloc_v2))test_sym(lib, "cuMemAlloc_v2"),
+                         (__typeof__(&cuMemFree_v2))test_sym(lib, "cuMemFree_v2")};
+    struct api direct = loaded;
+    if (real != NULL) {
+        direct.alloc = (__typeof__(&cuMemAlloc_v2))test_sym(real, "cuMemAlloc_v2");
+        direct.free = (__typeof__(&cuMemFree_v2))test_sym(real, "cuMemFree_v2");
+    }
+    CHECK(p_cuInit(0));
+    CUcontext ctx = NULL;
+    CHECK(p_cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(p_cuCtxSetCurrent(ctx));
+    static CUdeviceptr live[LIVE];
+    for (int i = 0; i < LIVE; i++)
+        CHECK(loaded.alloc(&live[i], 512));
+    int64_t *v = calloc(5 * (size_t)rounds, sizeof *v);
+    if (v == NULL)
+        return 3;
+    int64_t *la = v, *lf = v + rounds, *da = v + 2 * rounds, *df = v + 3 * rounds;
+    int64_t *added = v + 4 * rounds;
+    for (int r = 0; r < rounds; r++) {
+        /* Which goes first alternates too, so neither always follows the other's work. */
+        if (r % 2) {
+            round_of(&loaded, &la[r], &lf[r]);
+            round_of(&direct, &da[r], &df[r]);
+        } else {
+            round_of(&direct, &da[r], &df[r]);
+            round_of(&loaded, &la[r], &lf[r]);
+        }
+        added[r] = la[r] + lf[r] - da[r] - df[r];
+    }
+    for (int i = 0; i < LIVE; i++)
+        CHECK(loaded.free(live[i]));
+    printf("alloc_ns=%lld free_ns=%lld direct_alloc_ns=%lld direct_free_ns=%lld added_ns=%lld\n",
+           (long long)median(la, rounds), (long long)median(lf, rounds),
+           (long long)median(da, rounds), (long long)median(df, rounds),
+           (long long)median(added, rounds));
+    free(v);
+    return 0;
+}
