@@ -17,6 +17,17 @@ MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"
 """Consumable capacity: percent of the GPU's time, 0-100 (steps of 1)."""
 
+MIG_DEVICE_CLASS = "mig.tessera.dev"
+"""The DeviceClass that selects MIG instances (whole, exclusive devices) of GPUs in MIG mode."""
+
+DEVICE_TYPE_ATTRIBUTE = "type"
+"""Device attribute: "gpu" for a shareable GPU, "mig" for a MIG instance (slices written before MIG
+support have no type: their devices are GPUs)."""
+
+MIG_PROFILE_ATTRIBUTE = "profile"
+"""Device attribute of a MIG instance: its profile ("1g.10gb"), what HAMi's nvidia.com/mig-<profile>
+resource names."""
+
 UUID_ATTRIBUTE = "uuid"
 """Device attribute: the GPU's UUID as NVML gives it ("GPU-..."), what HAMi's UUID annotations name."""
 

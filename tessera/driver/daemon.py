@@ -87,7 +87,16 @@ class Daemon(Stoppable):
             return
         self._phase = "starting"
         self._nvml = Nvml()
-        gpus = devices.shareable(self._nvml.gpus())
+        gpus = self._nvml.gpus()
+        log.info(
+            "found %d GPUs: %s",
+            len(gpus),
+            ", ".join(
+                f"{g.index}:{g.uuid}" + (f" (MIG, {len(g.mig_devices)} instances)" if g.mig_enabled else "")
+                for g in gpus
+            )
+            or "none",
+        )
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
@@ -126,8 +135,10 @@ class Daemon(Stoppable):
         )
 
         def publish() -> None:
-            taints = self.tracker.taints()
-            self.publisher.set_devices([devices.device(g, taints.get(g.uuid, ())) for g in gpus])
+            # Prepare learns of new MIG instances before the scheduler can allocate them.
+            now = self.tracker.gpus()
+            self.state.set_gpus(now)
+            self.publisher.set_devices(devices.node_devices(now, self.tracker.taints()))
 
         self.tracker.on_change = publish
         self._background(
@@ -138,6 +149,7 @@ class Daemon(Stoppable):
             config.health_interval,
             config.nvml_timeout,
             self._stop,
+            self._nvml.mig_layout,
         )
         # The first slice says what the first poll found (a lost GPU is never published untainted),
         # or, if NVML did not answer, that no GPU's health is known. A stop asked for meanwhile (a

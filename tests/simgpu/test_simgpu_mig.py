@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,8 @@ for i in range(pynvml.nvmlDeviceGetCount()):
             "memory": pynvml.nvmlDeviceGetMemoryInfo(m).total,
             "is_mig": pynvml.nvmlDeviceIsMigDeviceHandle(m).value,
             "parent": pynvml.nvmlDeviceGetUUID(parent),
-            "gi": int(pynvml.nvmlDeviceGetGpuInstanceId(m)), "ci": int(pynvml.nvmlDeviceGetComputeInstanceId(m)),
+            "gi": int(pynvml.nvmlDeviceGetGpuInstanceId(m)),
+            "ci": int(pynvml.nvmlDeviceGetComputeInstanceId(m)),
         })
     out.append(gpu)
 print(json.dumps(out))
@@ -127,7 +129,7 @@ print(json.dumps(out))
 """
 
 
-def cuda_view(node: Node, visible: str | None, alloc: int = MiB) -> dict[str, object]:
+def cuda_view(node: Node, visible: str | None, alloc: int = MiB) -> dict[str, Any]:
     env = {"ALLOC": str(alloc)}
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
@@ -144,7 +146,7 @@ def test_cuda_shows_an_instance_named_by_its_mig_uuid(mig_node: Node) -> None:
     instance = gpu.mig[1]
     seen = cuda_view(mig_node, instance.uuid, alloc=instance.memory_bytes)
     assert seen["init"] == 0
-    (device,) = seen["devices"]  # type: ignore[misc]
+    (device,) = seen["devices"]
     assert device == {
         "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
         "total": instance.memory_bytes,
@@ -154,7 +156,7 @@ def test_cuda_shows_an_instance_named_by_its_mig_uuid(mig_node: Node) -> None:
         "whole": instance.memory_bytes,
         "alloc": 0,
     }
-    (over,) = cuda_view(mig_node, instance.uuid, alloc=instance.memory_bytes + 1)["devices"]  # type: ignore[misc]
+    (over,) = cuda_view(mig_node, instance.uuid, alloc=instance.memory_bytes + 1)["devices"]
     assert over["alloc"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
@@ -162,11 +164,13 @@ def test_instances_account_their_memory_apart(mig_node: Node) -> None:
     """Memory held on one instance is in use there (NVML on its MIG handle, cuMemGetInfo in another
     process on it) and nowhere else: not on the other instance, not on the other GPU."""
     gpu = mig_node.spec.gpus[0]
-    holder = mig_node.start("simgpu_probe", "alloc", "0", str(256 * MiB), "1", env={"CUDA_VISIBLE_DEVICES": gpu.mig[0].uuid})
+    holder = mig_node.start(
+        "simgpu_probe", "alloc", "0", str(256 * MiB), "1", env={"CUDA_VISIBLE_DEVICES": gpu.mig[0].uuid}
+    )
     try:
         read_line(holder, "holding")
-        (same,) = cuda_view(mig_node, gpu.mig[0].uuid)["devices"]  # type: ignore[misc]
-        (other,) = cuda_view(mig_node, gpu.mig[1].uuid)["devices"]  # type: ignore[misc]
+        (same,) = cuda_view(mig_node, gpu.mig[0].uuid)["devices"]
+        (other,) = cuda_view(mig_node, gpu.mig[1].uuid)["devices"]
         assert same["free"] == gpu.mig[0].memory_bytes - 256 * MiB
         assert other["free"] == gpu.mig[1].memory_bytes
         used = mig_node.python_json(
@@ -192,7 +196,7 @@ def test_a_gpu_in_mig_mode_is_not_usable_whole(mig_node: Node, visible: str | No
         visible = mig_node.spec.gpus[0].uuid
     seen = cuda_view(mig_node, visible)
     if visible is None:
-        assert [d["v1"] for d in seen["devices"]] == [mig_node.spec.gpus[1].uuid[4:]]  # type: ignore[union-attr]
+        assert [d["v1"] for d in seen["devices"]] == [mig_node.spec.gpus[1].uuid[4:]]
     else:
         assert seen["init"] == 100  # CUDA_ERROR_NO_DEVICE
 
@@ -202,7 +206,7 @@ def test_an_instance_of_a_gpu_not_in_mig_mode_names_nothing(mig_node: Node) -> N
     first, second = mig_node.spec.gpus
     mig_node.update(replace(mig_node.spec, gpus=(replace(first, mig_mode=False), second)))
     assert cuda_view(mig_node, first.mig[0].uuid)["init"] == 100
-    assert len(cuda_view(mig_node, None)["devices"]) == 2  # type: ignore[arg-type]
+    assert len(cuda_view(mig_node, None)["devices"]) == 2
 
 
 WATCH_MODE = """
@@ -227,8 +231,12 @@ def test_mode_switch_reaches_a_running_process(mig_node: Node) -> None:
     import sys
 
     watcher = subprocess.Popen(
-        [sys.executable, "-c", WATCH_MODE], env=mig_node.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", WATCH_MODE],
+        env=mig_node.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert read_line(watcher, "MODE") == "MODE 1"
@@ -277,6 +285,8 @@ def test_instances_beyond_their_gpu_are_refused(make_node: NodeFactory) -> None:
     node.config.write_text(node.config.read_text() + section + section.replace("0001\n", "0002\n"))
     done = node.python("import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))")
     assert "its [mig] instances' memory" in done.stderr
-    node.config.write_text(node.config.read_text().replace(str(GiB + 1), str(GiB)).replace("0002\n", "0001\n"))
+    node.config.write_text(
+        node.config.read_text().replace(str(GiB + 1), str(GiB)).replace("0002\n", "0001\n")
+    )
     done = node.python("import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))")
     assert f"MIG instances share uuid {uuid}" in done.stderr
