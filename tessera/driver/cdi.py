@@ -103,8 +103,9 @@ def mig_spec(
     extra_mounts: Sequence[Path],
 ) -> dict[str, Any]:
     """The spec of a claim of whole MIG instances: CUDA sees exactly those instances (by MIG UUID),
-    with the driver's libraries and nodes as for shares, and no shim, limits or preload: the
-    hardware isolates the instance, and the shim would only add its cost."""
+    with the driver's libraries (``libraries``: where the loader finds them without the shim) and
+    nodes, and no shim, limits or preload: the hardware isolates the instance, and the shim would
+    only add its cost."""
     visible = ",".join(d.gpu_uuid for d in devices)
     return {
         "cdiVersion": CDI_VERSION,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -62,6 +62,10 @@ class ContainerDriver:
     device_dir: Path
     mig_minors: Path = MIG_MINORS
     """NVIDIA's table of MIG capability minors ("gpu0/gi1/ci0/access 13" lines)."""
+    loader_libraries: dict[PurePosixPath, Path] = field(default_factory=dict)
+    """Container path -> host path of the same libraries in the standard library folder, for a
+    container without the shim (a MIG instance), whose programs find libcuda.so.1 only where the
+    dynamic loader looks (empty with the toolkit, which mounts them there itself)."""
 
     def gpu_device_nodes(self, minor: int) -> tuple[Path, ...]:
         """The GPU's own node (/dev/nvidiaN), with our own edits. With no NVIDIA control node on
@@ -132,6 +136,7 @@ def resolve(source: DriverSource, cdi_dirs: Sequence[Path]) -> ContainerDriver:
         source.host_library_dir,
         ", ".join(map(str, nodes)) or "none: no NVIDIA kernel driver on this host",
     )
+    standard = PurePosixPath(source.toolkit_library_dir)
     return ContainerDriver(
         None,
         libraries,
@@ -139,6 +144,7 @@ def resolve(source: DriverSource, cdi_dirs: Sequence[Path]) -> ContainerDriver:
         OWN_LIBRARY_DIR / DRIVER_LIBRARIES[1],
         nodes,
         source.device_dir,
+        loader_libraries={standard / path.name: host for path, host in libraries.items()},
     )
 
 

@@ -164,7 +164,7 @@ class DeviceState:
             )
             spec = cdi.mig_spec(
                 cdi_devices,
-                self._driver.libraries,
+                self._driver.loader_libraries,
                 self._driver.common_device_nodes,
                 self._config.container_env,
                 self._config.container_mounts,

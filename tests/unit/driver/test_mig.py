@@ -35,6 +35,7 @@ OWN_DRIVER = ContainerDriver(
     PurePosixPath("/usr/local/tessera/driver/libnvidia-ml.so.1"),
     (),
     Path("/nonexistent-dev"),
+    loader_libraries={PurePosixPath("/usr/lib/x86_64-linux-gnu/libcuda.so.1"): Path("/host/libcuda.so.1")},
 )
 
 
@@ -166,7 +167,7 @@ def test_prepare_of_an_instance_names_it_and_adds_no_shim(config: DriverConfig) 
         f"NVIDIA_VISIBLE_DEVICES={SMALL.uuid}",
         "SIMGPU_CONFIG=/sim/conf",
     ]
-    assert [m["containerPath"] for m in edits["mounts"]] == ["/usr/local/tessera/driver/libcuda.so.1"]
+    assert [m["containerPath"] for m in edits["mounts"]] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]
     assert spec["devices"][0]["name"] == f"uid-1-{SMALL_NAME}"
     folder = config.claims_dir / "uid-1"
     assert sorted(p.name for p in folder.iterdir()) == ["claim.json"], "no limits, region, shim or preload"
@@ -175,7 +176,7 @@ def test_prepare_of_an_instance_names_it_and_adds_no_shim(config: DriverConfig) 
 
 
 def test_with_the_toolkit_an_instance_is_its_cdi_device_by_uuid(config: DriverConfig) -> None:
-    toolkit = replace(OWN_DRIVER, toolkit_kind="nvidia.com/gpu", libraries={})
+    toolkit = replace(OWN_DRIVER, toolkit_kind="nvidia.com/gpu", libraries={}, loader_libraries={})
     state = DeviceState(config, [MIG_GPU], toolkit, "boot")
     (prepared,) = state.prepare(claim(mig_result()))
     assert prepared.cdi_device_ids[1:] == (f"nvidia.com/gpu={SMALL.uuid}",)
