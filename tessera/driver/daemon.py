@@ -88,14 +88,14 @@ class Daemon(Stoppable):
         self._phase = "starting"
         self._nvml = Nvml()
         gpus = self._nvml.gpus()
+        shared = [f"{g.index}:{g.uuid}" for g in gpus if not g.mig_enabled]
+        mig = [f"{g.index}:{g.uuid} ({len(g.mig_devices)} instances)" for g in gpus if g.mig_enabled]
         log.info(
-            "found %d GPUs: %s",
-            len(gpus),
-            ", ".join(
-                f"{g.index}:{g.uuid}" + (f" (MIG, {len(g.mig_devices)} instances)" if g.mig_enabled else "")
-                for g in gpus
-            )
-            or "none",
+            "found %d GPUs to share (%s) and %d in MIG mode (%s)",
+            len(shared),
+            ", ".join(shared) or "none",
+            len(mig),
+            ", ".join(mig) or "none",
         )
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))

@@ -44,8 +44,9 @@ __all__ = ["probe_image"]
 PROFILES = (("1g.10gb", 10 * GiB), ("1g.10gb", 10 * GiB), ("3g.40gb", 40 * GiB))
 
 
-def ensure_mig_device_class(kube: client.ApiClient) -> None:
-    """The chart's mig.tessera.dev (charts/tessera/templates/deviceclass.yaml)."""
+def ensure_mig_device_class(kube: client.ApiClient) -> bool:
+    """The chart's mig.tessera.dev (charts/tessera/templates/deviceclass.yaml); whether this call
+    made it."""
     expression = f"device.driver == '{DRIVER_NAME}' && device.attributes['{DRIVER_NAME}'].type == 'mig'"
     body = {
         "apiVersion": "resource.k8s.io/v1",
@@ -53,7 +54,7 @@ def ensure_mig_device_class(kube: client.ApiClient) -> None:
         "metadata": {"name": MIG_DEVICE_CLASS},
         "spec": {"selectors": [{"cel": {"expression": expression}}]},
     }
-    create_if_absent(
+    return create_if_absent(
         client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
     )
 
@@ -65,7 +66,7 @@ def mig_node(
     """A real node with two simulated 80 GiB GPUs: GPU 0 in MIG mode (1g.10gb twice, 3g.40gb), GPU 1
     whole; the daemon registered and published."""
     ensure_device_class(kube)
-    ensure_mig_device_class(kube)
+    made_class = ensure_mig_device_class(kube)
     (node,) = node_factory.start(1, extra_images=[probe_image])
     driver = DriverNode(
         cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
@@ -79,6 +80,8 @@ def mig_node(
         yield GpuNode(node, driver)
     finally:
         driver.cleanup()
+        if made_class:  # a chart installed later in the session owns it then
+            client.ResourceV1Api(kube).delete_device_class(MIG_DEVICE_CLASS)
 
 
 def node_slice(kube: client.ApiClient, node: str) -> dict[str, Any]:
