@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,16 +103,14 @@ class DeviceState:
         if mig_shares:
             return self._prepare_mig(uid, namespace, name, [migs[s.device] for s in shares], shares)
         devices = self._devices(uid, shares, gpus)
-        with self._claim_lock(uid):
-            record = self.records().get(uid)
-            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
-                return devices
-            self.reached("before-checkpoint")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
-            self.reached("after-checkpoint")
-            self._write_side_effects(uid, namespace, name, shares, gpus)
-            self.reached("after-cdi")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+        if not self._in_two_phases(
+            uid,
+            namespace,
+            name,
+            devices,
+            lambda: self._write_side_effects(uid, namespace, name, shares, gpus),
+        ):
+            return devices
         log.info(
             "prepared claim %s/%s (%s): %s",
             namespace,
@@ -152,13 +150,8 @@ class DeviceState:
             )
             for share, ours in zip(shares, cdi_devices, strict=True)
         ]
-        with self._claim_lock(uid):
-            record = self.records().get(uid)
-            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
-                return devices
-            self.reached("before-checkpoint")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
-            self.reached("after-checkpoint")
+
+        def write() -> None:
             claim_files.write_identity(
                 claim_files.claim_files(self._config.claims_dir, uid), namespace, name, uid
             )
@@ -170,8 +163,9 @@ class DeviceState:
                 self._config.container_mounts,
             )
             cdi.write(self._config.cdi_dir, uid, spec)
-            self.reached("after-cdi")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+
+        if not self._in_two_phases(uid, namespace, name, devices, write):
+            return devices
         log.info(
             "prepared claim %s/%s (%s): MIG instances %s",
             namespace,
@@ -183,6 +177,23 @@ class DeviceState:
             ),
         )
         return devices
+
+    def _in_two_phases(
+        self, uid: str, namespace: str, name: str, devices: list[PreparedDevice], write: Callable[[], None]
+    ) -> bool:
+        """Record PrepareStarted, ``write`` the side effects, record PrepareCompleted, under the claim's
+        lock; False (nothing done) when the claim is already completed with the same devices."""
+        with self._claim_lock(uid):
+            record = self.records().get(uid)
+            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
+                return False
+            self.reached("before-checkpoint")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
+            self.reached("after-checkpoint")
+            write()
+            self.reached("after-cdi")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+        return True
 
     def _devices(
         self, uid: str, shares: Sequence[allocation.Share], gpus: Mapping[str, Gpu]
