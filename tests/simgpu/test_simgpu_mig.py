@@ -290,3 +290,16 @@ def test_instances_beyond_their_gpu_are_refused(make_node: NodeFactory) -> None:
     )
     done = node.python("import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))")
     assert f"MIG instances share uuid {uuid}" in done.stderr
+
+
+def test_more_than_seven_instances_are_refused(make_node: NodeFactory) -> None:
+    """A GPU holds at most 7 MIG instances, as an A100 or H100 does."""
+    node = make_node(memory_bytes=8 * GiB)
+    sections = "".join(
+        f"[mig]\nprofile = 1g.1gb\nuuid = MIG-00000000-0000-0000-0000-00000000000{i}\nmemory_bytes = {GiB}\n"
+        for i in range(8)
+    )
+    node.config.write_text(node.config.read_text() + sections)
+    done = node.python("import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))")
+    assert done.stdout.split() == ["999"]
+    assert "more than 7 [mig] sections for GPU #0" in done.stderr
