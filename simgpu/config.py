@@ -45,6 +45,28 @@ class GpuFaults:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG instance of a GPU (a GPU instance holding one compute instance)."""
+
+    profile: str
+    """NVIDIA's profile name, "1g.10gb": NVML names the instance "<GPU name> MIG <profile>"."""
+    uuid: str
+    """MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"""
+    memory_bytes: int
+
+
+def mig_uuid(gpu: str, index: int) -> str:
+    """A stable UUID for MIG instance ``index`` of the GPU with UUID ``gpu``, in NVIDIA's form."""
+    digest = hashlib.sha256(f"{gpu}/mig/{index}".encode()).hexdigest()
+    return f"MIG-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def mig_instances(gpu_uuid: str, profiles: tuple[tuple[str, int], ...]) -> tuple[MigInstance, ...]:
+    """Instances of the GPU ``gpu_uuid`` from (profile, memory bytes) pairs, with stable UUIDs."""
+    return tuple(MigInstance(p, mig_uuid(gpu_uuid, i), m) for i, (p, m) in enumerate(profiles))
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     """One simulated GPU (defaults describe an H100 SXM)."""
 
@@ -61,8 +83,15 @@ class GpuSpec:
     power_limit_watts: int = 700
     temperature_c: int = 35
     faults: GpuFaults = field(default_factory=GpuFaults)
+    mig_mode: bool = False
+    """In MIG mode, the GPU's ``mig`` instances exist and the GPU is no longer usable whole; a
+    running process picks a change up like a fault."""
+    mig: tuple[MigInstance, ...] = ()
+    """The GPU's MIG instances (at most 7), fixed for running processes like the rest of the GPU."""
 
     def __post_init__(self) -> None:
+        if len(self.mig) > 7 or sum(m.memory_bytes for m in self.mig) > self.memory_bytes:
+            raise ValueError("at most 7 MIG instances, together no more memory than the GPU")
         if self.brand not in BRANDS:
             raise ValueError(f"brand must be one of {BRANDS}, got {self.brand!r}")
         if self.memory_bytes <= 0 or self.sm_count <= 0:
@@ -135,7 +164,16 @@ def render(spec: NodeSpec) -> str:
             f"fail_alloc = {gpu.faults.fail_alloc}",
             f"lost = {'true' if gpu.faults.lost else 'false'}",
             f"nvml_hang = {'true' if gpu.faults.nvml_hang else 'false'}",
+            f"mig_mode = {'true' if gpu.mig_mode else 'false'}",
         ]
+        for instance in gpu.mig:
+            lines += [
+                "",
+                "[mig]",
+                f"profile = {instance.profile}",
+                f"uuid = {instance.uuid}",
+                f"memory_bytes = {instance.memory_bytes}",
+            ]
     if spec.kernels:
         lines += ["", "[kernels]"]
         lines += [f"{name} = {duration}" for name, duration in spec.kernels.items()]

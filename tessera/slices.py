@@ -20,6 +20,7 @@ from typing import Any
 
 from tessera.names import (
     CORES_CAPACITY,
+    DEVICE_TYPE_ATTRIBUTE,
     DRIVER_NAME,
     MEMORY_CAPACITY,
     PRODUCT_ATTRIBUTE,
@@ -29,6 +30,9 @@ from tessera.quantity import quantity_to_int
 
 BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """Taint effects under which the scheduler allocates nothing new from a device."""
+
+SHAREABLE_TYPE = "gpu"
+"""The type attribute of a device that shares can be cut from."""
 
 WHOLE_GPU_CORES = 100
 """A GPU's compute, in the cores capacity's unit (percent), when a slice does not say."""
@@ -62,9 +66,11 @@ class PublishedGpu:
 
 
 def published_gpus(slices: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
-    """Every GPU our driver publishes in ``slices`` (ResourceSlice objects as JSON), in slice and
-    device order. Slices of other drivers are ignored, and so are devices whose memory capacity is
-    missing or not a quantity: nothing can be allocated from them."""
+    """Every shareable GPU our driver publishes in ``slices`` (ResourceSlice objects as JSON), in
+    slice and device order. Slices of other drivers are ignored, and so are devices whose memory
+    capacity is missing or not a quantity (nothing can be allocated from them) and devices of
+    another type than "gpu" (MIG instances: whole devices, never shares). A device without a type is
+    a GPU, as slices written before MIG support say."""
     gpus = []
     for item in slices:
         spec = item.get("spec") or {}
@@ -82,6 +88,9 @@ def published_gpus(slices: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
 def _published_gpu(node: str, pool: str, device: Mapping[str, Any]) -> PublishedGpu | None:
     capacity = device.get("capacity") or {}
     attributes = device.get("attributes") or {}
+    kind = attributes.get(DEVICE_TYPE_ATTRIBUTE)
+    if kind is not None and (not isinstance(kind, Mapping) or kind.get("string") != SHAREABLE_TYPE):
+        return None
     try:
         memory = quantity_to_int(capacity[MEMORY_CAPACITY]["value"])
         cores = quantity_to_int((capacity.get(CORES_CAPACITY) or {}).get("value", str(WHOLE_GPU_CORES)))

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum section { SEC_NONE, SEC_NODE, SEC_GPU, SEC_KERNELS };
+enum section { SEC_NONE, SEC_NODE, SEC_GPU, SEC_MIG, SEC_KERNELS };
 
 struct parser {
     const char *path;
@@ -159,10 +159,11 @@ static bool was_seen(const struct parser *p, const char *key)
     return false;
 }
 
-/* "GPU-" and a canonical 8-4-4-4-12 hex UUID: CUDA reports the same 16 bytes in binary. */
-static bool uuid_well_formed(const char *v)
+/* `prefix` ("GPU-" or "MIG-") and a canonical 8-4-4-4-12 hex UUID: CUDA reports the same 16
+ * bytes in binary. */
+static bool uuid_well_formed(const char *v, const char *prefix)
 {
-    if (strncmp(v, "GPU-", 4) != 0 || strlen(v) != 40)
+    if (strncmp(v, prefix, 4) != 0 || strlen(v) != 40)
         return false;
     for (int i = 4; i < 40; i++) {
         bool dash = i == 12 || i == 17 || i == 22 || i == 27;
@@ -211,7 +212,7 @@ static int gpu_key(struct parser *p, const char *key, const char *value)
     struct sim_gpu_config *g = &p->cfg->gpus[p->cfg->gpu_count - 1];
     uint64_t v = 0;
     if (strcmp(key, "uuid") == 0) {
-        if (!uuid_well_formed(value))
+        if (!uuid_well_formed(value, "GPU-"))
             return fail(p, "uuid: expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex), "
                            "got '%s'", value);
         return copy_text(p, key, value, g->uuid, sizeof g->uuid);
@@ -272,7 +273,53 @@ static int gpu_key(struct parser *p, const char *key, const char *value)
         return parse_bool(p, key, value, &g->faults.lost);
     if (strcmp(key, "nvml_hang") == 0)
         return parse_bool(p, key, value, &g->faults.nvml_hang);
+    if (strcmp(key, "mig_mode") == 0)
+        return parse_bool(p, key, value, &g->mig_mode);
     return fail(p, "unknown key '%s' in [gpu]", key);
+}
+
+/* NVIDIA's profile names: "<slices>g.<GiB>gb", optionally "+me" (media extensions) and the like;
+ * the leading slice count (1-7) gives the instance its share of the GPU's multiprocessors. */
+static bool profile_well_formed(const char *v, int *slices)
+{
+    if (v[0] < '1' || v[0] > '7' || v[1] != 'g' || v[2] != '.' || !isdigit((unsigned char)v[3]))
+        return false;
+    for (const char *c = v; *c != '\0'; c++) {
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '+')
+            return false;
+    }
+    *slices = v[0] - '0';
+    return true;
+}
+
+static int mig_key(struct parser *p, const char *key, const char *value)
+{
+    struct sim_gpu_config *g = &p->cfg->gpus[p->cfg->gpu_count - 1];
+    struct sim_mig_config *m = &g->mig[g->mig_count - 1];
+    if (strcmp(key, "profile") == 0) {
+        int slices = 0;
+        if (strlen(value) >= sizeof m->profile || !profile_well_formed(value, &slices))
+            return fail(p, "profile: expected a MIG profile such as 1g.10gb, got '%s'", value);
+        if (!was_seen(p, "sm_count"))
+            m->sm_count = g->sm_count * slices / 7 > 0 ? g->sm_count * slices / 7 : 1;
+        return copy_text(p, key, value, m->profile, sizeof m->profile);
+    }
+    if (strcmp(key, "uuid") == 0) {
+        if (!uuid_well_formed(value, "MIG-"))
+            return fail(p, "uuid: expected MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex), "
+                           "got '%s'", value);
+        return copy_text(p, key, value, m->uuid, sizeof m->uuid);
+    }
+    if (strcmp(key, "memory_bytes") == 0)
+        return parse_u64(p, key, value, 1, g->memory_bytes, &m->memory_bytes);
+    if (strcmp(key, "sm_count") == 0) {
+        uint64_t v = 0;
+        if (parse_u64(p, key, value, 1, (uint64_t)g->sm_count, &v) != 0)
+            return -1;
+        m->sm_count = (int)v;
+        return 0;
+    }
+    return fail(p, "unknown key '%s' in [mig]", key);
 }
 
 static int kernel_key(struct parser *p, const char *key, const char *value)
@@ -308,11 +355,21 @@ static void gpu_defaults(struct sim_gpu_config *g, int index)
     g->power_mw = 70000;
     g->power_limit_mw = 700000;
     g->temperature_c = 35;
+    g->mig_index = -1;
+    g->mem_domain = index;
 }
 
 /* Checks at the end of a section: required keys present. */
 static int close_section(struct parser *p)
 {
+    if (p->section == SEC_MIG) {
+        static const char *required[] = {"profile", "uuid", "memory_bytes"};
+        for (size_t i = 0; i < 3; i++) {
+            if (!was_seen(p, required[i]))
+                return fail(p, "[mig] of GPU #%d lacks required key '%s'", p->cfg->gpu_count - 1,
+                            required[i]);
+        }
+    }
     if (p->section == SEC_GPU) {
         static const char *required[] = {"uuid", "name", "memory_bytes"};
         for (size_t i = 0; i < 3; i++) {
@@ -340,10 +397,21 @@ static int open_section(struct parser *p, const char *name)
         gpu_defaults(&p->cfg->gpus[p->cfg->gpu_count], p->cfg->gpu_count);
         p->cfg->gpu_count++;
         p->section = SEC_GPU;
+    } else if (strcmp(name, "mig") == 0) {
+        /* An instance of the GPU whose [gpu] section comes last before it. */
+        if (p->cfg->gpu_count == 0)
+            return fail(p, "[mig] before any [gpu]: an instance belongs to the GPU above it");
+        struct sim_gpu_config *g = &p->cfg->gpus[p->cfg->gpu_count - 1];
+        if (g->mig_count == SIM_MAX_MIG)
+            return fail(p, "more than %d [mig] sections for GPU #%d", SIM_MAX_MIG,
+                        p->cfg->gpu_count - 1);
+        memset(&g->mig[g->mig_count], 0, sizeof g->mig[0]);
+        g->mig_count++;
+        p->section = SEC_MIG;
     } else if (strcmp(name, "kernels") == 0) {
         p->section = SEC_KERNELS;
     } else {
-        return fail(p, "unknown section [%s] (expected [node], [gpu] or [kernels])", name);
+        return fail(p, "unknown section [%s] (expected [node], [gpu], [mig] or [kernels])", name);
     }
     return 0;
 }
@@ -377,12 +445,35 @@ static int parse_line(struct parser *p, char *raw)
         return node_key(p, key, value);
     case SEC_GPU:
         return gpu_key(p, key, value);
+    case SEC_MIG:
+        return mig_key(p, key, value);
     case SEC_KERNELS:
         return kernel_key(p, key, value);
     case SEC_NONE:
         break;
     }
     return -1;
+}
+
+/* GPU i's instances fit in its memory, and no MIG UUID is used twice on the node. */
+static int check_mig(struct parser *p, int i)
+{
+    const struct sim_config *c = p->cfg;
+    const struct sim_gpu_config *g = &c->gpus[i];
+    uint64_t sum = 0;
+    for (int k = 0; k < g->mig_count; k++) {
+        sum += g->mig[k].memory_bytes;
+        for (int j = 0; j <= i; j++) {
+            for (int l = 0; l < (j == i ? k : c->gpus[j].mig_count); l++) {
+                if (strcmp(g->mig[k].uuid, c->gpus[j].mig[l].uuid) == 0)
+                    return fail(p, "MIG instances share uuid %s", g->mig[k].uuid);
+            }
+        }
+    }
+    if (sum > g->memory_bytes)
+        return fail(p, "GPU %d: its [mig] instances' memory (%llu bytes) exceeds the GPU's (%llu)",
+                    i, (unsigned long long)sum, (unsigned long long)g->memory_bytes);
+    return 0;
 }
 
 static int check_whole(struct parser *p)
@@ -402,6 +493,8 @@ static int check_whole(struct parser *p)
             if (a->minor == b->minor)
                 return fail(p, "GPUs %d and %d share minor number %u", j, i, a->minor);
         }
+        if (check_mig(p, i) != 0)
+            return -1;
     }
     return 0;
 }
@@ -454,6 +547,10 @@ uint64_t sim_config_fingerprint(const struct sim_config *cfg)
     for (int i = 0; i < cfg->gpu_count; i++) {
         MIX(cfg->gpus[i].uuid, strlen(cfg->gpus[i].uuid));
         MIX(&cfg->gpus[i].memory_bytes, sizeof cfg->gpus[i].memory_bytes);
+        for (int k = 0; k < cfg->gpus[i].mig_count; k++) {
+            MIX(cfg->gpus[i].mig[k].uuid, strlen(cfg->gpus[i].mig[k].uuid));
+            MIX(&cfg->gpus[i].mig[k].memory_bytes, sizeof cfg->gpus[i].mig[k].memory_bytes);
+        }
     }
 #undef MIX
     return h;

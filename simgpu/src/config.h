@@ -16,12 +16,24 @@
 #define SIM_MAX_KERNELS 64
 #define SIM_NAME_LEN 96
 #define SIM_VERSION_LEN 80
+#define SIM_MAX_MIG 7          /* MIG instances per GPU: what an A100/H100 holds at most */
+#define SIM_PROFILE_LEN 32
+/* Memory accounting domains in the shared state: GPUs first, then each GPU's MIG instances. */
+#define SIM_MEM_DOMAINS (SIM_MAX_GPUS * (1 + SIM_MAX_MIG))
 
 /* Faults are the only settings a running process picks up again when the file changes. */
 struct sim_gpu_faults {
     uint64_t fail_alloc; /* this process's Nth allocation on the GPU fails; 0 = never */
     bool lost;           /* the GPU has fallen off the bus */
     bool nvml_hang;      /* NVML calls that touch the GPU block until the fault is cleared */
+};
+
+/* One MIG instance (a GPU instance with one compute instance) of a GPU: a [mig] section. */
+struct sim_mig_config {
+    char profile[SIM_PROFILE_LEN]; /* "1g.10gb": what NVML's name and HAMi's resource carry */
+    char uuid[SIM_NAME_LEN];       /* MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx */
+    uint64_t memory_bytes;
+    int sm_count;
 };
 
 struct sim_gpu_config {
@@ -40,6 +52,15 @@ struct sim_gpu_config {
     unsigned int power_limit_mw;
     unsigned int temperature_c;
     struct sim_gpu_faults faults;
+    /* MIG mode, live like the faults: the GPU's instances exist only while it is on. The instances
+     * themselves are topology, fixed for a running process. */
+    bool mig_mode;
+    int mig_count;
+    struct sim_mig_config mig[SIM_MAX_MIG];
+    /* What libcuda shows for this entry: -1 the whole GPU, else that MIG instance of it (after
+     * CUDA_VISIBLE_DEVICES named it); and the memory accounting domain in the shared state. */
+    int mig_index;
+    int mem_domain;
     /* Position in the configuration file: the GPU's NVML index and its index in the shared
      * state. libcuda reorders its copy of gpus[] by CUDA_VISIBLE_DEVICES; this stays. */
     int node_index;
@@ -73,7 +94,8 @@ struct sim_config {
  */
 int sim_config_load(const char *path, struct sim_config *out, char *err, size_t errlen);
 
-/* A hash of what the shared state's layout depends on (GPU count, UUIDs, memory sizes). */
+/* A hash of what the shared state's layout depends on (GPU count, UUIDs, memory sizes, and the
+ * same of each GPU's MIG instances). */
 uint64_t sim_config_fingerprint(const struct sim_config *cfg);
 
 /* Parse "dddd:bb:dd.f" or "dddddddd:bb:dd.f" (hex); returns 0 on success. */

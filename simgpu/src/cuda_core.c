@@ -34,9 +34,7 @@ SIMGPU_API CUresult cuInit(unsigned int flags)
             sim_node_lock(&sim_cuda.rt.node);
             int reg = sim_node_register(&sim_cuda.rt.node);
             sim_node_unlock(&sim_cuda.rt.node);
-            const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-            if (visible != NULL)
-                sim_cuda_select_visible(&sim_cuda.rt.cfg, visible);
+            sim_cuda_select_visible(&sim_cuda.rt.cfg, getenv("CUDA_VISIBLE_DEVICES"));
             if (reg != 0) {
                 sim_log("%s: all %d process slots of the node are taken",
                         sim_cuda.rt.cfg.state_file, SIM_MAX_PROCS);
@@ -105,7 +103,7 @@ CUresult sim_devmem_reserve(int gpu, uint64_t bytes, uint32_t *handle)
     if (fail_at != 0 && attempt == fail_at)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t total = sim_cuda.rt.cfg.gpus[gpu].memory_bytes;
-    if (sim_mem_reserve(&sim_cuda.rt.node, sim_node_gpu(gpu), total, bytes, handle) != 0)
+    if (sim_mem_reserve(&sim_cuda.rt.node, sim_node_mem(gpu), total, bytes, handle) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }

@@ -52,14 +52,10 @@ static int hexval(char c)
     return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
 }
 
-SIMGPU_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+/* `text` after its GPU-/MIG- prefix (validated by the parser: 8-4-4-4-12 hex) as 16 bytes. */
+static void uuid_bytes(CUuuid *uuid, const char *text)
 {
-    SIM_ENTER();
-    if (uuid == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (check_ordinal(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
-    const char *text = gpu(dev)->uuid + 4; /* validated by the parser: GPU-8-4-4-4-12 */
+    text += 4;
     int out = 0;
     for (int i = 0; text[i] != '\0' && out < 16; i++) {
         if (text[i] == '-')
@@ -67,13 +63,31 @@ SIMGPU_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
         uuid->bytes[out++] = (char)(hexval(text[i]) << 4 | hexval(text[i + 1]));
         i++;
     }
+}
+
+/* The GPU's UUID; for a MIG instance, its parent GPU's (as v1 does on NVIDIA's driver). */
+SIMGPU_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    SIM_ENTER();
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (check_ordinal(dev) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_DEVICE;
+    uuid_bytes(uuid, gpu(dev)->uuid);
     return CUDA_SUCCESS;
 }
 
-/* v2 differs only for MIG instances, which the simulator does not model. */
+/* v2 differs only for MIG instances: it gives the instance's own UUID. */
 SIMGPU_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    return cuDeviceGetUuid(uuid, dev);
+    SIM_ENTER();
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (check_ordinal(dev) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_DEVICE;
+    const struct sim_gpu_config *g = gpu(dev);
+    uuid_bytes(uuid, g->mig_index >= 0 ? g->mig[g->mig_index].uuid : g->uuid);
+    return CUDA_SUCCESS;
 }
 
 SIMGPU_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)

@@ -89,6 +89,13 @@ static inline int sim_node_gpu(CUdevice dev)
     return sim_cuda.rt.cfg.gpus[dev].node_index;
 }
 
+/* Where the device's memory is accounted in the shared state: its GPU's, or, for a MIG
+ * instance, the instance's own (its memory is its own; its kernels share the GPU's timeline). */
+static inline int sim_node_mem(CUdevice dev)
+{
+    return sim_cuda.rt.cfg.gpus[dev].mem_domain;
+}
+
 /* The calling thread's current context, or NULL. */
 CUcontext sim_current_ctx(void);
 /* Current context, valid and on a GPU that is still there; else the matching error. */

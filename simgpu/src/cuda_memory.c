@@ -247,7 +247,7 @@ SIMGPU_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     uint64_t total = sim_cuda.rt.cfg.gpus[ctx->device].memory_bytes;
     sim_node_lock(node);
     sim_node_reap(node);
-    uint64_t used = sim_mem_used_locked(node, sim_node_gpu(ctx->device));
+    uint64_t used = sim_mem_used_locked(node, sim_node_mem(ctx->device));
     sim_node_unlock(node);
     *total_bytes = (size_t)total;
     *free_bytes = (size_t)(used < total ? total - used : 0);

@@ -2,8 +2,8 @@
  * Fault injection. Faults live in the same configuration file as the GPUs; a test or the test
  * bed rewrites the file (atomically, by rename) and every process notices on its first API call
  * once SIM_FAULT_POLL_NS have passed since it last looked, so a GPU can fall off the bus under
- * running workloads. Only fault keys are taken from a changed file; the GPU topology of a running
- * process never changes.
+ * running workloads. Only fault keys and a GPU's MIG mode are taken from a changed file; the GPU
+ * topology of a running process (MIG instances included) never changes.
  */
 #include <string.h>
 #include <time.h>
@@ -41,6 +41,7 @@ static void reload_faults(struct sim_runtime *rt)
                          __ATOMIC_RELAXED);
         __atomic_store_n(&rt->cfg.gpus[i].faults.nvml_hang, fresh.gpus[n].faults.nvml_hang,
                          __ATOMIC_RELAXED);
+        __atomic_store_n(&rt->cfg.gpus[i].mig_mode, fresh.gpus[n].mig_mode, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&rt->cfg.latency_ns, fresh.latency_ns, __ATOMIC_RELAXED);
 }
@@ -76,6 +77,11 @@ void sim_faults_on_call(struct sim_runtime *rt)
     uint64_t latency = __atomic_load_n(&rt->cfg.latency_ns, __ATOMIC_RELAXED);
     if (latency > 0)
         sim_sleep_until(sim_now_ns() + latency);
+}
+
+bool sim_mig_mode(struct sim_runtime *rt, int gpu)
+{
+    return __atomic_load_n(&rt->cfg.gpus[gpu].mig_mode, __ATOMIC_RELAXED);
 }
 
 bool sim_fault_gpu_lost(struct sim_runtime *rt, int gpu)

@@ -10,25 +10,38 @@
 #include "nvml_internal.h"
 #include "timeline.h"
 
-static uint64_t memory_used(int index)
+/* Device memory in use in a memory domain (a GPU, or a MIG instance) by live processes. */
+static uint64_t memory_used(int domain)
 {
     struct sim_node *node = &sim_nvml.rt.node;
     sim_node_lock(node);
     sim_node_reap(node);
-    uint64_t used = sim_mem_used_locked(node, index);
+    uint64_t used = sim_mem_used_locked(node, domain);
     sim_node_unlock(node);
     return used;
 }
 
+/* Total memory and memory in use of a GPU or, for a MIG device handle, of that instance alone. */
+static nvmlReturn_t memory_of(nvmlDevice_t device, uint64_t *total, uint64_t *used)
+{
+    int i = 0, mig = -1;
+    nvmlReturn_t rc = sim_nvml_any_device(device, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const struct sim_gpu_config *g = &sim_nvml.rt.cfg.gpus[i];
+    *total = mig < 0 ? g->memory_bytes : g->mig[mig].memory_bytes;
+    *used = memory_used(mig < 0 ? i : SIM_MAX_GPUS + i * SIM_MAX_MIG + mig);
+    return NVML_SUCCESS;
+}
+
 SIMGPU_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    int i = 0;
-    nvmlReturn_t rc = sim_nvml_device(device, &i);
+    uint64_t total = 0, used = 0;
+    nvmlReturn_t rc = memory_of(device, &total, &used);
     if (rc == NVML_SUCCESS && memory == NULL)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc != NVML_SUCCESS)
         return rc;
-    uint64_t total = sim_nvml.rt.cfg.gpus[i].memory_bytes, used = memory_used(i);
     memory->total = total;
     memory->used = used;
     memory->free = used < total ? total - used : 0;
@@ -37,15 +50,14 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_
 
 SIMGPU_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    int i = 0;
-    nvmlReturn_t rc = sim_nvml_device(device, &i);
+    uint64_t total = 0, used = 0;
+    nvmlReturn_t rc = memory_of(device, &total, &used);
     if (rc == NVML_SUCCESS && memory == NULL)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS && memory->version != nvmlMemory_v2)
         rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (rc != NVML_SUCCESS)
         return rc;
-    uint64_t total = sim_nvml.rt.cfg.gpus[i].memory_bytes, used = memory_used(i);
     memory->total = total;
     memory->reserved = 0; /* the simulator keeps no memory back for the driver */
     memory->used = used;

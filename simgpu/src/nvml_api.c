@@ -25,8 +25,11 @@ SIMGPU_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
             rc = NVML_ERROR_UNKNOWN;
             break;
         case SIM_OPEN_OK:
-            for (int i = 0; i < SIM_MAX_GPUS; i++)
-                sim_nvml.devices[i].index = i;
+            for (int i = 0; i < SIM_MAX_GPUS; i++) {
+                sim_nvml.devices[i] = (struct nvmlDevice_st){.index = i, .mig = -1};
+                for (int k = 0; k < SIM_MAX_MIG; k++)
+                    sim_nvml.mig_devices[i][k] = (struct nvmlDevice_st){.index = i, .mig = k};
+            }
             sim_nvml.loaded = true;
             break;
         }
@@ -83,6 +86,30 @@ nvmlReturn_t sim_nvml_device(nvmlDevice_t device, int *index)
     if (sim_fault_gpu_lost(&sim_nvml.rt, device->index))
         return NVML_ERROR_GPU_IS_LOST;
     *index = device->index;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t sim_nvml_any_device(nvmlDevice_t device, int *index, int *mig)
+{
+    const struct nvmlDevice_st *first = &sim_nvml.mig_devices[0][0];
+    if (device < first || device >= first + SIM_MAX_GPUS * SIM_MAX_MIG) {
+        *mig = -1;
+        return sim_nvml_device(device, index);
+    }
+    nvmlReturn_t rc = sim_nvml_enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (device->index >= sim_nvml.rt.cfg.gpu_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sim_fault_nvml_hang(&sim_nvml.rt, device->index);
+    if (sim_fault_gpu_lost(&sim_nvml.rt, device->index))
+        return NVML_ERROR_GPU_IS_LOST;
+    /* A handle of an instance that is gone (MIG switched off since) names nothing now. */
+    if (!sim_mig_mode(&sim_nvml.rt, device->index) ||
+        device->mig >= sim_nvml.rt.cfg.gpus[device->index].mig_count)
+        return NVML_ERROR_NOT_FOUND;
+    *index = device->index;
+    *mig = device->mig;
     return NVML_SUCCESS;
 }
 
@@ -222,18 +249,26 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *in
     return rc;
 }
 
+/* A MIG device's name is its GPU's with the profile, as NVIDIA's NVML writes it:
+ * "NVIDIA H100 80GB HBM3 MIG 1g.10gb". */
 SIMGPU_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    int i = 0;
-    nvmlReturn_t rc = sim_nvml_device(device, &i);
-    return rc != NVML_SUCCESS ? rc : copy_out(name, length, gpu(i)->name);
+    int i = 0, mig = -1;
+    nvmlReturn_t rc = sim_nvml_any_device(device, &i, &mig);
+    if (rc != NVML_SUCCESS || mig < 0)
+        return rc != NVML_SUCCESS ? rc : copy_out(name, length, gpu(i)->name);
+    char text[SIM_NAME_LEN + SIM_PROFILE_LEN + 8];
+    snprintf(text, sizeof text, "%s MIG %s", gpu(i)->name, gpu(i)->mig[mig].profile);
+    return copy_out(name, length, text);
 }
 
 SIMGPU_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    int i = 0;
-    nvmlReturn_t rc = sim_nvml_device(device, &i);
-    return rc != NVML_SUCCESS ? rc : copy_out(uuid, length, gpu(i)->uuid);
+    int i = 0, mig = -1;
+    nvmlReturn_t rc = sim_nvml_any_device(device, &i, &mig);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return copy_out(uuid, length, mig < 0 ? gpu(i)->uuid : gpu(i)->mig[mig].uuid);
 }
 
 SIMGPU_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)

@@ -10,8 +10,8 @@
 #define SIM_NVML_STUBS(X)                                                                         \
     X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetEccMode)                \
     X(nvmlDeviceGetFanSpeed) X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetSerial)              \
-    X(nvmlDeviceGetMigMode) X(nvmlDeviceGetPersistenceMode)                                       \
-    X(nvmlDeviceGetTotalEnergyConsumption) X(nvmlDeviceGetBAR1MemoryInfo)                         \
+    X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetTotalEnergyConsumption)                        \
+    X(nvmlDeviceGetBAR1MemoryInfo)                                                                \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization)                         \
     X(nvmlDeviceGetMPSComputeRunningProcesses_v3) X(nvmlDeviceGetNvLinkState)                     \
     X(nvmlEventSetCreate) X(nvmlDeviceRegisterEvents) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)  \
@@ -24,10 +24,8 @@
     X(nvmlDeviceGetPowerManagementDefaultLimit) X(nvmlDeviceGetCurrentClocksThrottleReasons)      \
     X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetRetiredPages)                        \
     X(nvmlDeviceGetRemappedRows) X(nvmlDeviceGetTotalEccErrors) X(nvmlDeviceGetMemoryErrorCounter) \
-    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetSamples) X(nvmlDeviceGetGpuInstanceId)             \
-    X(nvmlDeviceGetComputeInstanceId) X(nvmlDeviceGetMaxMigDeviceCount)                           \
-    X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)        \
-    X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetNumaNodeId) X(nvmlDeviceGetCpuAffinity)         \
+    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetSamples) X(nvmlDeviceGetNumaNodeId)                \
+    X(nvmlDeviceGetCpuAffinity)                                                                   \
     X(nvmlDeviceGetMemoryAffinity) X(nvmlDeviceGetTopologyCommonAncestor)                         \
     X(nvmlDeviceGetP2PStatus) X(nvmlDeviceGetBoardId) X(nvmlDeviceGetMultiGpuBoard)               \
     X(nvmlDeviceGetAccountingMode) X(nvmlDeviceGetProcessesUtilizationInfo)                       \

@@ -41,6 +41,8 @@ enum sim_open_result sim_runtime_open(struct sim_runtime *rt);
 void sim_faults_on_call(struct sim_runtime *rt);
 
 bool sim_fault_gpu_lost(struct sim_runtime *rt, int gpu);
+/* Whether the GPU is in MIG mode now (live, like the faults). */
+bool sim_mig_mode(struct sim_runtime *rt, int gpu);
 uint64_t sim_fault_fail_alloc(struct sim_runtime *rt, int gpu);
 /* Blocks while the GPU's nvml_hang fault is set (NVML entry points that touch the GPU call it). */
 void sim_fault_nvml_hang(struct sim_runtime *rt, int gpu);

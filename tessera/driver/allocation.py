@@ -7,10 +7,11 @@ be repeated any number of times with the same result (a retried prepare computes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tessera.driver.devices import MIG_DEVICE_PREFIX
 from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY
 from tessera.quantity import quantity_to_int
 
@@ -46,11 +47,18 @@ def claim_ref(claim: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def shares(claim: Mapping[str, Any], driver: str, pool: str, devices: Sequence[str]) -> list[Share]:
+def shares(
+    claim: Mapping[str, Any],
+    driver: str,
+    pool: str,
+    devices: Sequence[str],
+    exclusive: Collection[str] = (),
+) -> list[Share]:
     """The shares of ``claim`` that ``driver`` must prepare on ``pool``, in allocation order.
 
     ``devices`` are the device names this node publishes; an allocation naming another device of
-    our pool (a GPU that has gone, a stale slice) is refused rather than guessed at."""
+    our pool (a GPU that has gone, a stale slice) is refused rather than guessed at. ``exclusive``
+    ones (MIG instances) are allocated whole, without consumed capacity: their share holds 0."""
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise AllocationError(f"ResourceClaim {claim_ref(claim)} is not allocated yet")
@@ -65,12 +73,20 @@ def shares(claim: Mapping[str, Any], driver: str, pool: str, devices: Sequence[s
                 f"{result.get('pool')}, which is not this node's pool {pool}"
             )
         device = str(result.get("device", ""))
+        if device not in devices and device.startswith(MIG_DEVICE_PREFIX):
+            raise AllocationError(
+                f"ResourceClaim {claim_ref(claim)} was allocated MIG instance {device}, which is gone "
+                "from this node (its GPU left MIG mode or the instance was destroyed); delete the pod "
+                "so that it is placed again"
+            )
         if device not in devices:
             raise AllocationError(
                 f"ResourceClaim {claim_ref(claim)} was allocated device {device}, which this node "
                 f"does not have (it has {', '.join(sorted(devices)) or 'no GPUs'})"
             )
         consumed = result.get("consumedCapacity")
+        if consumed is None and device in exclusive:
+            consumed = {}
         if consumed is None:
             raise AllocationError(
                 f"ResourceClaim {claim_ref(claim)} has no consumed capacity for {device}: the "

@@ -6,6 +6,9 @@ one CDI device whose name carries the claim UID, the GPU and the scheduler's sha
 holding two shares of one GPU gets two distinct devices (kubernetes#134519). What every share of
 the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, the environment)
 sits in the spec-wide edits, applied once whichever of the claim's devices a container names.
+
+A claim of MIG instances gets a spec of its own (:func:`mig_spec`): the instances named in
+CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES, the driver, and nothing of the shim.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ CDI_VERSION = "0.6.0"
 
 @dataclass(frozen=True)
 class CdiDevice:
-    """One share as a CDI device: its name in our spec and the GPU it is on."""
+    """One share as a CDI device: its name in our spec and the GPU it is on (for a MIG instance,
+    the instance's MIG UUID)."""
 
     name: str
     gpu_uuid: str
@@ -87,19 +91,54 @@ def spec(
             "mounts": mounts,
             "deviceNodes": [{"path": str(node)} for node in common_device_nodes],
         },
-        "devices": [
-            {
-                "name": d.name,
-                "containerEdits": {
-                    # Every CDI device needs at least one edit; this one also tells a user in the
-                    # container which GPU each share is on.
-                    "env": [f"TESSERA_SHARE_{_env_suffix(d.name)}={d.gpu_uuid}"],
-                    "deviceNodes": [{"path": str(node)} for node in d.device_nodes],
-                },
-            }
-            for d in devices
-        ],
+        "devices": _devices(devices, "TESSERA_SHARE_"),
     }
+
+
+def mig_spec(
+    devices: Sequence[CdiDevice],
+    libraries: Mapping[PurePosixPath, Path],
+    common_device_nodes: Sequence[Path],
+    extra_env: Sequence[tuple[str, str]],
+    extra_mounts: Sequence[Path],
+) -> dict[str, Any]:
+    """The spec of a claim of whole MIG instances: CUDA sees exactly those instances (by MIG UUID),
+    with the driver's libraries (``libraries``: where the loader finds them without the shim) and
+    nodes, and no shim, limits or preload: the hardware isolates the instance, and the shim would
+    only add its cost."""
+    visible = ",".join(d.gpu_uuid for d in devices)
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "containerEdits": {
+            "env": [
+                f"CUDA_VISIBLE_DEVICES={visible}",
+                f"NVIDIA_VISIBLE_DEVICES={visible}",
+                *(f"{k}={v}" for k, v in extra_env),
+            ],
+            "mounts": [
+                *(_mount(host, container, read_only=True) for container, host in sorted(libraries.items())),
+                *(_mount(path, PurePosixPath(path), read_only=False) for path in extra_mounts),
+            ],
+            "deviceNodes": [{"path": str(node)} for node in common_device_nodes],
+        },
+        "devices": _devices(devices, "TESSERA_MIG_"),
+    }
+
+
+def _devices(devices: Sequence[CdiDevice], env_prefix: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": d.name,
+            "containerEdits": {
+                # Every CDI device needs at least one edit; this one also tells a user in the
+                # container which GPU (or MIG instance) each device is.
+                "env": [f"{env_prefix}{_env_suffix(d.name)}={d.gpu_uuid}"],
+                "deviceNodes": [{"path": str(node)} for node in d.device_nodes],
+            },
+        }
+        for d in devices
+    ]
 
 
 def write(cdi_dir: Path, claim_uid: str, claim_spec: Mapping[str, Any]) -> Path:

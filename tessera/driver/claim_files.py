@@ -72,13 +72,19 @@ def write(
 ) -> None:
     """Write (or rewrite, identically) the claim's folder. The usage region is created only if
     missing: a retried prepare must not reset what running processes have recorded."""
-    files.directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(files.identity, json.dumps({"namespace": namespace, "name": name, "uid": uid}))
+    write_identity(files, namespace, name, uid)
     shim_format.write_limits(files.limits, limits)
     shim_format.create_region(files.region)
     installation: Installation = install(files.shim, Path(container_cuda), Path(container_nvml))
     preload = [CONTAINER_SHIM_DIR / installation.cuda.name, CONTAINER_SHIM_DIR / installation.nvml.name]
     write_atomically(files.preload, "".join(f"{p}\n" for p in preload), mode=0o444)
+
+
+def write_identity(files: ClaimFiles, namespace: str, name: str, uid: str) -> None:
+    """Only the claim's identity: all a claim without the shim (a MIG instance) keeps on the host,
+    so that a lost checkpoint can still be rebuilt from the folders."""
+    files.directory.mkdir(parents=True, exist_ok=True)
+    write_atomically(files.identity, json.dumps({"namespace": namespace, "name": name, "uid": uid}))
 
 
 def read_identity(files: ClaimFiles) -> tuple[str, str, str] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -23,6 +23,25 @@ log = logging.getLogger(__name__)
 
 OWN_LIBRARY_DIR = PurePosixPath("/usr/local/tessera/driver")
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+_MIG_MINORS_MAX_BYTES = 1 << 20
+
+
+def _mig_minors(path: Path) -> dict[str, int]:
+    """The driver's capability name -> device minor table; bounded, and malformed lines skipped."""
+    try:
+        with path.open("rb") as table:
+            text = table.read(_MIG_MINORS_MAX_BYTES).decode(errors="replace")
+    except OSError as error:
+        raise DriverSourceError(f"cannot read {path} to grant a MIG instance: {error.strerror}") from None
+    out = {}
+    for line in text.splitlines():
+        name, _, number = line.strip().partition(" ")
+        if number.strip().isdigit():
+            out[name] = int(number)
+    return out
 
 
 class DriverSourceError(RuntimeError):
@@ -41,6 +60,12 @@ class ContainerDriver:
     container_nvml: PurePosixPath
     common_device_nodes: tuple[Path, ...]
     device_dir: Path
+    mig_minors: Path = MIG_MINORS
+    """NVIDIA's table of MIG capability minors ("gpu0/gi1/ci0/access 13" lines)."""
+    loader_libraries: dict[PurePosixPath, Path] = field(default_factory=dict)
+    """Container path -> host path of the same libraries in the standard library folder, for a
+    container without the shim (a MIG instance), whose programs find libcuda.so.1 only where the
+    dynamic loader looks (empty with the toolkit, which mounts them there itself)."""
 
     def gpu_device_nodes(self, minor: int) -> tuple[Path, ...]:
         """The GPU's own node (/dev/nvidiaN), with our own edits. With no NVIDIA control node on
@@ -54,6 +79,27 @@ class ContainerDriver:
         if self.common_device_nodes:
             raise DriverSourceError(f"device node {node} is missing although the NVIDIA driver is loaded")
         return ()
+
+    def mig_device_nodes(self, minor: int, gpu_instance: int, compute_instance: int) -> tuple[Path, ...]:
+        """What a MIG instance needs with our own edits: its GPU's node and, with NVIDIA's kernel
+        driver loaded, the two capability nodes that grant its GPU and compute instance
+        (/dev/nvidia-caps/nvidia-capN, numbered as the driver's mig-minors table says). With the
+        toolkit, its CDI device for the instance brings them."""
+        gpu_nodes = self.gpu_device_nodes(minor)
+        if self.toolkit_kind is not None or not self.common_device_nodes:
+            return gpu_nodes
+        wanted = (
+            f"gpu{minor}/gi{gpu_instance}/access",
+            f"gpu{minor}/gi{gpu_instance}/ci{compute_instance}/access",
+        )
+        minors = _mig_minors(self.mig_minors)
+        missing = [w for w in wanted if w not in minors]
+        if missing:
+            raise DriverSourceError(
+                f"{self.mig_minors} does not list {', '.join(missing)}: cannot grant MIG instance "
+                f"{gpu_instance}/{compute_instance} of GPU {minor}"
+            )
+        return (*gpu_nodes, *(self.device_dir / "nvidia-caps" / f"nvidia-cap{minors[w]}" for w in wanted))
 
     def toolkit_ids(self, uuids: Sequence[str]) -> list[str]:
         return [f"{self.toolkit_kind}={u}" for u in uuids] if self.toolkit_kind else []
@@ -90,6 +136,7 @@ def resolve(source: DriverSource, cdi_dirs: Sequence[Path]) -> ContainerDriver:
         source.host_library_dir,
         ", ".join(map(str, nodes)) or "none: no NVIDIA kernel driver on this host",
     )
+    standard = PurePosixPath(source.toolkit_library_dir)
     return ContainerDriver(
         None,
         libraries,
@@ -97,6 +144,7 @@ def resolve(source: DriverSource, cdi_dirs: Sequence[Path]) -> ContainerDriver:
         OWN_LIBRARY_DIR / DRIVER_LIBRARIES[1],
         nodes,
         source.device_dir,
+        loader_libraries={standard / path.name: host for path, host in libraries.items()},
     )
 
 

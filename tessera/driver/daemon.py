@@ -89,7 +89,16 @@ class Daemon(Stoppable):
             return
         self._phase = "starting"
         self._nvml = Nvml()
-        gpus = devices.shareable(self._nvml.gpus())
+        gpus = self._nvml.gpus()
+        shared = [f"{g.index}:{g.uuid}" for g in gpus if not g.mig_enabled]
+        mig = [f"{g.index}:{g.uuid} ({len(g.mig_devices)} instances)" for g in gpus if g.mig_enabled]
+        log.info(
+            "found %d GPUs to share (%s) and %d in MIG mode (%s)",
+            len(shared),
+            ", ".join(shared) or "none",
+            len(mig),
+            ", ".join(mig) or "none",
+        )
         container_driver = resolve(config.source, [config.cdi_dir, *_STANDARD_CDI_DIRS])
         self.state = DeviceState(config, gpus, container_driver, read_boot_id(config.boot_id_file))
         resource = client.ResourceV1Api(self._kube)
@@ -128,18 +137,21 @@ class Daemon(Stoppable):
         )
 
         self.cordon = NodeCordon(
-            client.CoreV1Api(self._kube), config.node_name, lambda: [g.uuid for g in gpus]
+            client.CoreV1Api(self._kube), config.node_name, lambda: [g.uuid for g in self.tracker.gpus()]
         )
         publishing = threading.Lock()
 
         def publish() -> None:
-            # Health and cordon changes arrive on two threads: one at a time, so the last slice
-            # written is built from the latest of both.
+            # Health, MIG-layout and cordon changes arrive on two threads: one at a time, so the
+            # last slice written is built from the latest of all. Prepare learns of new MIG
+            # instances before the scheduler can allocate them.
             with publishing:
-                taints, cordoned = self.tracker.taints(), self.cordon.taints()
-                self.publisher.set_devices(
-                    [devices.device(g, [*taints.get(g.uuid, ()), *cordoned.get(g.uuid, ())]) for g in gpus]
-                )
+                now = self.tracker.gpus()
+                self.state.set_gpus(now)
+                taints = {uuid: list(found) for uuid, found in self.tracker.taints().items()}
+                for uuid, cordon_taints in self.cordon.taints().items():
+                    taints.setdefault(uuid, []).extend(cordon_taints)
+                self.publisher.set_devices(devices.node_devices(now, taints))
 
         self.tracker.on_change = publish
         self.cordon.on_change = publish
@@ -151,6 +163,7 @@ class Daemon(Stoppable):
             config.health_interval,
             config.nvml_timeout,
             self._stop,
+            self._nvml.mig_layout,
         )
         self._background("node-cordon", self.cordon.run, self._stop)
         # The first slice says what the first poll found (a lost GPU is never published untainted),

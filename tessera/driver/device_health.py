@@ -10,6 +10,10 @@ poll therefore runs on a thread of its own under a watchdog: a poll that has not
 the NVML timeout makes every GPU's health unknown (reported UNKNOWN, tainted with a key of its own,
 and the daemon not ready), logged once; when the stuck call returns, the next results replace that.
 A hung call cannot be cancelled, so no new poll starts until it has returned.
+
+The same poll asks NVML whether each answering GPU is in MIG mode and which instances it has: an
+operator may switch a GPU into or out of MIG mode (or change its instances) while the daemon runs,
+and the slice must then publish the instances instead of the GPU, or the other way round.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
-from tessera.driver.devices import DeviceTaint, device_name
-from tessera.driver.discovery import Gpu
+from tessera.driver.devices import DeviceTaint, published_names
+from tessera.driver.discovery import Gpu, MigDevice
 from tessera.names import UNHEALTHY_TAINT, UNMONITORED_TAINT
 from tessera.proto.health.v1 import api_pb2 as v1
 from tessera.proto.health.v1 import api_pb2_grpc as v1_grpc
@@ -35,6 +40,9 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 _MESSAGE_MAX = 1024
+
+MigLayout = Callable[[str], tuple[bool, tuple[MigDevice, ...]] | None]
+"""GPU UUID -> (in MIG mode, its instances) now, or None when NVML cannot say."""
 
 
 class HealthTracker:
@@ -54,12 +62,35 @@ class HealthTracker:
         self.assessed = threading.Event()
         """Set once the GPUs' health is known, or known to be unknown (NVML did not answer)."""
 
-    def poll(self, problem_of: Callable[[str], str | None]) -> None:
-        """Ask ``problem_of(uuid)`` for every GPU; record and announce changes."""
-        problems = {g.uuid: p for g in self._gpus if (p := problem_of(g.uuid)) is not None}
+    def gpus(self) -> list[Gpu]:
+        """The GPUs as last seen, MIG layout included."""
+        with self._changed:
+            return list(self._gpus)
+
+    def poll(self, problem_of: Callable[[str], str | None], layout_of: MigLayout | None = None) -> None:
+        """Ask ``problem_of(uuid)`` for every GPU, and ``layout_of(uuid)`` for every GPU that
+        answers; record and announce changes."""
+        gpus = self.gpus()
+        problems = {g.uuid: p for g in gpus if (p := problem_of(g.uuid)) is not None}
+        laid_out = [
+            g if layout_of is None or g.uuid in problems else _with_layout(g, layout_of(g.uuid)) for g in gpus
+        ]
         with self._changed:
             self._updated = int(time.time())
-            changed = problems != self._problems
+            relaid = laid_out != self._gpus
+            if relaid:
+                for before, after in zip(self._gpus, laid_out, strict=True):
+                    if before != after:
+                        log.warning(
+                            "GPU %s (%s) is %s; republishing",
+                            after.index,
+                            after.uuid,
+                            f"in MIG mode with {len(after.mig_devices)} MIG instances"
+                            if after.mig_enabled
+                            else "no longer in MIG mode",
+                        )
+                self._gpus = laid_out
+            changed = problems != self._problems or relaid
             if changed:
                 now = _now()
                 for uuid, problem in problems.items():
@@ -113,7 +144,7 @@ class HealthTracker:
     def report(self, pb: Any) -> Any:
         """The complete list as ``pb``'s NodeWatchResourcesResponse."""
         with self._changed:
-            devices = []
+            devices: list[Any] = []
             for gpu in self._gpus:
                 problem = self._problems.get(gpu.uuid)
                 if self._unmonitored is not None:
@@ -122,14 +153,15 @@ class HealthTracker:
                     health, message = pb.UNHEALTHY, f"NVML: {problem}"
                 else:
                     health, message = pb.HEALTHY, "NVML answers"
-                devices.append(
+                devices.extend(
                     pb.DeviceHealth(
-                        device=pb.DeviceIdentifier(pool_name=self._pool, device_name=device_name(gpu)),
+                        device=pb.DeviceIdentifier(pool_name=self._pool, device_name=name),
                         health=health,
                         last_updated_time=self._updated,
                         health_check_timeout_seconds=int(self.check_timeout),
                         message=message[:_MESSAGE_MAX],
                     )
+                    for name in published_names(gpu)
                 )
             return pb.NodeWatchResourcesResponse(devices=devices)
 
@@ -149,17 +181,25 @@ class HealthTracker:
                 yield self.report(pb)
 
 
+def _with_layout(gpu: Gpu, layout: tuple[bool, tuple[MigDevice, ...]] | None) -> Gpu:
+    if layout is None:  # NVML could not say: keep what was known
+        return gpu
+    enabled, instances = layout
+    return replace(gpu, mig_enabled=enabled, mig_devices=instances)
+
+
 def poll_forever(
     tracker: HealthTracker,
     problem_of: Callable[[str], str | None],
     interval: float,
     nvml_timeout: float,
     stop: threading.Event,
+    layout_of: MigLayout | None = None,
 ) -> None:
     """Poll every ``interval`` seconds until ``stop``, each poll under the watchdog: one that has not
     returned after ``nvml_timeout`` seconds marks the GPUs unmonitored until it does."""
     while not stop.is_set():
-        _poll_watched(tracker, problem_of, nvml_timeout, stop)
+        _poll_watched(tracker, problem_of, nvml_timeout, stop, layout_of)
         stop.wait(interval)
 
 
@@ -168,12 +208,13 @@ def _poll_watched(
     problem_of: Callable[[str], str | None],
     nvml_timeout: float,
     stop: threading.Event,
+    layout_of: MigLayout | None,
 ) -> None:
     returned = threading.Event()
 
     def poll() -> None:
         try:
-            tracker.poll(problem_of)
+            tracker.poll(problem_of, layout_of)
         except Exception:
             log.exception("GPU health poll failed")
         finally:

@@ -12,6 +12,10 @@ once (docs/driver.md explains it to users):
 
 Neither default is "the whole device", so a claim that names one dimension never makes the GPU
 exclusive by accident (HAMi's DRA driver defaults both to the whole GPU).
+
+A GPU in MIG mode is not shareable: each of its MIG instances is published instead as a device of
+its own, exclusive (one claim at a time, no consumable capacity: the hardware divides the GPU, the
+shim does not), with its profile, its parent GPU and its memory.
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.driver.discovery import Gpu
-from tessera.names import CORES_CAPACITY, MEMORY_CAPACITY, PRODUCT_ATTRIBUTE, UUID_ATTRIBUTE
+from tessera.driver.discovery import Gpu, MigDevice
+from tessera.names import (
+    CORES_CAPACITY,
+    DEVICE_TYPE_ATTRIBUTE,
+    MEMORY_CAPACITY,
+    MIG_PROFILE_ATTRIBUTE,
+    PRODUCT_ATTRIBUTE,
+    UUID_ATTRIBUTE,
+)
 from tessera.quantity import MiB, round_down
 
 log = logging.getLogger(__name__)
@@ -30,12 +41,15 @@ log = logging.getLogger(__name__)
 MEMORY_STEP = MiB
 CORES_TOTAL = 100
 STANDARD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PARENT_UUID_ATTRIBUTE = "parentUUID"
+MIG_DEVICE_PREFIX = "mig-"
+"""Every MIG device's name starts so (a GPU's with "gpu-"): prepare tells a vanished instance by it."""
 
 
 def shareable(gpus: Sequence[Gpu]) -> list[Gpu]:
-    """The GPUs to publish. GPUs in MIG mode are left out (and logged): their memory and compute
-    belong to MIG instances, which the shim cannot divide further and which isolate tenants better
-    than it does; publish those with a MIG-aware driver."""
+    """The GPUs that can be shared (what the exporter watches). GPUs in MIG mode are left out (and
+    logged): their memory and compute belong to MIG instances, which the shim cannot divide further
+    and which isolate tenants better than it does; the daemon publishes those instances instead."""
     out = []
     for gpu in gpus:
         if gpu.mig_enabled:
@@ -50,6 +64,39 @@ def device_name(gpu: Gpu) -> str:
     """A DNS label that names the same physical GPU across restarts, reboots and renumbering:
     derived from its UUID, never from its index."""
     return "gpu-" + gpu.uuid.lower().removeprefix("gpu-")
+
+
+def mig_device_name(mig: MigDevice) -> str:
+    """A DNS label for a MIG instance, from its UUID: "MIG-<uuid>" on current drivers, and the older
+    "MIG-GPU-<uuid>/<gi>/<ci>" form made label-safe."""
+    body = "".join(c if c.isalnum() else "-" for c in mig.uuid.lower().removeprefix("mig-"))
+    return (MIG_DEVICE_PREFIX + body)[:63].rstrip("-")
+
+
+def published_names(gpu: Gpu) -> list[str]:
+    """The names of the devices a GPU is published as: its MIG instances in MIG mode, else itself."""
+    if gpu.mig_enabled:
+        return [mig_device_name(m) for m in gpu.mig_devices]
+    return [device_name(gpu)]
+
+
+def node_devices(gpus: Sequence[Gpu], taints: Mapping[str, Sequence[DeviceTaint]]) -> list[dict[str, Any]]:
+    """Every device of the node's slice: each shareable GPU, and each MIG instance of a GPU in MIG
+    mode; ``taints`` (by GPU UUID) apply to a GPU and to every instance of it alike."""
+    out = []
+    for gpu in gpus:
+        gpu_taints = taints.get(gpu.uuid, ())
+        if not gpu.mig_enabled:
+            out.append(device(gpu, gpu_taints))
+            continue
+        if not gpu.mig_devices:
+            log.warning(
+                "GPU %s (%s) is in MIG mode with no MIG instances: nothing of it to publish",
+                gpu.index,
+                gpu.uuid,
+            )
+        out.extend(mig_device(gpu, mig, gpu_taints) for mig in gpu.mig_devices)
+    return out
 
 
 def version(text: str) -> str:
@@ -74,15 +121,11 @@ class DeviceTaint:
     since: str | None = None
 
 
-def device(gpu: Gpu, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
-    """The Device for ``gpu``: attributes, consumable memory and cores, and a NoSchedule taint for
-    each of ``taints`` (running shares are left to their owners)."""
-    memory = round_down(gpu.memory_bytes, MEMORY_STEP)
+def _gpu_attributes(gpu: Gpu) -> dict[str, Mapping[str, object]]:
+    """What a GPU and each of its MIG instances alike say about the physical GPU."""
     major, minor = gpu.cuda_compute_capability
     cuda = gpu.cuda_driver_version
-    attributes: dict[str, Mapping[str, object]] = {
-        "type": {"string": "gpu"},
-        UUID_ATTRIBUTE: {"string": gpu.uuid},
+    return {
         "index": {"int": gpu.index},
         PRODUCT_ATTRIBUTE: {"string": gpu.product_name},
         "brand": {"string": gpu.brand},
@@ -90,6 +133,37 @@ def device(gpu: Gpu, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
         "cudaComputeCapability": {"version": version(f"{major}.{minor}")},
         "driverVersion": {"version": version(gpu.driver_version)},
         "cudaDriverVersion": {"version": version(f"{cuda // 1000}.{cuda % 1000 // 10}")},
+    }
+
+
+def mig_device(gpu: Gpu, mig: MigDevice, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
+    """The Device for one MIG instance of ``gpu``: exclusive (no allowMultipleAllocations, so one
+    claim holds it whole), its memory as plain capacity, its parent's taints."""
+    attributes: dict[str, Mapping[str, object]] = {
+        DEVICE_TYPE_ATTRIBUTE: {"string": "mig"},
+        MIG_PROFILE_ATTRIBUTE: {"string": mig.profile},
+        UUID_ATTRIBUTE: {"string": mig.uuid},
+        PARENT_UUID_ATTRIBUTE: {"string": gpu.uuid},
+        **_gpu_attributes(gpu),
+    }
+    result: dict[str, Any] = {
+        "name": mig_device_name(mig),
+        "attributes": attributes,
+        "capacity": {MEMORY_CAPACITY: {"value": str(mig.memory_bytes)}},
+    }
+    if taints:
+        result["taints"] = [_taint(taint) for taint in taints]
+    return result
+
+
+def device(gpu: Gpu, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
+    """The Device for ``gpu``: attributes, consumable memory and cores, and a NoSchedule taint for
+    each of ``taints`` (running shares are left to their owners)."""
+    memory = round_down(gpu.memory_bytes, MEMORY_STEP)
+    attributes: dict[str, Mapping[str, object]] = {
+        DEVICE_TYPE_ATTRIBUTE: {"string": "gpu"},
+        UUID_ATTRIBUTE: {"string": gpu.uuid},
+        **_gpu_attributes(gpu),
         STANDARD_PCI_BUS_ID: {"string": pci_bus_id(gpu.pci_bus_id)},
     }
     result: dict[str, Any] = {

@@ -8,6 +8,7 @@ tests never touch pynvml, and the real and the simulated driver are read by the 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,26 @@ _BRANDS = {
 }
 
 
+MIG_PROFILE = re.compile(r"[1-8]g\.[0-9]+gb(\+[a-z0-9]+)*|[1-8]c\.[1-8]g\.[0-9]+gb(\+[a-z0-9]+)*")
+"""NVIDIA's MIG profile names ("1g.10gb", "1g.10gb+me", "1c.2g.20gb"): what NVML's name of a MIG
+device ends with, and what a HAMi user writes after nvidia.com/mig-."""
+
+_MIG_NAME_SEPARATOR = " MIG "
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU in MIG mode (a GPU instance with a compute instance in it), as
+    NVML lists it under its parent."""
+
+    uuid: str
+    """"MIG-..." as NVML gives it; what CUDA_VISIBLE_DEVICES names it by."""
+    profile: str
+    memory_bytes: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One physical GPU as NVML reports it."""
@@ -64,6 +85,8 @@ class Gpu:
     pci_bus_id: str
     minor_number: int
     mig_enabled: bool
+    mig_devices: tuple[MigDevice, ...] = ()
+    """Its MIG instances while it is in MIG mode (then the GPU itself is not shareable)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +132,7 @@ class Nvml:
     def _gpu(self, index: int, driver: str, cuda: int) -> Gpu:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        mig_enabled = _mig_enabled(handle)
         return Gpu(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -121,8 +145,22 @@ class Nvml:
             cuda_driver_version=cuda,
             pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
             minor_number=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
-            mig_enabled=_mig_enabled(handle),
+            mig_enabled=mig_enabled,
+            mig_devices=_mig_devices(handle) if mig_enabled else (),
         )
+
+    def mig_layout(self, uuid: str) -> tuple[bool, tuple[MigDevice, ...]] | None:
+        """Whether GPU ``uuid`` is in MIG mode now and its instances; None when NVML cannot say
+        (a lost GPU: its health says so). An operator may switch the mode while the daemon runs;
+        the health poll asks this to notice."""
+        with self._lock:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                enabled = _mig_enabled(handle)
+                return enabled, _mig_devices(handle) if enabled else ()
+            except pynvml.NVMLError as error:
+                log.debug("cannot read the MIG layout of GPU %s: %s", uuid, error)
+                return None
 
     def problem(self, uuid: str) -> str | None:
         """NVML's reason the GPU ``uuid`` cannot be used now ("GPU is lost"), or None if it answers.
@@ -200,6 +238,36 @@ def _mig_enabled(handle: object) -> bool:
     except pynvml.NVMLError:  # not supported on this GPU: no MIG
         return False
     return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _mig_devices(handle: object) -> tuple[MigDevice, ...]:
+    """The MIG devices under a GPU in MIG mode, in NVML's order. NVML numbers slots up to the
+    GPU's maximum and answers NOT_FOUND for an empty one. A device whose name carries no profile
+    NVIDIA uses is logged and left out: nothing could ask for it by profile."""
+    out = []
+    for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig))
+        uuid = _text(pynvml.nvmlDeviceGetUUID(mig))
+        profile = name.rpartition(_MIG_NAME_SEPARATOR)[2]
+        if _MIG_NAME_SEPARATOR not in name or not MIG_PROFILE.fullmatch(profile):
+            log.warning(
+                "MIG device %s is named %r, which ends in no MIG profile; not publishing it", uuid, name
+            )
+            continue
+        out.append(
+            MigDevice(
+                uuid=uuid,
+                profile=profile,
+                memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+                gpu_instance_id=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                compute_instance_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+            )
+        )
+    return tuple(out)
 
 
 def _text(value: str | bytes) -> str:

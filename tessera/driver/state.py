@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +20,8 @@ from tessera.driver import allocation, cdi, checkpoint, claim_files
 from tessera.driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, PreparedDevice
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import ContainerDriver
-from tessera.driver.devices import device_name
-from tessera.driver.discovery import Gpu
+from tessera.driver.devices import device_name, mig_device_name
+from tessera.driver.discovery import Gpu, MigDevice
 from tessera.shim.format import GpuLimit
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,10 @@ class DeviceState:
         self, config: DriverConfig, gpus: Sequence[Gpu], container_driver: ContainerDriver, boot_id: str
     ) -> None:
         self._config = config
-        self._gpus = {device_name(g): g for g in gpus}
+        self._gpus: dict[str, Gpu] = {}
+        self._migs: dict[str, tuple[Gpu, MigDevice]] = {}
+        self._gpus_lock = threading.Lock()
+        self.set_gpus(gpus)
         self._driver = container_driver
         self._claim_locks: dict[str, _ClaimLock] = {}
         self._locks_guard = threading.Lock()
@@ -52,6 +55,14 @@ class DeviceState:
         self._checkpoint = loaded.checkpoint
         self.rebuild_reason = loaded.rebuild
         """Set when the prepared state must be rebuilt from the API and the host (see cleanup)."""
+
+    def set_gpus(self, gpus: Sequence[Gpu]) -> None:
+        """The GPUs as published now: shareable ones by device name, and the MIG instances of those
+        in MIG mode (a mode switch while the daemon runs changes which)."""
+        shared = {device_name(g): g for g in gpus if not g.mig_enabled}
+        migs = {mig_device_name(m): (g, m) for g in gpus if g.mig_enabled for m in g.mig_devices}
+        with self._gpus_lock:
+            self._gpus, self._migs = shared, migs
 
     # ------------------------------------------------------------------ queries
 
@@ -77,18 +88,29 @@ class DeviceState:
         OSError with a one-sentence reason."""
         meta = claim["metadata"]
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
-        shares = allocation.shares(claim, self._config.driver_name, self._config.pool_name, list(self._gpus))
-        devices = self._devices(uid, shares)
-        with self._claim_lock(uid):
-            record = self.records().get(uid)
-            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
-                return devices
-            self.reached("before-checkpoint")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
-            self.reached("after-checkpoint")
-            self._write_side_effects(uid, namespace, name, shares)
-            self.reached("after-cdi")
-            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+        with self._gpus_lock:
+            gpus, migs = self._gpus, self._migs
+        shares = allocation.shares(
+            claim, self._config.driver_name, self._config.pool_name, [*gpus, *migs], exclusive=migs
+        )
+        mig_shares = [s for s in shares if s.device in migs]
+        if mig_shares and len(mig_shares) != len(shares):
+            raise allocation.AllocationError(
+                f"ResourceClaim {allocation.claim_ref(claim)} holds both MIG instances and GPU shares; "
+                "ask for them in separate claims (a container on a MIG instance runs without the shim "
+                "that shares need)"
+            )
+        if mig_shares:
+            return self._prepare_mig(uid, namespace, name, [migs[s.device] for s in shares], shares)
+        devices = self._devices(uid, shares, gpus)
+        if not self._in_two_phases(
+            uid,
+            namespace,
+            name,
+            devices,
+            lambda: self._write_side_effects(uid, namespace, name, shares, gpus),
+        ):
+            return devices
         log.info(
             "prepared claim %s/%s (%s): %s",
             namespace,
@@ -100,10 +122,85 @@ class DeviceState:
         )
         return devices
 
-    def _devices(self, uid: str, shares: Sequence[allocation.Share]) -> list[PreparedDevice]:
+    def _prepare_mig(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        instances: Sequence[tuple[Gpu, MigDevice]],
+        shares: Sequence[allocation.Share],
+    ) -> list[PreparedDevice]:
+        """A claim of whole MIG instances: the container gets exactly those instances and the
+        driver, and no shim, limits or usage region (the hardware isolates it)."""
+        cdi_devices = [
+            cdi.CdiDevice(
+                cdi.device_name(uid, share.device, None),
+                mig.uuid,
+                self._driver.mig_device_nodes(gpu.minor_number, mig.gpu_instance_id, mig.compute_instance_id),
+            )
+            for share, (gpu, mig) in zip(shares, instances, strict=True)
+        ]
+        devices = [
+            PreparedDevice(
+                request_names=(share.request,),
+                pool=share.pool,
+                device=share.device,
+                cdi_device_ids=(ours.qualified_name, *self._driver.toolkit_ids([ours.gpu_uuid])),
+                share_id=None,
+            )
+            for share, ours in zip(shares, cdi_devices, strict=True)
+        ]
+
+        def write() -> None:
+            claim_files.write_identity(
+                claim_files.claim_files(self._config.claims_dir, uid), namespace, name, uid
+            )
+            spec = cdi.mig_spec(
+                cdi_devices,
+                self._driver.loader_libraries,
+                self._driver.common_device_nodes,
+                self._config.container_env,
+                self._config.container_mounts,
+            )
+            cdi.write(self._config.cdi_dir, uid, spec)
+
+        if not self._in_two_phases(uid, namespace, name, devices, write):
+            return devices
+        log.info(
+            "prepared claim %s/%s (%s): MIG instances %s",
+            namespace,
+            name,
+            uid,
+            ", ".join(
+                f"{s.device} ({mig.profile}, {mig.uuid})"
+                for s, (_, mig) in zip(shares, instances, strict=True)
+            ),
+        )
+        return devices
+
+    def _in_two_phases(
+        self, uid: str, namespace: str, name: str, devices: list[PreparedDevice], write: Callable[[], None]
+    ) -> bool:
+        """Record PrepareStarted, ``write`` the side effects, record PrepareCompleted, under the claim's
+        lock; False (nothing done) when the claim is already completed with the same devices."""
+        with self._claim_lock(uid):
+            record = self.records().get(uid)
+            if record is not None and record.state == PREPARE_COMPLETED and list(record.devices) == devices:
+                return False
+            self.reached("before-checkpoint")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
+            self.reached("after-checkpoint")
+            write()
+            self.reached("after-cdi")
+            self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
+        return True
+
+    def _devices(
+        self, uid: str, shares: Sequence[allocation.Share], gpus: Mapping[str, Gpu]
+    ) -> list[PreparedDevice]:
         out = []
         for share in shares:
-            gpu = self._gpus[share.device]
+            gpu = gpus[share.device]
             ours = cdi.CdiDevice(cdi.device_name(uid, share.device, share.share_id), gpu.uuid)
             out.append(
                 PreparedDevice(
@@ -117,20 +214,23 @@ class DeviceState:
         return out
 
     def _write_side_effects(
-        self, uid: str, namespace: str, name: str, shares: Sequence[allocation.Share]
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        shares: Sequence[allocation.Share],
+        gpus: Mapping[str, Gpu],
     ) -> None:
         files = claim_files.claim_files(self._config.claims_dir, uid)
-        limits = [
-            GpuLimit(self._gpus[g.device].uuid, g.memory_bytes, g.cores) for g in allocation.limits(shares)
-        ]
+        limits = [GpuLimit(gpus[g.device].uuid, g.memory_bytes, g.cores) for g in allocation.limits(shares)]
         claim_files.write(
             files, namespace, name, uid, limits, self._driver.container_cuda, self._driver.container_nvml
         )
         cdi_devices = [
             cdi.CdiDevice(
                 cdi.device_name(uid, s.device, s.share_id),
-                self._gpus[s.device].uuid,
-                self._driver.gpu_device_nodes(self._gpus[s.device].minor_number),
+                gpus[s.device].uuid,
+                self._driver.gpu_device_nodes(gpus[s.device].minor_number),
             )
             for s in shares
         ]

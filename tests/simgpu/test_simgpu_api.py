@@ -75,7 +75,7 @@ status = ctypes.c_int(-1)
 found = cu.cuGetProcAddress_v2(b"cuMemcpy2D", ctypes.byref(fn), 12000, 0, ctypes.byref(status))
 n.nvmlInit()
 try:
-    n.nvmlDeviceGetMigMode(n.nvmlDeviceGetHandleByIndex(0))
+    n.nvmlDeviceGetPersistenceMode(n.nvmlDeviceGetHandleByIndex(0))
     mig = "supported"
 except n.NVMLError_NotSupported:
     mig = "not supported"

@@ -13,6 +13,7 @@ from simgpu.config import (
     GiB,
     GpuFaults,
     GpuSpec,
+    MigInstance,
     NodeSpec,
     gpu_uuid,
     library_dir,
@@ -52,6 +53,8 @@ def test_write_config_is_atomic_and_renders_every_field(tmp_path: Path) -> None:
         power_limit_watts=400,
         temperature_c=41,
         faults=GpuFaults(fail_alloc=3, lost=True),
+        mig_mode=True,
+        mig=(MigInstance("2g.10gb", "MIG-0123abcd-4567-89ab-cdef-0123456789ab", 10 * GiB),),
     )
     spec = NodeSpec(
         state_file=Path("/run/simgpu/w.state"),
@@ -88,6 +91,12 @@ temperature_c = 41
 fail_alloc = 3
 lost = true
 nvml_hang = false
+mig_mode = true
+
+[mig]
+profile = 2g.10gb
+uuid = MIG-0123abcd-4567-89ab-cdef-0123456789ab
+memory_bytes = 10737418240
 
 [kernels]
 simgpu_sleep_ns = param0

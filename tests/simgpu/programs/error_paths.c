@@ -247,6 +247,13 @@ static void nvml(void)
     LOAD(lib, nvmlDeviceGetUtilizationRates);
     LOAD(lib, nvmlDeviceGetComputeRunningProcesses_v3);
     LOAD(lib, nvmlDeviceGetProcessUtilization);
+    LOAD(lib, nvmlDeviceGetMigMode);
+    LOAD(lib, nvmlDeviceGetMaxMigDeviceCount);
+    LOAD(lib, nvmlDeviceGetMigDeviceHandleByIndex);
+    LOAD(lib, nvmlDeviceIsMigDeviceHandle);
+    LOAD(lib, nvmlDeviceGetDeviceHandleFromMigDeviceHandle);
+    LOAD(lib, nvmlDeviceGetGpuInstanceId);
+    LOAD(lib, nvmlDeviceGetComputeInstanceId);
 
     unsigned int count = 0, value = 0;
     int major = 0, minor = 0;
@@ -299,8 +306,26 @@ static void nvml(void)
         ROW(p_nvmlDeviceGetComputeRunningProcesses_v3(dev, NULL, NULL),
             NVML_ERROR_INVALID_ARGUMENT),
         ROW(p_nvmlDeviceGetProcessUtilization(dev, NULL, NULL, 0), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMigMode(dev, NULL, &value), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMigMode(dev, &value, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMaxMigDeviceCount(dev, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMigDeviceHandleByIndex(dev, 0, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceIsMigDeviceHandle(dev, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(dev, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetGpuInstanceId(dev, NULL), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetComputeInstanceId(dev, NULL), NVML_ERROR_INVALID_ARGUMENT),
     };
     check(null_args, sizeof null_args / sizeof null_args[0]);
+
+    /* MIG queries on a GPU that is not in MIG mode, and MIG-device queries on a GPU handle. */
+    nvmlDevice_t other = NULL;
+    const struct row not_mig[] = {
+        ROW(p_nvmlDeviceGetMigDeviceHandleByIndex(dev, 0, &other), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(dev, &other), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetGpuInstanceId(dev, &value), NVML_ERROR_NOT_SUPPORTED),
+        ROW(p_nvmlDeviceGetComputeInstanceId(dev, &value), NVML_ERROR_NOT_SUPPORTED),
+    };
+    check(not_mig, sizeof not_mig / sizeof not_mig[0]);
 
     /* A NULL device handle is an invalid argument to every device query. */
     const struct row null_device[] = {
@@ -322,6 +347,14 @@ static void nvml(void)
         ROW(p_nvmlDeviceGetUtilizationRates(NULL, &util), NVML_ERROR_INVALID_ARGUMENT),
         ROW(p_nvmlDeviceGetComputeRunningProcesses_v3(NULL, &value, NULL),
             NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMigMode(NULL, &value, &value), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMaxMigDeviceCount(NULL, &value), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetMigDeviceHandleByIndex(NULL, 0, &dev), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceIsMigDeviceHandle(NULL, &value), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(NULL, &dev),
+            NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetGpuInstanceId(NULL, &value), NVML_ERROR_INVALID_ARGUMENT),
+        ROW(p_nvmlDeviceGetComputeInstanceId(NULL, &value), NVML_ERROR_INVALID_ARGUMENT),
     };
     check(null_device, sizeof null_device / sizeof null_device[0]);
     EXPECT_EQ(p_nvmlShutdown(), NVML_SUCCESS);

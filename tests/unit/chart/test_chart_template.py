@@ -14,6 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from tessera.names import MIG_DEVICE_CLASS
 from testbed.chart_bed import node_layout_values
 from tests.chart_helm import CHART, HelmError, find, helm, kinds, render
 
@@ -133,10 +134,23 @@ def test_the_default_install_has_every_component(default: list[dict[str, Any]]) 
     assert not kinds(default) & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Issuer", "Certificate"}
     # No Secret: the webhook makes its serving and client certificates (no key material renders).
     assert "Secret" not in kinds(default)
-    device_class = find(default, "DeviceClass")
-    assert device_class["metadata"]["name"] == "gpu.tessera.dev"
-    assert device_class["spec"]["selectors"] == [
-        {"cel": {"expression": "device.driver == 'gpu.tessera.dev'"}}
+    shares = find(default, "DeviceClass", "gpu.tessera.dev")
+    assert shares["spec"]["selectors"] == [
+        {
+            "cel": {
+                "expression": "device.driver == 'gpu.tessera.dev' && "
+                "device.attributes['gpu.tessera.dev'].type == 'gpu'"
+            }
+        }
+    ]
+    mig = find(default, "DeviceClass", MIG_DEVICE_CLASS)
+    assert mig["spec"]["selectors"] == [
+        {
+            "cel": {
+                "expression": "device.driver == 'gpu.tessera.dev' && "
+                "device.attributes['gpu.tessera.dev'].type == 'mig'"
+            }
+        }
     ]
 
 
