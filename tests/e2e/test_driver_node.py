@@ -181,9 +181,10 @@ def limit_script(limit: int) -> str:
     )
 
 
-def claim_of(kube: client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
+def claim_of(kube: client.ApiClient, namespace: str, pod: str, entry: str = "gpu") -> dict[str, Any]:
+    """The ResourceClaim made for the pod's claim entry ``entry``."""
     core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
-    name = generated_claim_name(core.read_namespaced_pod(pod, namespace), "gpu")
+    name = generated_claim_name(core.read_namespaced_pod(pod, namespace), entry)
     assert name is not None
     return raw_json(resource.read_namespaced_resource_claim(name, namespace, _preload_content=False))
 

@@ -1,6 +1,6 @@
 """Static MIG on a real node: one simulated GPU in MIG mode, one whole. The daemon publishes the
-instances and the other GPU as a share; a pod whose claim is exactly what the webhook writes for
-``nvidia.com/mig-1g.10gb: 1`` runs on an instance through the real kubelet and containerd and sees
+instances and the other GPU as a share; a pod written for HAMi, asking ``nvidia.com/mig-1g.10gb: 1``,
+is converted by the webhook and runs on an instance through the real kubelet and containerd and sees
 only that instance's memory, with no shim, while a share pod keeps running on the other GPU; a
 mode switch while the daemon runs republishes the slice.
 """
@@ -36,6 +36,7 @@ from tests.e2e.test_driver_node import (
     run_share_pod,
     wait_done,
 )
+from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.e2e
 
@@ -124,61 +125,51 @@ def test_the_slice_has_the_instances_and_the_other_gpu_as_a_share(
     assert [g.uuid for g in published_gpus([published])] == [gpu1.uuid]
 
 
+@pytest.fixture(scope="module")
+def webhook(cluster: LocalCluster, kube: client.ApiClient, mig_node: GpuNode) -> Iterator[RunningWebhook]:
+    running = RunningWebhook(kube, cluster)
+    yield running
+    running.stop()
+
+
 def mig_pod(
     kube: client.ApiClient, namespace: str, node: GpuNode, name: str, profile: str, script: str
-) -> None:
-    """A pod whose claim template is exactly what the webhook writes for nvidia.com/mig-<profile>: 1
-    (CONTRACTS.md), running ``script`` in the probe image."""
-    selector = f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'
-    template = {
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "mig",
-                            "exactly": {
-                                "deviceClassName": MIG_DEVICE_CLASS,
-                                "allocationMode": "ExactCount",
-                                "count": 1,
-                                "selectors": [{"cel": {"expression": selector}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-    client.ResourceV1Api(kube).create_namespaced_resource_claim_template(
-        namespace, client.V1ResourceClaimTemplate.model_validate(template)
-    )
+) -> dict[str, Any]:
+    """A pod as a HAMi user writes it, asking ``nvidia.com/mig-<profile>: 1`` and running ``script``
+    in the probe image; created through the API server, so the webhook converts it. Returns the pod
+    as stored."""
     pod = {
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node.name},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
             "containers": [
                 {
                     "name": "probe",
                     "image": PROBE_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["/bin/sh", "-c", script],
-                    "resources": {"claims": [{"name": "gpu"}]},
+                    "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}},
                 }
             ],
         },
     }
-    client.CoreV1Api(kube).create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+    return dict(
+        raw_json(
+            client.CoreV1Api(kube).create_namespaced_pod(
+                namespace, client.V1Pod.model_validate(pod), _preload_content=False
+            )
+        )
+    )
 
 
 def test_a_mig_pod_sees_only_its_instance_while_a_share_keeps_running_on_the_other_gpu(
-    mig_node: GpuNode, kube: client.ApiClient, namespace: str
+    mig_node: GpuNode, webhook: RunningWebhook, kube: client.ApiClient, namespace: str
 ) -> None:
-    """The share pod (20Gi, 30 cores on GPU 1) starts first and stays within its claim; the MIG pod
-    is allocated a 1g.10gb instance, sees 10 GiB as the device's total and free memory, cannot
+    """The share pod (20Gi, 30 cores on GPU 1) starts first and stays within its claim; the MIG pod,
+    written for HAMi (``nvidia.com/mig-1g.10gb: 1``), is converted by the webhook and allocated a
+    1g.10gb instance, sees 10 GiB as the device's total and free memory, cannot
     allocate past it (CUDA_ERROR_OUT_OF_MEMORY from the simulated hardware, not a shim: none is
     preloaded), can allocate all of it, and names its instance in CUDA_VISIBLE_DEVICES."""
     gpu0, gpu1 = mig_node.driver.simgpu.spec.gpus
@@ -200,7 +191,11 @@ def test_a_mig_pod_sees_only_its_instance_while_a_share_keeps_running_on_the_oth
         "echo '== preload'; if [ -e /etc/ld.so.preload ]; then echo preload=yes; else echo preload=no; fi; "
         f"echo '{DONE}'; exec sleep 3600"
     )
-    mig_pod(kube, namespace, mig_node, "mig", "1g.10gb", script)
+    webhook.wait_effective(namespace)
+    created = mig_pod(kube, namespace, mig_node, "mig", "1g.10gb", script)
+    (container,) = created["spec"]["containers"]
+    assert "nvidia.com/mig-1g.10gb" not in (container["resources"].get("limits") or {})
+    assert container["resources"]["claims"] == [{"name": "tessera-probe"}]
     log = wait_done(kube, namespace, "mig")
     seen = sections(log)
     assert "total" in seen["info"], log
@@ -211,14 +206,14 @@ def test_a_mig_pod_sees_only_its_instance_while_a_share_keeps_running_on_the_oth
     assert int(seen["info"]["free"]) == instance_memory, seen
     assert (seen["over"]["rc"], seen["fits"]["rc"]) == ("2", "0"), seen
     assert seen["preload"]["preload"] == "no", seen
-    (result,) = claim_of(kube, namespace, "mig")["status"]["allocation"]["devices"]["results"]
+    (result,) = claim_of(kube, namespace, "mig", "tessera-probe")["status"]["allocation"]["devices"][
+        "results"
+    ]
     allocated = next(i for i in gpu0.mig if result["device"] == "mig-" + i.uuid.lower().removeprefix("mig-"))
     assert allocated.profile == "1g.10gb"
     assert seen["env"] == {"visible": allocated.uuid, "nvidia": allocated.uuid}, seen
-    spec_file = (
-        mig_node.node.paths.cdi_dir
-        / f"k8s.gpu.tessera.dev-claim_{claim_of(kube, namespace, 'mig')['metadata']['uid']}.json"
-    )
+    claim_uid = claim_of(kube, namespace, "mig", "tessera-probe")["metadata"]["uid"]
+    spec_file = mig_node.node.paths.cdi_dir / f"k8s.gpu.tessera.dev-claim_{claim_uid}.json"
     mounted = [m["containerPath"] for m in json.loads(spec_file.read_text())["containerEdits"]["mounts"]]
     assert not [m for m in mounted if m.startswith("/usr/local/tessera/shim") or m.startswith("/run/tessera")]
 
