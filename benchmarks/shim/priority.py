@@ -14,8 +14,9 @@ priority board (as prepare lays them out, without Kubernetes):
 Per scenario and repeat, three runs of SECONDS each, both processes started together: the high
 claim alone; beside the low one with both at the default (low) priority; and with the high claim
 at priority 0. The low claim alone is run too, so its share next to the high one reads as a cost.
-Scenarios: "steady" (1 ms kernels, 0.2 ms gap: a server that is always busy), "capped" (the same
-with the high claim capped at 50 % and the low one at 40 %: shares stay within the caps) and
+Scenarios: "steady" (1 ms kernels, 0.2 ms gap: a server that is always busy), "capped" (1 ms
+kernels, 1.5 ms gap, the high claim capped at 60 % - above its demand - and the low one at 30 %:
+shares stay within the caps) and
 "bursty" (1 ms kernels, 20 ms gap, longer than the board's 5 ms linger: each high kernel arrives
 after an idle gap, when low kernels are already queued - what priority cannot remove, shown).
 The issue's bar: steady, with priority, high p99 <= 1.5x its p99 alone (simulated driver).
@@ -41,6 +42,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED = ["tessera/shim", "simgpu/src", "include/cuda-abi", "tests/shim/programs"]
 LOW_KERNEL_NS = 2_000_000
 BAR = 1.5
+CAP_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("steady", 1_000_000, 200_000, 0, 0),
-    Scenario("capped", 1_000_000, 200_000, 50, 40),
+    Scenario("capped", 1_000_000, 1_500_000, 60, 30),
     Scenario("bursty", 1_000_000, 20_000_000, 0, 0),
 ]
 
@@ -195,11 +197,16 @@ def write(raw: dict[str, dict[str, list[dict[str, float]]]], args: argparse.Name
                 for mode in ("no-priority", "priority")
                 for row in r[mode]
                 for who, cap in (("high", s.high_cores), ("low", s.low_cores))
-                if row[f"{who}_share"] > cap + 0.5
+                if row[f"{who}_share"] > cap + CAP_SLACK
             ]
             verdicts.append(
-                "- Caps (capped scenario, every run): "
-                + ("no share above its cap + 0.5 points." if not over else f"above the cap: {over}.")
+                f"- Caps (capped scenario, every run beside the other claim): "
+                + (
+                    f"no share above its cap + {CAP_SLACK} point (the 10 ms start-up burst is "
+                    f"{1000 * 0.01 / args.seconds / 10:.1f} points of a {args.seconds} s run)."
+                    if not over
+                    else f"above the cap + {CAP_SLACK}: {over}."
+                )
             )
     lines += ["", *verdicts, ""]
     (RESULTS / "priority.md").write_text("\n".join(lines) + "\n")
