@@ -4,8 +4,8 @@ Two products, one set of C sources (tessera/shim/src, tessera/shim/include/tesse
 
 * ``tessera.shim._format`` - a cffi extension module compiling ``limits.c``, ``region.c``,
   ``priority_board.c`` and ``region_read.c`` (the exporter's copy-only reader), so the driver
-  (writing limits files, creating usage regions and priority boards), the exporter (reading them) and the tests use the very code the shim
-  uses. ``setup.py`` names :data:`ffibuilder` in
+  (writing limits files, creating usage regions and priority boards), the exporter (reading them)
+  and the tests use the very code the shim uses. ``setup.py`` names :data:`ffibuilder` in
   ``cffi_modules``.
 * ``libtessera-cuda.so`` (soname ``libcuda.so.1``) and ``libtessera-nvml.so`` (soname
   ``libnvidia-ml.so.1``) - the preload libraries. They do not link Python. Each carries a

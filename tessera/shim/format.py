@@ -1,8 +1,9 @@
 """The limits file and the usage region, through the shim's own C code (cffi).
 
 The driver writes a claim's limits with :func:`write_limits`, creates its usage region with
-:func:`create_region` and each shared GPU's priority board with :func:`create_board`; the exporter and the tests read usage with :func:`read_region`, a private
-copy of the file that nothing its tenants write into it can turn into a fault.
+:func:`create_region` and each shared GPU's priority board with :func:`create_board`; the
+exporter and the tests read usage with :func:`read_region`, a private copy of the file that
+nothing its tenants write into it can turn into a fault.
 The text and binary layouts are defined once, in ``shim/include/tessera_shim.h``, and parsed and
 produced by the same functions the shim links, so the two sides cannot drift apart.
 """
@@ -137,7 +138,8 @@ def create_region(path: Path) -> Path:
 
 def create_board(path: Path) -> Path:
     """Create a GPU's priority board (read by every shared container on that GPU, written by the
-    high-priority ones); one found scribbled on is replaced. Idempotent."""
+    high-priority ones) if nothing is there; an existing one is kept as it is, since containers
+    have it mounted (a high-priority launch rewrites one that was scribbled on). Idempotent."""
     err = _err()
     if _lib.tessera_board_create(str(path).encode(), err, 600) != 0:
         raise RegionError(_ffi.string(err).decode())

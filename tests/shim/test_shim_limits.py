@@ -259,6 +259,8 @@ def test_priority_round_trips_and_old_files_read_as_low_priority() -> None:
     text = format_limits(limits)
     assert f"{UUID} memory=1 cores=0 priority=0\n" in text
     assert parse_limits(text) == limits
-    assert parse_limits(f"tessera-limits 1\n{UUID} memory=1 cores=0\n") == [GpuLimit(UUID, 1, 0, PRIORITY_LOW)]
-    with pytest.raises(LimitsError, match="priority must be 0 .high. or 1 .low."):
+    assert parse_limits(f"tessera-limits 1\n{UUID} memory=1 cores=0\n") == [
+        GpuLimit(UUID, 1, 0, PRIORITY_LOW)
+    ]
+    with pytest.raises(LimitsError, match=r"priority must be 0 \(high\) or 1 \(low\)"):
         format_limits([GpuLimit(UUID, 1, 0, 2)])

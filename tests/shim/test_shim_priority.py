@@ -55,9 +55,10 @@ def scribble(board: Path, heartbeat: int, busy_until: int) -> None:
     board.write_bytes(BOARD.pack(b"TSRPRI1\0", 1, 64, heartbeat, busy_until, 0, b"\0" * 24))
 
 
-def test_board_is_created_once_readable_and_replaced_when_scribbled_on(tmp_path: Path) -> None:
-    """A new board holds no one; creating it again keeps it; one that is not a board any more
-    (a writer truncated or overwrote it) is not believed, and the driver's create replaces it."""
+def test_board_is_created_once_and_kept(tmp_path: Path) -> None:
+    """A new board holds no one; creating it again keeps what is there (containers have that
+    inode mounted), even a board a writer scribbled on, which then reads as no board; something
+    other than a file at the path is refused."""
     board = create_board(tmp_path / "GPU-1")
     assert (board.stat().st_mode & 0o777) == 0o666
     first = read_board(board)
@@ -67,13 +68,15 @@ def test_board_is_created_once_readable_and_replaced_when_scribbled_on(tmp_path:
     assert read_board(board) == first.__class__(5, 6, 0, 0)
     for junk in (b"", b"x" * 64, b"TSRPRI1\0" + b"\0" * 10):
         board.write_bytes(junk)
-        assert read_board(board) is None
         create_board(board)
-        assert read_board(board) == first
+        assert read_board(board) is None and board.read_bytes() == junk
     board.unlink()
     board.mkdir()
-    with pytest.raises(RegionError):
+    with pytest.raises(RegionError, match="not a regular file"):
         create_board(board)
+    (tmp_path / "GPU-2").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RegionError, match="not a regular file"):
+        create_board(tmp_path / "GPU-2")
 
 
 def test_what_a_reader_believes_is_bounded(tmp_path: Path) -> None:
@@ -132,7 +135,9 @@ def test_a_dead_or_lying_high_priority_tenant_holds_no_one_for_ever(
     """A board left saying "busy for an hour" (a high-priority process killed mid-burst, or one
     writing whatever it likes) holds a low-priority claim back only until the bounded hold
     expires: its launches then run, and one that comes later is not held at all."""
-    low, board = with_priority(make_claim(limits=[(0, None, 0)], name="low"), tmp_path / "boards", PRIORITY_LOW)
+    low, board = with_priority(
+        make_claim(limits=[(0, None, 0)], name="low"), tmp_path / "boards", PRIORITY_LOW
+    )
     now = now_ns()
     scribble(board, now, now + 3600_000_000_000)
     first = low.run("shim_probe", "duty", "1000000", "0.2", "2")
@@ -151,17 +156,20 @@ def test_a_board_that_is_not_one_holds_no_one_and_faults_no_one(
     make_claim: ClaimFactory, tmp_path: Path
 ) -> None:
     """A high-priority tenant that truncates the board (which would fault every process that had
-    mapped it) or fills it with junk: low-priority processes run on, unheld; so do high-priority
-    ones, which just publish nothing."""
+    mapped it) or fills it with junk: low-priority processes run on, unheld, and the next
+    high-priority launch writes a whole board again."""
     boards = tmp_path / "boards"
     low, board = with_priority(make_claim(limits=[(0, None, 0)], name="low"), boards, PRIORITY_LOW)
     high, _ = with_priority(make_claim(limits=[(0, None, 0)], name="high"), boards, PRIORITY_HIGH)
     for junk in (b"", b"\xff" * 64):
         board.write_bytes(junk)
-        for claim in (low, high):
-            done = claim.run("shim_probe", "duty", "1000000", "0.1", "2")
-            assert done.returncode == 0, done.stderr
-    assert held(low) == (0, 0)
+        done = low.run("shim_probe", "duty", "1000000", "0.1", "2")
+        assert done.returncode == 0, done.stderr
+        assert held(low) == (0, 0)
+        done = high.run("shim_probe", "duty", "1000000", "0.1", "2")
+        assert done.returncode == 0, done.stderr
+        healed = read_board(board)
+        assert healed is not None and healed.high_launches == int(values(done.stdout)["launched"])
 
 
 def test_caps_hold_with_priority(make_claim: ClaimFactory, tmp_path: Path) -> None:

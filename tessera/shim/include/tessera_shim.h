@@ -242,7 +242,7 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
  *
  * Nobody maps it: writers and readers use pwrite/pread of the whole 64 bytes, so a writer that
  * truncates or scribbles on the file can make no other process fault, only make its reads fail
- * the header check (no hold). A reader trusts nothing in it: a heartbeat in the future is
+ * the header check (no hold) until the next high-priority launch writes a whole board again. A reader trusts nothing in it: a heartbeat in the future is
  * garbage, busy_until counts at most TESSERA_BOARD_MAX_AHEAD_NS past the heartbeat, and the hold
  * ends TESSERA_BOARD_LINGER_NS after that - so a dead high-priority process holds nobody back
  * for longer than their sum, and a live one only while it keeps writing.
@@ -265,9 +265,9 @@ struct tessera_priority_board {
     uint8_t reserved[24];
 };
 
-/* Create the board at `path` if missing (written aside, then linked into place; mode 0666 so a
- * high-priority container of any uid can write it). Returns 0 if created or present and valid,
- * -1 with a reason. */
+/* Create the board at `path` if nothing is there (written aside, then linked into place; mode
+ * 0666 so a high-priority container of any uid can write it). An existing regular file is kept
+ * as it is (containers have it mounted). Returns 0, or -1 with a reason. */
 int tessera_board_create(const char *path, char *err, size_t errlen);
 
 /* Read the board from `fd` (pread). Returns 0, or -1 if it is not a well-formed board. */
@@ -277,8 +277,8 @@ int tessera_board_read(int fd, struct tessera_priority_board *out);
  * may be believed (see above); 0 when they need not. */
 uint64_t tessera_board_hold_until(const struct tessera_priority_board *b, uint64_t now);
 
-/* Publish a high-priority launch at `now` whose kernels should end at `busy_until`. Returns 0,
- * or -1 if the board cannot be read or written. */
+/* Publish a high-priority launch at `now` whose kernels should end at `busy_until` (a board that
+ * does not read back as one is written whole again). Returns 0, or -1 if it cannot be written. */
 int tessera_board_publish(int fd, uint64_t now, uint64_t busy_until);
 
 /* CLOCK_MONOTONIC in nanoseconds (the region's time base). */

@@ -127,5 +127,5 @@ void shim_priority_publish(int board, int64_t expect_ns)
     while (!__atomic_compare_exchange_n(&b->queue_end, &end, next, true, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED));
     if (tessera_board_publish(b->fd, now, next) != 0)
-        SHIM_DEBUG("a priority board could not be read or written: this launch is not published");
+        SHIM_DEBUG("a priority board could not be written: this launch is not published");
 }

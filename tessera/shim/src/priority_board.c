@@ -44,19 +44,17 @@ int tessera_board_read(int fd, struct tessera_priority_board *out)
 
 int tessera_board_create(const char *path, char *err, size_t errlen)
 {
-    int existing = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (existing >= 0) {
-        struct tessera_priority_board b;
-        struct stat st;
-        int ok = fstat(existing, &st) == 0 && S_ISREG(st.st_mode) &&
-                 tessera_board_read(existing, &b) == 0;
-        close(existing);
-        if (ok)
-            return 0;
-        /* Scribbled on by a writer: replaced below with a fresh one. */
-    } else if (errno != ENOENT) {
-        return tessera_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    /* An existing board is kept whatever it holds: running containers have its inode mounted,
+     * and a replacement would split the GPU's tenants between two boards. A high-priority
+     * writer heals one that does not read back as a board (tessera_board_publish). */
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            return tessera_fail(err, errlen, "%s: not a regular file", path);
+        return 0;
     }
+    if (errno != ENOENT)
+        return tessera_fail(err, errlen, "%s: cannot inspect: %s", path, strerror(errno));
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
     if (tmp == NULL)
@@ -77,12 +75,12 @@ int tessera_board_create(const char *path, char *err, size_t errlen)
                  : -1;
     int e = errno;
     close(fd);
-    if (rc == 0 && rename(tmp, path) != 0) {
+    /* link, not rename: of two creators racing, the first board stays. */
+    if (rc == 0 && link(tmp, path) != 0 && errno != EEXIST) {
         e = errno;
         rc = -1;
     }
-    if (rc != 0)
-        unlink(tmp);
+    unlink(tmp);
     free(tmp);
     if (rc != 0)
         return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
@@ -107,18 +105,18 @@ int tessera_board_publish(int fd, uint64_t now, uint64_t busy_until)
 {
     struct tessera_priority_board b;
     if (tessera_board_read(fd, &b) != 0)
-        return -1;
+        board_init(&b); /* truncated or scribbled on: write a whole board again */
     /* Another high-priority launch may already hold the GPU for longer: keep the later end. A
      * race between two writers can lose the later one until its next launch; the linger covers
      * the gap, and nothing worse than a shorter hold can come of it. */
     if (b.busy_until_ns > busy_until && b.busy_until_ns <= now + TESSERA_BOARD_MAX_AHEAD_NS)
         busy_until = b.busy_until_ns;
-    struct {
-        uint64_t heartbeat_ns, busy_until_ns, high_launches;
-    } fields = {now, busy_until, b.high_launches + 1};
+    b.heartbeat_ns = now;
+    b.busy_until_ns = busy_until;
+    b.high_launches++;
     ssize_t put;
     do
-        put = pwrite(fd, &fields, sizeof fields, offsetof(struct tessera_priority_board, heartbeat_ns));
+        put = pwrite(fd, &b, sizeof b, 0);
     while (put < 0 && errno == EINTR);
-    return put == (ssize_t)sizeof fields ? 0 : -1;
+    return put == (ssize_t)sizeof b ? 0 : -1;
 }
