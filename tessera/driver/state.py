@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.driver import allocation, cdi, checkpoint, claim_files
+from tessera.driver import allocation, cdi, checkpoint, claim_files, share_config
 from tessera.driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, PreparedDevice
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import ContainerDriver
-from tessera.driver.devices import device_name
+from tessera.driver.devices import device, device_name
 from tessera.driver.discovery import Gpu
+from tessera.names import MEMORY_CAPACITY
 from tessera.shim.format import GpuLimit
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class DeviceState:
         meta = claim["metadata"]
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
         shares = allocation.shares(claim, self._config.driver_name, self._config.pool_name, list(self._gpus))
+        capacity = {
+            name: int(device(gpu)["capacity"][MEMORY_CAPACITY]["value"]) for name, gpu in self._gpus.items()
+        }
+        settings = share_config.settings(claim, self._config.driver_name, shares, capacity)
         devices = self._devices(uid, shares)
         with self._claim_lock(uid):
             record = self.records().get(uid)
@@ -86,7 +91,7 @@ class DeviceState:
             self.reached("before-checkpoint")
             self._record(ClaimRecord(uid, namespace, name, PREPARE_STARTED, tuple(devices)))
             self.reached("after-checkpoint")
-            self._write_side_effects(uid, namespace, name, shares)
+            self._write_side_effects(uid, namespace, name, shares, settings)
             self.reached("after-cdi")
             self._record(ClaimRecord(uid, namespace, name, PREPARE_COMPLETED, tuple(devices)))
         log.info(
@@ -95,8 +100,11 @@ class DeviceState:
             name,
             uid,
             ", ".join(
-                f"{s.device} memory={s.memory_bytes} cores={s.cores} share={s.share_id}" for s in shares
-            ),
+                f"{s.device} memory={s.memory_bytes} cores={s.cores} share={s.share_id} "
+                f"priority={settings.priorities[s.device]}"
+                for s in shares
+            )
+            + ("" if settings.enforced else "; enforcement off (whole GPUs, no shim)"),
         )
         return devices
 
@@ -117,14 +125,35 @@ class DeviceState:
         return out
 
     def _write_side_effects(
-        self, uid: str, namespace: str, name: str, shares: Sequence[allocation.Share]
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        shares: Sequence[allocation.Share],
+        settings: share_config.ClaimSettings,
     ) -> None:
         files = claim_files.claim_files(self._config.claims_dir, uid)
         limits = [
-            GpuLimit(self._gpus[g.device].uuid, g.memory_bytes, g.cores) for g in allocation.limits(shares)
+            GpuLimit(self._gpus[g.device].uuid, g.memory_bytes, g.cores, settings.priorities[g.device])
+            for g in allocation.limits(shares)
         ]
         claim_files.write(
-            files, namespace, name, uid, limits, self._driver.container_cuda, self._driver.container_nvml
+            files,
+            namespace,
+            name,
+            uid,
+            limits,
+            self._driver.container_cuda,
+            self._driver.container_nvml,
+            enforced=settings.enforced,
+        )
+        boards = (
+            [
+                (claim_files.board(self._config.state_dir, g.uuid), g.priority == share_config.PRIORITY_HIGH)
+                for g in limits
+            ]
+            if settings.enforced
+            else []
         )
         cdi_devices = [
             cdi.CdiDevice(
@@ -142,6 +171,8 @@ class DeviceState:
             self._driver.common_device_nodes,
             self._config.container_env,
             self._config.container_mounts,
+            boards,
+            enforced=settings.enforced,
         )
         cdi.write(self._config.cdi_dir, uid, spec)
 
