@@ -252,7 +252,7 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
 #define TESSERA_BOARD_MAGIC "TSRPRI1" /* 8 bytes with the NUL */
 #define TESSERA_BOARD_VERSION 1
 #define TESSERA_BOARD_MAX_AHEAD_NS 100000000ULL /* 100 ms */
-#define TESSERA_BOARD_LINGER_NS 5000000ULL      /* 5 ms */
+#define TESSERA_BOARD_LINGER_NS 20000000ULL     /* 20 ms (priority.c says why) */
 #define TESSERA_BOARD_SKEW_NS 1000000ULL        /* a heartbeat this far ahead is garbage */
 
 struct tessera_priority_board {

@@ -11,9 +11,11 @@
  *    launch's expected duration (the compute controller's estimate of its shape, compute.c).
  *  - A low-priority launch reads the board and, while a high-priority kernel should still be
  *    running or ended less than TESSERA_BOARD_LINGER_NS ago, sleeps until then and looks again.
- *    The linger keeps low-priority work out of the short gaps in which a high-priority process
- *    synchronises and launches its next kernel; without it every such gap lets a low kernel in
- *    ahead of the next high one.
+ *    The linger keeps low-priority work out of the gaps in which a high-priority process
+ *    synchronises, does its host work and launches its next kernel - gaps that grow by whatever
+ *    time it waits for a CPU; every gap longer than the linger lets low kernels in ahead of the
+ *    next high one. 20 ms, not 5: on the benchmark's loaded machine 5 ms let them in often enough
+ *    to double a high-priority claim's p99 (benchmarks/shim/results/priority.md).
  *  - A clear board is believed for CHECK_NS, so a low-priority process reads the file at most
  *    once per CHECK_NS while no high-priority neighbour is busy.
  *  - A low-priority launch waits at most SHIM_PRIORITY_MAX_HOLD_NS: a high-priority neighbour
