@@ -7,7 +7,7 @@ holding two shares of one GPU gets two distinct devices (kubernetes#134519). Wha
 the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, its GPUs'
 priority boards, the environment) sits in the spec-wide edits, applied once whichever of the claim's
 devices a container names. A claim with enforcement off (whole GPUs, share_config.py) gets its GPUs
-and nothing of the shim.
+and the driver's libraries, nothing of the shim.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def spec(
     spec mounts itself (empty when NVIDIA's toolkit spec provides them). ``boards``: each GPU's
     priority board (named by the GPU's UUID) and whether this claim may write it (high priority);
     the rest mount it read-only, so a low-priority tenant cannot raise itself. Not ``enforced``:
-    the GPUs without the shim, its files or its variables."""
+    the GPUs without the shim, its files or its variables; the claim's ld.so.preload then names
+    the driver's libraries themselves."""
     visible = ",".join(gpu_uuids)
     shim_env = [f"{LIMITS_ENV}={CONTAINER_LIMITS}", f"{REGION_ENV}={CONTAINER_REGION}"]
     env = [
@@ -86,8 +87,9 @@ def spec(
         _mount(files.region, CONTAINER_REGION, read_only=False),
         *(_mount(board, CONTAINER_BOARDS / board.name, read_only=not writable) for board, writable in boards),
     ]
+    driver_preload = [_mount(files.preload, CONTAINER_PRELOAD, read_only=True)]
     mounts = [
-        *(shim_mounts if enforced else []),
+        *(shim_mounts if enforced else driver_preload),
         *(_mount(host, container, read_only=True) for container, host in sorted(libraries.items())),
         *(_mount(path, PurePosixPath(path), read_only=False) for path in extra_mounts),
     ]

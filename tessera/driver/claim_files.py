@@ -3,7 +3,8 @@ GPUs' priority boards beside the claims.
 
 One folder per claim, ``<state dir>/claims/<claim UID>/``, holds everything of that claim its
 containers mount, so unprepare removes one folder and nothing is left behind. A claim with
-enforcement off (a whole GPU, share_config.py) has only its identity there. Each shared GPU's
+enforcement off (a whole GPU, share_config.py) has only its identity and an ld.so.preload naming the
+driver's own libraries there. Each shared GPU's
 priority board, ``<state dir>/priority/<GPU UUID>``, outlives the claims: every shared container on
 the GPU mounts the same file (read-write only for high-priority claims). The limits file, the usage
 region and the boards are written only through ``tessera.shim.format`` (the shim's own C code),
@@ -90,12 +91,15 @@ def write(
     container_nvml: PurePosixPath,
     enforced: bool = True,
 ) -> None:
-    """Write (or rewrite, identically) the claim's folder; only its identity when not ``enforced``.
-    The usage region is created only if missing: a retried prepare must not reset what running
-    processes have recorded."""
+    """Write (or rewrite, identically) the claim's folder. The usage region is created only if
+    missing: a retried prepare must not reset what running processes have recorded. Not
+    ``enforced``: the identity, and an ld.so.preload that loads the driver's libraries where the
+    container sees them - what the shim's own DT_NEEDED would have loaded - so that a program's
+    ``dlopen("libcuda.so.1")`` finds them wherever the driver's mounts put them."""
     files.directory.mkdir(parents=True, exist_ok=True)
     write_atomically(files.identity, json.dumps({"namespace": namespace, "name": name, "uid": uid}))
     if not enforced:
+        write_atomically(files.preload, f"{container_cuda}\n{container_nvml}\n", mode=0o444)
         return
     shim_format.write_limits(files.limits, limits)
     shim_format.create_region(files.region)

@@ -1,8 +1,12 @@
-"""Task priority on a real node (kubelet, containerd, runc, the daemon, simulated GPUs): two pods
-share one GPU, one of them with a ShareConfig of priority 0. Inside the containers the GPU's
+"""A claim's ShareConfig on a real node (kubelet, containerd, runc, the daemon, simulated GPUs).
+
+Priority: two pods share one GPU, one of them with priority 0. Inside the containers the GPU's
 priority board is writable only by the high-priority one - a low-priority tenant that tries to
 write it is refused by the read-only mount - and the low-priority pod's launches are held back
 while the high-priority one keeps the GPU busy (its usage region counts the holds).
+
+Enforcement off on a whole GPU: the container runs CUDA on the driver's own libraries, with no
+shim, limits file or usage region in it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from tessera.shim import format as shim_format
 from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.node import NodeFactory
-from testbed.pod_state import generated_claim_name
+from testbed.pod_state import generated_claim_name, sections
 from tests.e2e.test_driver_node import DONE, PROBE_IMAGE, GpuNode, probe_image, wait_done
 
 pytestmark = pytest.mark.e2e
@@ -47,11 +51,18 @@ def gpu_node(
 
 
 def share_pod(
-    kube: client.ApiClient, namespace: str, node: GpuNode, name: str, priority: int | None, script: str
+    kube: client.ApiClient,
+    namespace: str,
+    node: GpuNode,
+    name: str,
+    config: dict[str, Any] | None,
+    script: str,
+    gpu: int = 0,
+    capacity: dict[str, str] | None = None,
 ) -> None:
-    """A pod with 1Gi of GPU 0 of ``node`` (and ``priority`` as its ShareConfig, as the webhook
-    writes it) running ``script`` in the probe image."""
-    uuid = node.gpu_uuid(0)
+    """A pod with ``capacity`` (1Gi) of GPU ``gpu`` of ``node`` and ``config`` as its ShareConfig
+    keys (as the webhook writes them), running ``script`` in the probe image."""
+    uuid = node.gpu_uuid(gpu)
     devices: dict[str, Any] = {
         "requests": [
             {
@@ -61,13 +72,13 @@ def share_pod(
                     "selectors": [
                         {"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].uuid == "{uuid}"'}}
                     ],
-                    "capacity": {"requests": {"memory": "1Gi"}},
+                    "capacity": {"requests": capacity or {"memory": "1Gi"}},
                 },
             }
         ]
     }
-    if priority is not None:
-        parameters = {"apiVersion": "gpu.tessera.dev/v1", "kind": "ShareConfig", "priority": priority}
+    if config is not None:
+        parameters = {"apiVersion": "gpu.tessera.dev/v1", "kind": "ShareConfig", **config}
         devices["config"] = [
             {"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
         ]
@@ -114,7 +125,12 @@ def test_only_the_high_priority_pod_writes_the_board_and_the_low_one_is_held_whi
     # The high-priority pod keeps the GPU busy in the background for longer than the low one runs.
     # (The byte its append check adds lies past the board's 64 bytes, which still read as a board.)
     share_pod(
-        kube, namespace, gpu_node, "high", 0, board_script(uuid, "shim_probe duty 2000000 60 2 >/dev/null &")
+        kube,
+        namespace,
+        gpu_node,
+        "high",
+        {"priority": 0},
+        board_script(uuid, "shim_probe duty 2000000 60 2 >/dev/null &"),
     )
     high_log = wait_done(kube, namespace, "high")
     assert "writable=1" in high_log and "append=ok" in high_log, high_log
@@ -135,3 +151,24 @@ def test_only_the_high_priority_pod_writes_the_board_and_the_low_one_is_held_whi
     assert usage.uuid == uuid and usage.holds > 0 and usage.held_ns > 0, usage
     board = shim_format.read_board(gpu_node.driver.state_dir / "priority" / uuid)
     assert board is not None and board.high_launches > 0
+
+
+def test_enforcement_off_on_a_whole_gpu_runs_cuda_without_the_shim(
+    gpu_node: GpuNode, kube: client.ApiClient, namespace: str
+) -> None:
+    script = (
+        "echo '== info'; shim_probe info; "
+        "echo '== preload'; cat /etc/ld.so.preload; "
+        "echo '== shim'; for p in /usr/local/tessera/shim /run/tessera/limits /run/tessera/usage; "
+        "do if [ -e $p ]; then echo present=$p; fi; done; "
+        f"echo '{DONE}'; exec sleep 3600"
+    )
+    whole = {"memory": "80Gi", "cores": "100"}
+    share_pod(kube, namespace, gpu_node, "whole", {"enforcement": "off"}, script, gpu=1, capacity=whole)
+    seen = sections(wait_done(kube, namespace, "whole"))
+    assert int(seen["info"]["total"]) == 80 << 30, seen
+    log = wait_done(kube, namespace, "whole")
+    preload = log.split("== preload", 1)[1].split("== shim")[0].split()
+    assert [p.rsplit("/", 1)[1] for p in preload] == ["libcuda.so.1", "libnvidia-ml.so.1"], log
+    assert "tessera/shim" not in " ".join(preload)
+    assert "present=" not in log.split("== shim", 1)[1], log

@@ -139,10 +139,14 @@ def test_enforcement_off_on_a_whole_gpu_prepares_it_without_the_shim_and_priorit
     spec = json.loads((driver_node.cdi_dir / f"k8s.gpu.tessera.dev-claim_{whole[2]}.json").read_text())
     edits = spec["containerEdits"]
     mounted = {m["containerPath"] for m in edits["mounts"]}
-    assert not mounted & {"/etc/ld.so.preload", "/usr/local/tessera/shim", "/run/tessera/limits"}
+    assert not mounted & {"/usr/local/tessera/shim", "/run/tessera/limits", "/run/tessera/usage"}
     assert not any(e.startswith("TESSERA_") for e in edits["env"])
     assert any(e.startswith("CUDA_VISIBLE_DEVICES=GPU-") for e in edits["env"])
-    assert not (driver_node.state_dir / "claims" / whole[2] / "limits").exists()
+    folder = driver_node.state_dir / "claims" / whole[2]
+    assert not (folder / "limits").exists()
+    preloaded = (folder / "ld.so.preload").read_text().split()
+    assert [p.rsplit("/", 1)[1] for p in preloaded] == ["libcuda.so.1", "libnvidia-ml.so.1"]
+    assert "tessera/shim" not in " ".join(preloaded)
 
     (limit,) = shim_format.read_limits(driver_node.state_dir / "claims" / high[2] / "limits") or []
     assert (limit.memory_bytes, limit.cores, limit.priority) == (10 << 30, 30, shim_format.PRIORITY_HIGH)
