@@ -379,6 +379,9 @@ SHIM_ENV = {
     "TESSERA_REGION_ENV": "A usage region shared by the processes that name it, outside a prepared "
     "container; unset: limits apply to each process on its own (with a warning). Ignored in a prepared "
     "container, whose region is always `/run/tessera/usage`.",
+    "TESSERA_PRIORITY_ENV": "The folder of the GPUs' priority boards (one file per GPU UUID), outside a "
+    "prepared container; unset: priority plays no part. Ignored in a prepared container, whose boards are "
+    "always under `/run/tessera/priority`.",
     "TESSERA_LOG_ENV": "What the shim prints on stderr: `error`, `warn` (default), `info` (one line per "
     "process with the limits in force) or `debug`. Set it in the pod's container `env`.",
 }

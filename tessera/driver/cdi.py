@@ -4,8 +4,10 @@ One transient spec file per claim in the CDI directory, named as CDI names trans
 (``<vendor>-<class>_<claim UID>.json``), written atomically and removed on unprepare. Each share is
 one CDI device whose name carries the claim UID, the GPU and the scheduler's shareID, so a claim
 holding two shares of one GPU gets two distinct devices (kubernetes#134519). What every share of
-the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, the environment)
-sits in the spec-wide edits, applied once whichever of the claim's devices a container names.
+the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, its GPUs'
+priority boards, the environment) sits in the spec-wide edits, applied once whichever of the claim's
+devices a container names. A claim with enforcement off (whole GPUs, share_config.py) gets its GPUs
+and the driver's libraries, nothing of the shim.
 
 A claim of MIG instances gets a spec of its own (:func:`mig_spec`): the instances named in
 CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES, the driver, and nothing of the shim.
@@ -20,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tessera.driver.claim_files import (
+    CONTAINER_BOARDS,
     CONTAINER_LIMITS,
     CONTAINER_PRELOAD,
     CONTAINER_REGION,
@@ -64,22 +67,33 @@ def spec(
     common_device_nodes: Sequence[Path],
     extra_env: Sequence[tuple[str, str]],
     extra_mounts: Sequence[Path],
+    boards: Sequence[tuple[Path, bool]] = (),
+    enforced: bool = True,
 ) -> dict[str, Any]:
     """The claim's spec. ``libraries`` maps container paths to host paths of driver libraries the
-    spec mounts itself (empty when NVIDIA's toolkit spec provides them)."""
+    spec mounts itself (empty when NVIDIA's toolkit spec provides them). ``boards``: each GPU's
+    priority board (named by the GPU's UUID) and whether this claim may write it (high priority);
+    the rest mount it read-only, so a low-priority tenant cannot raise itself. Not ``enforced``:
+    the GPUs without the shim, its files or its variables; the claim's ld.so.preload then names
+    the driver's libraries themselves."""
     visible = ",".join(gpu_uuids)
+    shim_env = [f"{LIMITS_ENV}={CONTAINER_LIMITS}", f"{REGION_ENV}={CONTAINER_REGION}"]
     env = [
-        f"{LIMITS_ENV}={CONTAINER_LIMITS}",
-        f"{REGION_ENV}={CONTAINER_REGION}",
+        *(shim_env if enforced else []),
         f"CUDA_VISIBLE_DEVICES={visible}",
         f"NVIDIA_VISIBLE_DEVICES={visible}",
         *(f"{k}={v}" for k, v in extra_env),
     ]
-    mounts = [
+    shim_mounts = [
         _mount(files.shim, CONTAINER_SHIM_DIR, read_only=True),
         _mount(files.preload, CONTAINER_PRELOAD, read_only=True),
         _mount(files.limits, CONTAINER_LIMITS, read_only=True),
         _mount(files.region, CONTAINER_REGION, read_only=False),
+        *(_mount(board, CONTAINER_BOARDS / board.name, read_only=not writable) for board, writable in boards),
+    ]
+    driver_preload = [_mount(files.preload, CONTAINER_PRELOAD, read_only=True)]
+    mounts = [
+        *(shim_mounts if enforced else driver_preload),
         *(_mount(host, container, read_only=True) for container, host in sorted(libraries.items())),
         *(_mount(path, PurePosixPath(path), read_only=False) for path in extra_mounts),
     ]

@@ -1,8 +1,14 @@
-"""A prepared claim's folder on the host: limits file, usage region, shim, ld.so.preload.
+"""A prepared claim's folder on the host: limits file, usage region, shim, ld.so.preload; and the
+GPUs' priority boards beside the claims.
 
-One folder per claim, ``<state dir>/claims/<claim UID>/``, holds everything the claim's containers
-mount, so unprepare removes one folder and nothing is left behind. The limits file and the usage
-region are written only through ``tessera.shim.format`` (the shim's own C code), never by hand.
+One folder per claim, ``<state dir>/claims/<claim UID>/``, holds everything of that claim its
+containers mount, so unprepare removes one folder and nothing is left behind. A claim with
+enforcement off (a whole GPU, share_config.py) has only its identity and an ld.so.preload naming the
+driver's own libraries there. Each shared GPU's
+priority board, ``<state dir>/priority/<GPU UUID>``, outlives the claims: every shared container on
+the GPU mounts the same file (read-write only for high-priority claims). The limits file, the usage
+region and the boards are written only through ``tessera.shim.format`` (the shim's own C code),
+never by hand.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ CONTAINER_LIMITS = CONTAINER_DIR / "limits"
 CONTAINER_REGION = CONTAINER_DIR / "usage"
 CONTAINER_SHIM_DIR = PurePosixPath("/usr/local/tessera/shim")
 CONTAINER_PRELOAD = PurePosixPath("/etc/ld.so.preload")
+CONTAINER_BOARDS = CONTAINER_DIR / "priority"
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,19 @@ def claim_files(claims_dir: Path, uid: str) -> ClaimFiles:
     return ClaimFiles(claims_dir / uid)
 
 
+def boards_in_state_dir(state_dir: Path) -> Path:
+    """The folder of the GPUs' priority boards in a node's state folder."""
+    return state_dir / "priority"
+
+
+def board(state_dir: Path, gpu_uuid: str) -> Path:
+    """The GPU's priority board, created if missing (an existing one is kept: containers have it
+    mounted)."""
+    boards = boards_in_state_dir(state_dir)
+    boards.mkdir(parents=True, exist_ok=True)
+    return shim_format.create_board(boards / gpu_uuid)
+
+
 def write(
     files: ClaimFiles,
     namespace: str,
@@ -69,10 +89,17 @@ def write(
     limits: Sequence[shim_format.GpuLimit],
     container_cuda: PurePosixPath,
     container_nvml: PurePosixPath,
+    enforced: bool = True,
 ) -> None:
     """Write (or rewrite, identically) the claim's folder. The usage region is created only if
-    missing: a retried prepare must not reset what running processes have recorded."""
+    missing: a retried prepare must not reset what running processes have recorded. Not
+    ``enforced``: the identity, and an ld.so.preload that loads the driver's libraries where the
+    container sees them - what the shim's own DT_NEEDED would have loaded - so that a program's
+    ``dlopen("libcuda.so.1")`` finds them wherever the driver's mounts put them."""
     write_identity(files, namespace, name, uid)
+    if not enforced:
+        write_atomically(files.preload, f"{container_cuda}\n{container_nvml}\n", mode=0o444)
+        return
     shim_format.write_limits(files.limits, limits)
     shim_format.create_region(files.region)
     installation: Installation = install(files.shim, Path(container_cuda), Path(container_nvml))

@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.driver import allocation, cdi, checkpoint, claim_files
+from tessera.driver import allocation, cdi, checkpoint, claim_files, share_config
 from tessera.driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, PreparedDevice
 from tessera.driver.config import DriverConfig
 from tessera.driver.container_driver import ContainerDriver
-from tessera.driver.devices import device_name, mig_device_name
+from tessera.driver.devices import device, device_name, mig_device_name
 from tessera.driver.discovery import Gpu, MigDevice
+from tessera.names import MEMORY_CAPACITY
 from tessera.shim.format import GpuLimit
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,17 @@ class DeviceState:
             )
         if mig_shares:
             return self._prepare_mig(uid, namespace, name, [migs[s.device] for s in shares], shares)
+        capacity = {
+            gpu_name: int(device(gpu)["capacity"][MEMORY_CAPACITY]["value"]) for gpu_name, gpu in gpus.items()
+        }
+        settings = share_config.settings(claim, self._config.driver_name, shares, capacity)
         devices = self._devices(uid, shares, gpus)
         if not self._in_two_phases(
             uid,
             namespace,
             name,
             devices,
-            lambda: self._write_side_effects(uid, namespace, name, shares, gpus),
+            lambda: self._write_side_effects(uid, namespace, name, shares, gpus, settings),
         ):
             return devices
         log.info(
@@ -117,8 +122,11 @@ class DeviceState:
             name,
             uid,
             ", ".join(
-                f"{s.device} memory={s.memory_bytes} cores={s.cores} share={s.share_id}" for s in shares
-            ),
+                f"{s.device} memory={s.memory_bytes} cores={s.cores} share={s.share_id} "
+                f"priority={settings.priorities[s.device]}"
+                for s in shares
+            )
+            + ("" if settings.enforced else "; enforcement off (whole GPUs, no shim)"),
         )
         return devices
 
@@ -220,11 +228,30 @@ class DeviceState:
         name: str,
         shares: Sequence[allocation.Share],
         gpus: Mapping[str, Gpu],
+        settings: share_config.ClaimSettings,
     ) -> None:
         files = claim_files.claim_files(self._config.claims_dir, uid)
-        limits = [GpuLimit(gpus[g.device].uuid, g.memory_bytes, g.cores) for g in allocation.limits(shares)]
+        limits = [
+            GpuLimit(gpus[g.device].uuid, g.memory_bytes, g.cores, settings.priorities[g.device])
+            for g in allocation.limits(shares)
+        ]
         claim_files.write(
-            files, namespace, name, uid, limits, self._driver.container_cuda, self._driver.container_nvml
+            files,
+            namespace,
+            name,
+            uid,
+            limits,
+            self._driver.container_cuda,
+            self._driver.container_nvml,
+            enforced=settings.enforced,
+        )
+        boards = (
+            [
+                (claim_files.board(self._config.state_dir, g.uuid), g.priority == share_config.PRIORITY_HIGH)
+                for g in limits
+            ]
+            if settings.enforced
+            else []
         )
         cdi_devices = [
             cdi.CdiDevice(
@@ -242,6 +269,8 @@ class DeviceState:
             self._driver.common_device_nodes,
             self._config.container_env,
             self._config.container_mounts,
+            boards,
+            enforced=settings.enforced,
         )
         cdi.write(self._config.cdi_dir, uid, spec)
 

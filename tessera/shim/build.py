@@ -2,10 +2,10 @@
 
 Two products, one set of C sources (tessera/shim/src, tessera/shim/include/tessera_shim.h):
 
-* ``tessera.shim._format`` - a cffi extension module compiling ``limits.c``, ``region.c`` and
-  ``region_read.c`` (the exporter's copy-only reader), so the driver (writing limits files,
-  creating usage regions), the exporter (reading them) and the tests use the very code the shim
-  uses. ``setup.py`` names :data:`ffibuilder` in
+* ``tessera.shim._format`` - a cffi extension module compiling ``limits.c``, ``region.c``,
+  ``priority_board.c`` and ``region_read.c`` (the exporter's copy-only reader), so the driver
+  (writing limits files, creating usage regions and priority boards), the exporter (reading them)
+  and the tests use the very code the shim uses. ``setup.py`` names :data:`ffibuilder` in
   ``cffi_modules``.
 * ``libtessera-cuda.so`` (soname ``libcuda.so.1``) and ``libtessera-nvml.so`` (soname
   ``libnvidia-ml.so.1``) - the preload libraries. They do not link Python. Each carries a
@@ -46,7 +46,7 @@ CFLAGS = [
     "-D_GNU_SOURCE",
 ]
 
-FORMAT_SOURCES = ["limits.c", "region.c"]
+FORMAT_SOURCES = ["limits.c", "region.c", "priority_board.c"]
 READER_SOURCES = ["region_read.c"]
 """Only the binding compiles these: the exporter's reader, which no preload library needs."""
 CUDA_SOURCES = [
@@ -60,6 +60,7 @@ CUDA_SOURCES = [
     "memory.c",
     "pools.c",
     "compute.c",
+    "priority.c",
     "cuda_capture_hooks.c",
     "cuda_memory_hooks.c",
     "cuda_launch_hooks.c",
@@ -86,10 +87,16 @@ ffibuilder.cdef(
     #define TESSERA_SLOT_ACTIVE 1
     #define TESSERA_GPU_READY 2
 
+    #define TESSERA_PRIORITY_HIGH 0
+    #define TESSERA_PRIORITY_LOW 1
+    #define TESSERA_BOARD_MAX_AHEAD_NS ...
+    #define TESSERA_BOARD_LINGER_NS ...
+
     struct tessera_gpu_limit {
         char uuid[80];
         uint64_t memory_bytes;
         uint32_t cores;
+        uint32_t priority;
     };
     struct tessera_limits {
         uint32_t count;
@@ -110,6 +117,8 @@ ffibuilder.cdef(
         uint64_t charged_ns;
         uint64_t throttled_ns;
         uint64_t launches;
+        uint64_t held_ns;
+        uint64_t holds;
         ...;
     };
     struct tessera_region_slot {
@@ -150,6 +159,21 @@ ffibuilder.cdef(
     };
     int tessera_region_read(const char *path, struct tessera_region_view *out, char *err,
                             size_t errlen);
+
+    struct tessera_priority_board {
+        char magic[8];
+        uint32_t version;
+        uint32_t size;
+        uint64_t heartbeat_ns;
+        uint64_t busy_until_ns;
+        uint64_t high_launches;
+        ...;
+    };
+    int tessera_board_create(const char *path, char *err, size_t errlen);
+    int tessera_board_read(int fd, struct tessera_priority_board *out);
+    uint64_t tessera_board_hold_until(const struct tessera_priority_board *b, uint64_t now);
+    int tessera_board_publish(int fd, uint64_t now, uint64_t busy_until);
+    uint64_t tessera_now_ns(void);
     """
 )
 # The extension compiles the format code itself (included, so no object files land beside the

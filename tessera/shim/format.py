@@ -1,8 +1,9 @@
 """The limits file and the usage region, through the shim's own C code (cffi).
 
-The driver writes a claim's limits with :func:`write_limits` and creates its usage region with
-:func:`create_region`; the exporter and the tests read usage with :func:`read_region`, a private
-copy of the file that nothing its tenants write into it can turn into a fault.
+The driver writes a claim's limits with :func:`write_limits`, creates its usage region with
+:func:`create_region` and each shared GPU's priority board with :func:`create_board`; the
+exporter and the tests read usage with :func:`read_region`, a private copy of the file that
+nothing its tenants write into it can turn into a fault.
 The text and binary layouts are defined once, in ``shim/include/tessera_shim.h``, and parsed and
 produced by the same functions the shim links, so the two sides cannot drift apart.
 """
@@ -22,6 +23,13 @@ _ffi: Any = ffi
 
 LIMITS_ENV = "TESSERA_LIMITS_FILE"
 REGION_ENV = "TESSERA_USAGE_REGION"
+PRIORITY_ENV = "TESSERA_PRIORITY_DIR"
+PRIORITY_HIGH: int = _lib.TESSERA_PRIORITY_HIGH
+PRIORITY_LOW: int = _lib.TESSERA_PRIORITY_LOW
+BOARD_MAX_AHEAD_NS: int = _lib.TESSERA_BOARD_MAX_AHEAD_NS
+"""How far past its heartbeat a board's busy-until is believed."""
+BOARD_LINGER_NS: int = _lib.TESSERA_BOARD_LINGER_NS
+"""How long after a high-priority kernel should end low-priority launches still hold back."""
 LOG_ENV = "TESSERA_SHIM_LOG"
 MAX_GPUS: int = _lib.TESSERA_MAX_GPUS
 EXIT_BAD_LIMITS: int = _lib.TESSERA_EXIT_BAD_LIMITS
@@ -39,11 +47,13 @@ class RegionError(OSError):
 @dataclass(frozen=True)
 class GpuLimit:
     """One GPU's limits for a claim. ``memory_bytes=None``: no memory limit; ``cores`` 0 or 100:
-    no compute cap."""
+    no compute cap; ``priority`` :data:`PRIORITY_HIGH` (0) or :data:`PRIORITY_LOW` (1, HAMi's
+    default)."""
 
     uuid: str
     memory_bytes: int | None
     cores: int = 0
+    priority: int = PRIORITY_LOW
 
 
 def _err() -> Any:
@@ -63,9 +73,12 @@ def _to_c(limits: Iterable[GpuLimit]) -> Any:
             raise LimitsError(f"{g.uuid}: memory must be 0 <= bytes < 2**64 - 1")
         if not 0 <= g.cores <= 100:
             raise LimitsError(f"{g.uuid}: cores must be 0-100")
+        if g.priority not in (PRIORITY_HIGH, PRIORITY_LOW):
+            raise LimitsError(f"{g.uuid}: priority must be 0 (high) or 1 (low)")
         c.gpus[i].uuid = uuid
         c.gpus[i].memory_bytes = _NO_LIMIT if g.memory_bytes is None else g.memory_bytes
         c.gpus[i].cores = g.cores
+        c.gpus[i].priority = g.priority
     c.count = len(items)
     return c
 
@@ -75,7 +88,7 @@ def _from_c(c: Any) -> list[GpuLimit]:
     for i in range(c.count):
         g = c.gpus[i]
         memory = None if g.memory_bytes == _NO_LIMIT else int(g.memory_bytes)
-        out.append(GpuLimit(_ffi.string(g.uuid).decode(), memory, int(g.cores)))
+        out.append(GpuLimit(_ffi.string(g.uuid).decode(), memory, int(g.cores), int(g.priority)))
     return out
 
 
@@ -123,6 +136,47 @@ def create_region(path: Path) -> Path:
     return path
 
 
+def create_board(path: Path) -> Path:
+    """Create a GPU's priority board (read by every shared container on that GPU, written by the
+    high-priority ones) if nothing is there; an existing one is kept as it is, since containers
+    have it mounted (a high-priority launch rewrites one that was scribbled on). Idempotent."""
+    err = _err()
+    if _lib.tessera_board_create(str(path).encode(), err, 600) != 0:
+        raise RegionError(_ffi.string(err).decode())
+    return path
+
+
+@dataclass(frozen=True)
+class Board:
+    """What a priority board says (times on CLOCK_MONOTONIC, ns)."""
+
+    heartbeat_ns: int
+    busy_until_ns: int
+    high_launches: int
+    hold_until_ns: int
+    """Until when a low-priority launch would hold back, read now; 0: it would not."""
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC in ns, the clock of boards and regions."""
+    return int(_lib.tessera_now_ns())
+
+
+def read_board(path: Path) -> Board | None:
+    """The board at ``path`` as a low-priority shim reads it; None if it does not read as one."""
+    board = _ffi.new("struct tessera_priority_board *")
+    with path.open("rb") as f:
+        if _lib.tessera_board_read(f.fileno(), board) != 0:
+            return None
+        now = _lib.tessera_now_ns()
+    return Board(
+        int(board.heartbeat_ns),
+        int(board.busy_until_ns),
+        int(board.high_launches),
+        int(_lib.tessera_board_hold_until(board, now)),
+    )
+
+
 @dataclass(frozen=True)
 class ProcessUsage:
     """A live (or not yet reaped) process of the claim."""
@@ -145,6 +199,10 @@ class GpuUsage:
     throttled_ns: int
     """Time the claim's launches have waited for budget (monotonic)."""
     launches: int
+    held_ns: int = 0
+    """Time the claim's low-priority launches have waited for a high-priority neighbour."""
+    holds: int = 0
+    """Launches that waited so."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +245,13 @@ def read_region(path: Path, include_dead: bool = False) -> RegionSnapshot:
         used = sum(int(r.slots[i].used[g]) for i in counted)
         usage.append(
             GpuUsage(
-                uuid, used, int(r.gpus[g].charged_ns), int(r.gpus[g].throttled_ns), int(r.gpus[g].launches)
+                uuid,
+                used,
+                int(r.gpus[g].charged_ns),
+                int(r.gpus[g].throttled_ns),
+                int(r.gpus[g].launches),
+                int(r.gpus[g].held_ns),
+                int(r.gpus[g].holds),
             )
         )
     processes = [

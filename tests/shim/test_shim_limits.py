@@ -11,6 +11,8 @@ import pytest
 from simgpu.node import read_line, release
 from tessera.shim.format import (
     EXIT_BAD_LIMITS,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
     GpuLimit,
     LimitsError,
     format_limits,
@@ -229,3 +231,36 @@ def test_a_gpu_hidden_by_cuda_visible_devices_is_reported(make_claim: ClaimFacto
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "limits file names GPU" in line]
     assert len(lines) == 1 and hidden in lines[0] and "CUDA_VISIBLE_DEVICES=0" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=2\n", "priority must be 0 .high. or 1 .low."),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=-1\n", "priority must be"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=01\n", "priority must be"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=\n", "line 2: expected priority="),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=99999999999999999999\n", "priority must be"),
+        (f"tessera-limits 1\n{UUID} memory=1 priority=0 cores=0\n", "line 2: expected cores="),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 priority=0 priority=0\n", "line 2: expected '<uuid>"),
+        (f"tessera-limits 1\n{UUID} memory=1 cores=0 prio=0\n", "line 2: expected priority="),
+    ],
+)
+def test_malformed_priority_is_refused_with_a_reason(text: str, reason: str) -> None:
+    """Priority is 0 or 1, after cores, once; anything else is refused naming the line."""
+    with pytest.raises(LimitsError, match=reason):
+        parse_limits(text)
+
+
+def test_priority_round_trips_and_old_files_read_as_low_priority() -> None:
+    """The writer always writes priority and it reads back; a line without it (a file from before
+    priority existed) is low priority, HAMi's default."""
+    limits = [GpuLimit(UUID, 1, 0, PRIORITY_HIGH), GpuLimit("GPU-0b8e", None, 50, PRIORITY_LOW)]
+    text = format_limits(limits)
+    assert f"{UUID} memory=1 cores=0 priority=0\n" in text
+    assert parse_limits(text) == limits
+    assert parse_limits(f"tessera-limits 1\n{UUID} memory=1 cores=0\n") == [
+        GpuLimit(UUID, 1, 0, PRIORITY_LOW)
+    ]
+    with pytest.raises(LimitsError, match=r"priority must be 0 \(high\) or 1 \(low\)"):
+        format_limits([GpuLimit(UUID, 1, 0, 2)])

@@ -78,6 +78,20 @@ def test_the_environment_cannot_redirect_the_limits(
         assert max(len(line) for line in done.stderr.splitlines()) < 1024
 
 
+@pytest.mark.parametrize("value", ["true", "1", "TRUE"])
+def test_the_environment_cannot_turn_enforcement_off(
+    make_claim: ClaimFactory, tmp_path: Path, value: str
+) -> None:
+    """HAMi's opt-out CUDA_DISABLE_CONTROL (and its priority variable, and a priority-board folder
+    of the tenant's own) set inside the container change nothing: the limits still hold. Only
+    the claim's ShareConfig, checked by the driver on a whole GPU, turns enforcement off, and then
+    the shim is not in the container at all (docs/driver.md, "Share configuration")."""
+    claim = make_claim(limits=[(0, LIMIT, 0)])
+    env = {"CUDA_DISABLE_CONTROL": value, "CUDA_TASK_PRIORITY": "0", "TESSERA_PRIORITY_DIR": str(tmp_path)}
+    assert _allocate(claim, LIMIT // 2, env=env) == "0"
+    assert _allocate(claim, LIMIT + MiB, env=env) == OUT_OF_MEMORY
+
+
 def test_the_environment_cannot_make_the_region_private(make_claim: ClaimFactory, tmp_path: Path) -> None:
     """$TESSERA_USAGE_REGION unset or pointed elsewhere does not give a process a region of its
     own (which would give every process the claim's whole limit): usage held by one process counts
@@ -138,7 +152,12 @@ def test_memory_info_shows_the_fixed_limit(make_claim: ClaimFactory) -> None:
 
 def test_the_shim_and_the_driver_agree_on_the_fixed_paths() -> None:
     """The paths the shim trusts are the ones prepare's CDI spec mounts at."""
-    from tessera.driver.claim_files import CONTAINER_LIMITS, CONTAINER_REGION, CONTAINER_SHIM_DIR
+    from tessera.driver.claim_files import (
+        CONTAINER_BOARDS,
+        CONTAINER_LIMITS,
+        CONTAINER_REGION,
+        CONTAINER_SHIM_DIR,
+    )
     from testbed.shim_harness import REPO
 
     header = (REPO / "tessera" / "shim" / "include" / "tessera_shim.h").read_text()
@@ -146,5 +165,6 @@ def test_the_shim_and_the_driver_agree_on_the_fixed_paths() -> None:
         ("TESSERA_CONTAINER_LIMITS", CONTAINER_LIMITS),
         ("TESSERA_CONTAINER_REGION", CONTAINER_REGION),
         ("TESSERA_CONTAINER_SHIM_DIR", CONTAINER_SHIM_DIR),
+        ("TESSERA_CONTAINER_PRIORITY_DIR", CONTAINER_BOARDS),
     ):
         assert f'#define {macro} "{path}"' in header

@@ -13,13 +13,15 @@
  *     # comment lines and blank lines are ignored
  *     tessera-limits 1
  *     GPU-5fd3a0a4-2f3c-4d1e-9a11-0c5b1e4f8d21 memory=8589934592 cores=30
- *     GPU-0b8e7e9c-1111-2222-3333-444455556666 memory=none cores=0
+ *     GPU-0b8e7e9c-1111-2222-3333-444455556666 memory=none cores=0 priority=0
  *
  * The first significant line names the format version. Each further line is one GPU, keyed by its
  * UUID exactly as the driver reports it (cuDeviceGetUuid / nvmlDeviceGetUUID, "GPU-" or "MIG-"
  * prefix), never by an ordinal. `memory` is the claim's device-memory limit in bytes (`none`: no
  * limit); `cores` is the claim's share of the GPU's time in percent, 0-100 (0 or 100: uncapped).
- * Both keys are required, once each, in this order. GPUs not listed are not limited. Anything
+ * Both keys are required, once each, in this order. `priority` (0 high, 1 low) may follow; a line
+ * without it is low priority (HAMi's default), so files written before it existed read the same.
+ * GPUs not listed are not limited. Anything
  * else - unknown keys, duplicates, a UUID listed twice, numbers out of range, more than
  * TESSERA_MAX_GPUS lines, a file over TESSERA_LIMITS_MAX_BYTES - is malformed.
  *
@@ -72,10 +74,14 @@ extern "C" {
 /* Exit status of a process stopped because its limits file is unreadable or malformed. */
 #define TESSERA_EXIT_BAD_LIMITS 78
 
+#define TESSERA_PRIORITY_HIGH 0
+#define TESSERA_PRIORITY_LOW 1
+
 struct tessera_gpu_limit {
     char uuid[TESSERA_UUID_MAX];
     uint64_t memory_bytes; /* TESSERA_NO_MEMORY_LIMIT: none */
     uint32_t cores;        /* percent, 0..100; 0 and 100 mean uncapped */
+    uint32_t priority;     /* TESSERA_PRIORITY_HIGH or TESSERA_PRIORITY_LOW */
 };
 
 struct tessera_limits {
@@ -121,7 +127,10 @@ struct tessera_region_gpu {
     uint64_t launches;     /* kernel and graph launches seen while capped */
     int64_t hint_ns;       /* latest duration estimate any process settled: the provisional
                               charge of a launch shape not yet measured (0: none yet) */
-    uint8_t reserved1[56];
+    uint64_t held_ns;      /* total time low-priority launches waited for a high-priority
+                              neighbour (monotonic counter; priority.c) */
+    uint64_t holds;        /* launches that waited so */
+    uint8_t reserved1[40];
 } __attribute__((aligned(64)));
 
 struct tessera_region_slot {
@@ -220,6 +229,57 @@ struct tessera_region_view {
  * one-line reason naming the file in `err` if it is anything but a well-formed region. */
 int tessera_region_read(const char *path, struct tessera_region_view *out, char *err,
                         size_t errlen);
+
+/* ---------------------------------------------------------------- priority board -------- */
+
+/*
+ * PRIORITY BOARD (binary, one per GPU per node, shim/src/priority_board.c): where high-priority
+ * claims on a shared GPU say they have kernels in flight, so that low-priority claims on that GPU
+ * hold their launches back. The driver creates it under its state folder and mounts it at
+ * TESSERA_CONTAINER_PRIORITY_DIR/<GPU UUID> into every shared container on that GPU: read-write
+ * for a claim whose limits give that GPU priority 0, read-only for the rest. Outside a prepared
+ * container $TESSERA_PRIORITY_DIR names the folder.
+ *
+ * Nobody maps it: writers and readers use pwrite/pread of the whole 64 bytes, so a writer that
+ * truncates or scribbles on the file can make no other process fault, only make its reads fail
+ * the header check (no hold) until the next high-priority launch writes a whole board again. A reader trusts nothing in it: a heartbeat in the future is
+ * garbage, busy_until counts at most TESSERA_BOARD_MAX_AHEAD_NS past the heartbeat, and the hold
+ * ends TESSERA_BOARD_LINGER_NS after that - so a dead high-priority process holds nobody back
+ * for longer than their sum, and a live one only while it keeps writing.
+ */
+#define TESSERA_CONTAINER_PRIORITY_DIR "/run/tessera/priority"
+#define TESSERA_PRIORITY_ENV "TESSERA_PRIORITY_DIR"
+#define TESSERA_BOARD_MAGIC "TSRPRI1" /* 8 bytes with the NUL */
+#define TESSERA_BOARD_VERSION 1
+#define TESSERA_BOARD_MAX_AHEAD_NS 100000000ULL /* 100 ms */
+#define TESSERA_BOARD_LINGER_NS 20000000ULL     /* 20 ms (priority.c says why) */
+#define TESSERA_BOARD_SKEW_NS 1000000ULL        /* a heartbeat this far ahead is garbage */
+
+struct tessera_priority_board {
+    char magic[8];
+    uint32_t version;
+    uint32_t size;           /* sizeof(struct tessera_priority_board) */
+    uint64_t heartbeat_ns;   /* CLOCK_MONOTONIC of the last high-priority launch */
+    uint64_t busy_until_ns;  /* when that launch's kernels (queued after earlier ones) should end */
+    uint64_t high_launches;  /* high-priority launches published (for tests and the curious) */
+    uint8_t reserved[24];
+};
+
+/* Create the board at `path` if nothing is there (written aside, then linked into place; mode
+ * 0666 so a high-priority container of any uid can write it). An existing regular file is kept
+ * as it is (containers have it mounted). Returns 0, or -1 with a reason. */
+int tessera_board_create(const char *path, char *err, size_t errlen);
+
+/* Read the board from `fd` (pread). Returns 0, or -1 if it is not a well-formed board. */
+int tessera_board_read(int fd, struct tessera_priority_board *out);
+
+/* Until when (CLOCK_MONOTONIC) low-priority launches should hold back at `now`, as far as `b`
+ * may be believed (see above); 0 when they need not. */
+uint64_t tessera_board_hold_until(const struct tessera_priority_board *b, uint64_t now);
+
+/* Publish a high-priority launch at `now` whose kernels should end at `busy_until` (a board that
+ * does not read back as one is written whole again). Returns 0, or -1 if it cannot be written. */
+int tessera_board_publish(int fd, uint64_t now, uint64_t busy_until);
 
 /* CLOCK_MONOTONIC in nanoseconds (the region's time base). */
 uint64_t tessera_now_ns(void);

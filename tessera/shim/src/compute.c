@@ -33,6 +33,10 @@
  *    cleaner sample arrives, whether or not it was itself measured: what the claim pays does
  *    not depend on the estimate at launch time, only on the best estimate within HORIZON
  *    launches. Refunds may lift the budget above the burst: that is time the claim was owed.
+ *  - Priority (priority.c). On a GPU with a priority board, a low-priority launch first holds
+ *    back while a high-priority neighbour is busy, then goes through the gate as usual; a
+ *    high-priority launch is estimated and measured like a capped one (charged only if capped)
+ *    and publishes its expected end. An uncapped low-priority launch only holds back.
  *  - Cost. Per capped launch: one cuCtxGetCurrent, the launch, and on average well under one
  *    event call (sampling, queries only when due); cuStreamIsCapturing only in a process that
  *    has begun a stream capture (capture_hooks.c). With no GPU of the claim capped the launch
@@ -45,6 +49,7 @@
 #include "capture.h"
 #include "compute.h"
 #include "log.h"
+#include "priority.h"
 
 #define BURST_NS 10000000LL      /* 10 ms of GPU time */
 #define MAX_SLEEP_NS 50000000ULL /* look again at least every 50 ms */
@@ -76,6 +81,7 @@ struct pending {
     uint64_t key;
     uint64_t due_ns; /* not queried before this CLOCK_MONOTONIC time */
     int gpu;
+    bool capped; /* settle the ledger (an uncapped high-priority launch only refines estimates) */
 };
 
 struct pooled_event {
@@ -235,6 +241,8 @@ static void settle(struct pending *p, float ms)
     if (ns < 0)
         ns = 0;
     add_sample(s, ns);
+    if (!p->capped)
+        return;
     int64_t owed = (int64_t)s->ledger_n * s->estimate - s->ledger_charged;
     s->ledger_charged += owed;
     charge(p->gpu, owed);
@@ -293,11 +301,17 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     if (!shim_current_device(&dev, &ctx))
         return;
     const struct shim_device *d = shim_device(dev);
-    if (d == NULL || d->cores == 0)
+    if (d == NULL || (d->cores == 0 && d->board < 0))
         return;
     if (shim_stream_capturing(stream, ptsz))
         return; /* recorded into a graph, not run: charged when the graph launches */
+    bool high = d->board >= 0 && d->priority == TESSERA_PRIORITY_HIGH;
+    if (d->board >= 0 && !high)
+        shim_priority_hold(d->board, &shim.region.map->gpus[d->gpu]);
+    if (d->cores == 0 && !high)
+        return;
     l->active = true;
+    l->capped = d->cores > 0;
     l->gpu = d->gpu;
     l->key = key;
     l->ctx = ctx;
@@ -316,14 +330,16 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     }
     l->measure = s->samples + s->pending < WARMUP || s->launches % SAMPLE_EVERY == 0;
     s->launches++;
-    if (s->ledger_n >= HORIZON) {
-        s->ledger_gen++;
-        s->ledger_n = 0;
-        s->ledger_charged = 0;
+    if (l->capped) {
+        if (s->ledger_n >= HORIZON) {
+            s->ledger_gen++;
+            s->ledger_n = 0;
+            s->ledger_charged = 0;
+        }
+        s->ledger_n++;
+        s->ledger_charged += expect;
+        l->ledger_gen = s->ledger_gen;
     }
-    s->ledger_n++;
-    s->ledger_charged += expect;
-    l->ledger_gen = s->ledger_gen;
     if (l->measure && pending_count == PENDING)
         l->measure = false;
     if (l->measure) {
@@ -339,8 +355,12 @@ void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bo
     }
     pthread_mutex_unlock(&mu);
 
-    gate_and_charge(g, d->cores, expect);
-    l->charged_ns = expect;
+    if (l->capped)
+        gate_and_charge(g, d->cores, expect);
+    l->charged_ns = l->capped ? expect : 0;
+    l->expect_ns = expect;
+    if (high)
+        shim_priority_publish(d->board, expect);
     if (l->measure && shim_real.cuEventRecord(l->start, stream) != CUDA_SUCCESS) {
         pthread_mutex_lock(&mu);
         s = shape_of(key);
@@ -357,7 +377,7 @@ void shim_compute_end(struct shim_launch *l, CUresult rc)
 {
     if (!l->active)
         return;
-    if (rc != CUDA_SUCCESS) {
+    if (rc != CUDA_SUCCESS && l->capped) {
         /* It never ran: refund it and take it out of its ledger. */
         charge(l->gpu, -l->charged_ns);
         pthread_mutex_lock(&mu);
@@ -375,7 +395,7 @@ void shim_compute_end(struct shim_launch *l, CUresult rc)
     if (recorded && pending_count < PENDING) {
         pending[(pending_head + pending_count) % PENDING] = (struct pending){
             .start = l->start, .end = l->end, .ctx = l->ctx, .key = l->key, .gpu = l->gpu,
-            .due_ns = tessera_now_ns() + (uint64_t)l->charged_ns};
+            .capped = l->capped, .due_ns = tessera_now_ns() + (uint64_t)l->expect_ns};
         pending_count++;
     } else {
         struct shape *s = shape_of(l->key);

@@ -12,10 +12,12 @@
 
 /* One launch going through the controller. */
 struct shim_launch {
-    bool active;   /* capped: the controller gated and charged this launch */
+    bool active;   /* capped or high priority: the controller estimated this launch */
+    bool capped;   /* ... and gated and charged it */
     bool measure;  /* events bracket this launch */
     int gpu;       /* region GPU index */
     int64_t charged_ns;
+    int64_t expect_ns; /* the estimate this launch went through with */
     uint32_t ledger_gen; /* the shape's ledger this launch was entered in */
     uint64_t key;
     CUcontext ctx;
@@ -27,8 +29,9 @@ struct shim_launch {
 uint64_t shim_launch_key(const void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shared);
 
-/* Before the real launch: wait for the claim's budget, charge the expected duration and maybe
- * start measuring. `ptsz`: the per-thread-default-stream variant is being called. */
+/* Before the real launch: hold back for a high-priority neighbour (low priority), wait for the
+ * claim's budget and charge the expected duration (capped), publish it (high priority), and
+ * maybe start measuring. `ptsz`: the per-thread-default-stream variant is being called. */
 void shim_compute_begin(struct shim_launch *l, uint64_t key, CUstream stream, bool ptsz);
 
 /* After the real launch (its result `rc`): finish the measurement, or refund if it failed. */

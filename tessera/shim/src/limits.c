@@ -84,9 +84,9 @@ static const char *value_of(const char *word, size_t n, const char *key, size_t 
 static int parse_gpu_line(const char **w, const size_t *l, int nwords, int lineno,
                           struct tessera_gpu_limit *g, char *err, size_t errlen)
 {
-    if (nwords != 3)
-        return tessera_fail(err, errlen, "line %d: expected '<uuid> memory=<bytes|none> cores=<0-100>'",
-                     lineno);
+    if (nwords != 3 && nwords != 4)
+        return tessera_fail(err, errlen, "line %d: expected '<uuid> memory=<bytes|none> cores=<0-100> "
+                     "[priority=<0|1>]'", lineno);
     if (!valid_uuid(w[0], l[0]))
         return tessera_fail(err, errlen, "line %d: '%.*s' is not a GPU UUID", lineno, (int)l[0], w[0]);
     memcpy(g->uuid, w[0], l[0]);
@@ -111,6 +111,20 @@ static int parse_gpu_line(const char **w, const size_t *l, int nwords, int linen
     if (!parse_u64(v, vlen, &cores) || cores > 100)
         return tessera_fail(err, errlen, "line %d: cores must be 0-100, got '%.*s'", lineno, (int)vlen, v);
     g->cores = (uint32_t)cores;
+
+    /* Optional, so files written before priority existed still read: low, HAMi's default. */
+    g->priority = TESSERA_PRIORITY_LOW;
+    if (nwords == 3)
+        return 0;
+    v = value_of(w[3], l[3], "priority", &vlen);
+    uint64_t priority = 0;
+    if (v == NULL)
+        return tessera_fail(err, errlen, "line %d: expected priority=<0|1>, got '%.*s'", lineno,
+                     (int)l[3], w[3]);
+    if (!parse_u64(v, vlen, &priority) || priority > TESSERA_PRIORITY_LOW)
+        return tessera_fail(err, errlen, "line %d: priority must be 0 (high) or 1 (low), got '%.*s'",
+                     lineno, (int)vlen, v);
+    g->priority = (uint32_t)priority;
     return 0;
 }
 
@@ -134,9 +148,9 @@ int tessera_limits_parse(const char *text, size_t len, struct tessera_limits *ou
         for (size_t i = 0; i < n; i++)
             if (line[i] == '\0' || (unsigned char)line[i] >= 0x80)
                 return tessera_fail(err, errlen, "line %d: not ASCII text", lineno);
-        const char *w[4];
-        size_t l[4];
-        int nwords = split(line, n, w, l, 3);
+        const char *w[5];
+        size_t l[5];
+        int nwords = split(line, n, w, l, 4);
         if (nwords == 0 || w[0][0] == '#')
             continue;
         if (!have_version) {
@@ -229,6 +243,8 @@ int tessera_limits_format(const struct tessera_limits *limits, char *buf, size_t
             return tessera_fail(err, errlen, "GPU %u: '%.*s' is not a GPU UUID", i, (int)ulen, g->uuid);
         if (g->cores > 100)
             return tessera_fail(err, errlen, "GPU %s: cores must be 0-100", g->uuid);
+        if (g->priority > TESSERA_PRIORITY_LOW)
+            return tessera_fail(err, errlen, "GPU %s: priority must be 0 (high) or 1 (low)", g->uuid);
         for (uint32_t j = 0; j < i; j++)
             if (strcmp(limits->gpus[j].uuid, g->uuid) == 0)
                 return tessera_fail(err, errlen, "GPU %s listed twice", g->uuid);
@@ -237,7 +253,8 @@ int tessera_limits_format(const struct tessera_limits *limits, char *buf, size_t
             snprintf(mem, sizeof mem, "none");
         else
             snprintf(mem, sizeof mem, "%" PRIu64, g->memory_bytes);
-        n = snprintf(buf + pos, buflen - pos, "%s memory=%s cores=%u\n", g->uuid, mem, g->cores);
+        n = snprintf(buf + pos, buflen - pos, "%s memory=%s cores=%u priority=%u\n", g->uuid, mem,
+                     g->cores, g->priority);
         if (n < 0 || (size_t)n >= buflen - pos)
             return tessera_fail(err, errlen, "buffer too small");
         pos += (size_t)n;

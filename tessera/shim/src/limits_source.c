@@ -53,6 +53,7 @@ static int decide(struct tessera_limits_source *out, char *err, size_t errlen)
             .origin = TESSERA_LIMITS_PREPARED,
             .limits_path = TESSERA_CONTAINER_LIMITS,
             .region_path = TESSERA_CONTAINER_REGION,
+            .priority_dir = TESSERA_CONTAINER_PRIORITY_DIR,
             .why = fixed_limits ? "the container's fixed limits path"
                                 : "the shim's prepared folder " TESSERA_CONTAINER_SHIM_DIR,
         };
@@ -76,10 +77,12 @@ static int decide(struct tessera_limits_source *out, char *err, size_t errlen)
         return 0;
     }
     const char *region = getenv(TESSERA_REGION_ENV);
+    const char *boards = getenv(TESSERA_PRIORITY_ENV);
     *out = (struct tessera_limits_source){
         .origin = TESSERA_LIMITS_FROM_ENV,
         .limits_path = limits,
         .region_path = region != NULL && region[0] != '\0' ? region : NULL,
+        .priority_dir = boards != NULL && boards[0] != '\0' ? boards : NULL,
         .why = "$" TESSERA_LIMITS_ENV,
     };
     return 0;

@@ -27,6 +27,7 @@ struct tessera_limits_source {
     enum tessera_limits_origin origin;
     const char *limits_path; /* NULL for TESSERA_LIMITS_NONE */
     const char *region_path; /* NULL: no shared region (limits hold per process) */
+    const char *priority_dir; /* the GPUs' priority boards (tessera_shim.h); NULL: none */
     const char *why;         /* one phrase saying how the origin was decided, for the log */
 };
 

@@ -15,6 +15,7 @@
 #include "limits_source.h"
 #include "log.h"
 #include "pools.h"
+#include "priority.h"
 #include "ptrtable.h"
 #include "shim_state.h"
 
@@ -98,8 +99,9 @@ static void summary(const char *limits_path, const char *region_path)
             snprintf(cores, sizeof cores, "uncapped");
         else
             snprintf(cores, sizeof cores, "%u%%", g->cores);
-        int n = snprintf(line + pos, sizeof line - pos, "%s%s memory %s compute %s",
-                         i ? "; " : "", g->uuid, mem, cores);
+        int n = snprintf(line + pos, sizeof line - pos, "%s%s memory %s compute %s priority %s",
+                         i ? "; " : "", g->uuid, mem, cores,
+                         g->priority == TESSERA_PRIORITY_HIGH ? "high" : "low");
         if (n > 0)
             pos += (size_t)n;
     }
@@ -149,8 +151,10 @@ static void do_init(void)
         if (g->cores > 0 && g->cores < 100)
             shim.compute_capped = true;
     }
+    shim.prioritised = shim_priority_open(&shim.limits, source.priority_dir, shim.prepared);
     summary(source.limits_path, region);
-    __atomic_store_n(&shim_launch_passthrough, shim.compute_capped ? 0 : 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&shim_launch_passthrough, shim.compute_capped || shim.prioritised ? 0 : 1,
+                     __ATOMIC_RELEASE);
 }
 
 void shim_init(void)
@@ -203,6 +207,8 @@ static void deny_unclaimed(int ordinal, struct shim_device *d)
         stop_process("the usage region's GPU table is full or corrupt");
     d->memory_limit = 0;
     d->cores = 1;
+    d->priority = TESSERA_PRIORITY_LOW;
+    d->board = -1;
     shim.memory_limited = true;
     shim.compute_capped = true;
     __atomic_store_n(&shim_launch_passthrough, 0, __ATOMIC_RELEASE);
@@ -229,6 +235,8 @@ bool shim_devices_ready(void)
             d->gpu = -1;
             d->memory_limit = TESSERA_NO_MEMORY_LIMIT;
             d->cores = 0;
+            d->priority = TESSERA_PRIORITY_LOW;
+            d->board = -1;
             CUdevice dev = 0;
             CUuuid u;
             if (shim_real.cuDeviceGet(&dev, i) != CUDA_SUCCESS ||
@@ -245,6 +253,8 @@ bool shim_devices_ready(void)
                 d->gpu = limit_gpu[j];
                 d->memory_limit = g->memory_bytes;
                 d->cores = g->cores >= 100 ? 0 : g->cores;
+                d->priority = g->priority;
+                d->board = shim_priority_board(j);
             }
             if (d->gpu < 0 && shim.prepared)
                 deny_unclaimed(i, d);

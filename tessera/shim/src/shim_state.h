@@ -22,6 +22,8 @@ struct shim_device {
     int gpu;               /* region GPU index; -1: this GPU is not in the limits file */
     uint64_t memory_limit; /* TESSERA_NO_MEMORY_LIMIT: none */
     uint32_t cores;        /* 1..99: capped; 0: uncapped */
+    uint32_t priority;     /* TESSERA_PRIORITY_HIGH or _LOW */
+    int board;             /* priority board (priority.h); -1: priority plays no part here */
     CUcontext primary;     /* the device's primary context, once retained */
     char uuid[TESSERA_UUID_MAX];
 };
@@ -32,6 +34,7 @@ struct shim_state {
                             are refused, not unlimited */
     bool memory_limited; /* some GPU has a memory limit */
     bool compute_capped; /* some GPU has a compute cap */
+    bool prioritised;    /* some GPU has a priority board: its launches go through priority.c */
     struct tessera_limits limits;
     struct tessera_region_handle region;
     int device_count; /* -1: not mapped yet (the driver is not initialised) */
@@ -40,8 +43,8 @@ struct shim_state {
 
 extern struct shim_state shim;
 
-/* 1 once shim_init has run in this process and no compute cap is in force: launch hooks call
- * straight through. Read without a lock on every launch. */
+/* 1 once shim_init has run in this process and neither a compute cap nor a priority board is in
+ * force: launch hooks call straight through. Read without a lock on every launch. */
 extern int shim_launch_passthrough;
 
 /* Initialise (first call in the process does the work; the rest return at once). A limits file

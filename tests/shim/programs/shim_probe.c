@@ -23,6 +23,8 @@
  *                                          (graph4: a graph of four NS/4 kernel nodes);
  *                                          reports the share of GPU time its kernels took and
  *                                          run_delay_ns, how long it waited for a CPU meanwhile
+ *   shim_probe latency NS SECONDS GAP_NS   launch an NS-long kernel, wait for it, sleep GAP_NS, over
+ *                                          and over: the launch-to-completion latency's percentiles
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live),
  *                                          cuMemGetInfo_v2, launch of a one-node graph
  *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
@@ -845,6 +847,64 @@ static int mode_duty(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------------- latency ----- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What a latency-sensitive tenant (an inference server) sees: each kernel's time from the launch
+ * call to its completion, with GAP_NS of host work between kernels. */
+static int mode_latency(int argc, char **argv)
+{
+    if (argc < 5)
+        return 2;
+    setup();
+    LOAD(lib, cuModuleLoadData);
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuLaunchKernel);
+    LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuStreamSynchronize);
+    uint64_t ns = strtoull(argv[2], NULL, 0);
+    double seconds = atof(argv[3]);
+    uint64_t gap = strtoull(argv[4], NULL, 0);
+    CUmodule m;
+    CUfunction f;
+    CHECK(p_cuModuleLoadData(&m, sleep_kernel_ptx));
+    CHECK(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"));
+    CUstream s;
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *params[] = {&ns};
+    enum { MAX = 1 << 20 };
+    uint64_t *lat = malloc(MAX * sizeof *lat);
+    if (lat == NULL)
+        return 1;
+    size_t n = 0;
+    uint64_t start = test_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    while (test_now_ns() < end && n < MAX) {
+        uint64_t t0 = test_now_ns();
+        CHECK(p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+        CHECK(p_cuStreamSynchronize(s));
+        lat[n++] = test_now_ns() - t0;
+        if (gap > 0) {
+            struct timespec ts = {(time_t)(gap / 1000000000ULL), (long)(gap % 1000000000ULL)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    uint64_t elapsed = test_now_ns() - start;
+    if (n == 0)
+        return 1;
+    qsort(lat, n, sizeof *lat, cmp_u64);
+    printf("elapsed_ns=%llu share=%.2f kernels=%zu p50_ns=%llu p90_ns=%llu p99_ns=%llu max_ns=%llu\n",
+           (unsigned long long)elapsed, 100.0 * (double)(n * ns) / (double)elapsed, n,
+           (unsigned long long)lat[n / 2], (unsigned long long)lat[n * 9 / 10],
+           (unsigned long long)lat[n * 99 / 100], (unsigned long long)lat[n - 1]);
+    free(lat);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------- bench ------- */
 
 static int mode_bench(int argc, char **argv)
@@ -1102,6 +1162,8 @@ int main(int argc, char **argv)
         return mode_caching(argc, argv);
     if (strcmp(mode, "duty") == 0)
         return mode_duty(argc, argv);
+    if (strcmp(mode, "latency") == 0)
+        return mode_latency(argc, argv);
     if (strcmp(mode, "poolcache") == 0)
         return mode_poolcache(argc, argv);
     if (strcmp(mode, "pools") == 0)

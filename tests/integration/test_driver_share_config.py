@@ -1,0 +1,159 @@
+"""A claim's ShareConfig (priority, enforcement) through the real control plane and the real daemon:
+the scheduler copies the claim's opaque configuration into its allocation and the daemon acts on
+it at prepare - a malformed one, or enforcement off on part of a GPU, refuses the claim with one
+sentence (the kubelet's answer, which it puts in the pod's events), enforcement off on a whole GPU
+prepares it without the shim, and priority reaches the limits file and the GPU's board mount.
+
+The claim's own Ready condition is not asserted here: the API server (v1.37.2) refuses every PATCH
+of the status of a claim whose allocation carries opaque configuration - server-side apply, JSON,
+merge and strategic merge patches alike - with "status.allocation: Invalid value: null: field
+cannot be modified once set", while a PUT of the same status succeeds. The daemon's status writer
+patches (its RBAC grants patch only), so for such claims it logs the refusal and the sentence
+reaches the pod's events only (docs/driver.md, "What the claim says").
+
+Kubelet-less nodes as in test_driver_api.py: the real scheduler allocates, the test makes the
+kubelet's calls itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS, DRIVER_NAME
+from tessera.shim import format as shim_format
+from testbed.cluster import LocalCluster
+from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.kubelet_client import ClaimRef, KubeletClient
+from testbed.pod_state import wait_until_bound
+from testbed.polling import poll_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def driver_node(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[DriverNode]:
+    """The daemon on a fresh kubelet-less node with 2 simulated 80 GiB GPUs, published."""
+    ensure_device_class(kube)
+    node = DriverNode(cluster, fake_node(), gpus=2)
+    node.start()
+    node.wait_published()
+    yield node
+    node.cleanup()
+
+
+def configured_share(
+    kube: client.ApiClient, namespace: str, node: str, name: str, memory: str, cores: str, **config: Any
+) -> ClaimRef:
+    """A ResourceClaim asking ``memory`` and ``cores`` of one GPU with ``config`` as its ShareConfig
+    (as the webhook writes it), used by a pod on ``node``; returned once the scheduler allocated it."""
+    resource, core = client.ResourceV1Api(kube), client.CoreV1Api(kube)
+    parameters = {"apiVersion": "gpu.tessera.dev/v1", "kind": "ShareConfig", **config}
+    claim = {
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DEVICE_CLASS,
+                            "capacity": {"requests": {"memory": memory, "cores": cores}},
+                        },
+                    }
+                ],
+                "config": [
+                    {"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
+                ],
+            }
+        },
+    }
+    resource.create_namespaced_resource_claim(namespace, client.ResourceV1ResourceClaim.model_validate(claim))
+    pod = {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{"name": "main", "image": "none", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+    wait_until_bound(core, namespace, name)
+
+    def allocated() -> dict[str, Any] | None:
+        body = raw_json(resource.read_namespaced_resource_claim(name, namespace, _preload_content=False))
+        return body if (body.get("status") or {}).get("allocation") else None
+
+    body = poll_until(allocated, 30, f"{name} allocated")
+    assert body["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"] == parameters
+    return namespace, name, str(body["metadata"]["uid"])
+
+
+def test_a_bad_share_config_and_enforcement_off_on_a_partial_share_are_refused_with_a_sentence(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    node = driver_node.node_name
+    bad = configured_share(kube, namespace, node, "bad", "1Gi", "10", priority=7)
+    half = configured_share(kube, namespace, node, "partial", "40Gi", "100", enforcement="off")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([bad, half])
+    finally:
+        kubelet.close()
+    expected = {
+        bad[2]: f"ResourceClaim {namespace}/bad: the ShareConfig in its configuration has priority 7; "
+        "it must be 0 (high) or 1 (low)",
+        half[2]: f"ResourceClaim {namespace}/partial asks for enforcement off (request gpu), which is "
+        "allowed only on a whole GPU, but it holds 40960 MiB of 81920 MiB and 100 of 100 cores of ",
+    }
+    for claim in (bad, half):
+        error = response.claims[claim[2]].error
+        assert error.startswith(expected[claim[2]]), error
+        assert not response.claims[claim[2]].devices
+        assert not (driver_node.state_dir / "claims" / claim[2]).exists()
+
+
+def test_enforcement_off_on_a_whole_gpu_prepares_it_without_the_shim_and_priority_reaches_the_board(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    node = driver_node.node_name
+    whole = configured_share(kube, namespace, node, "whole", "80Gi", "100", enforcement="off")
+    high = configured_share(kube, namespace, node, "high", "10Gi", "30", priority=0)
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([whole, high])
+    finally:
+        kubelet.close()
+    assert response.claims[whole[2]].error == "" and response.claims[high[2]].error == ""
+    (whole_device,) = response.claims[whole[2]].devices
+    (high_device,) = response.claims[high[2]].devices
+    assert whole_device.device_name != high_device.device_name
+
+    spec = json.loads((driver_node.cdi_dir / f"k8s.gpu.tessera.dev-claim_{whole[2]}.json").read_text())
+    edits = spec["containerEdits"]
+    mounted = {m["containerPath"] for m in edits["mounts"]}
+    assert not mounted & {"/usr/local/tessera/shim", "/run/tessera/limits", "/run/tessera/usage"}
+    assert not any(e.startswith("TESSERA_") for e in edits["env"])
+    assert any(e.startswith("CUDA_VISIBLE_DEVICES=GPU-") for e in edits["env"])
+    folder = driver_node.state_dir / "claims" / whole[2]
+    assert not (folder / "limits").exists()
+    preloaded = (folder / "ld.so.preload").read_text().split()
+    assert [p.rsplit("/", 1)[1] for p in preloaded] == ["libcuda.so.1", "libnvidia-ml.so.1"]
+    assert "tessera/shim" not in " ".join(preloaded)
+
+    (limit,) = shim_format.read_limits(driver_node.state_dir / "claims" / high[2] / "limits") or []
+    assert (limit.memory_bytes, limit.cores, limit.priority) == (10 << 30, 30, shim_format.PRIORITY_HIGH)
+    spec = json.loads((driver_node.cdi_dir / f"k8s.gpu.tessera.dev-claim_{high[2]}.json").read_text())
+    boards = {
+        m["containerPath"]: m for m in spec["containerEdits"]["mounts"] if "priority" in m["containerPath"]
+    }
+    board = boards[f"/run/tessera/priority/{limit.uuid}"]
+    assert board["options"][0] == "rw"
+    assert shim_format.read_board(driver_node.state_dir / "priority" / limit.uuid) is not None
