@@ -1,6 +1,7 @@
 """What the gpu-fit admission check costs Kueue's admission rate: the same Workloads admitted by
 Kueue alone (quota only) and by Kueue with the check, in one run, on one machine. Writes
-queue_rate.{md,json} into benchmarks/admissioncheck/results/ (or --out DIR).
+queue_rate.{md,json} (queue_rate-qps<N>.* with --kueue-qps) into benchmarks/admissioncheck/results/
+(or --out DIR).
 
     .venv/bin/python benchmarks/admissioncheck/queue_rate.py [--workloads 1000] [--nodes 100] [--gpus 8]
 
@@ -302,7 +303,8 @@ def main() -> int:
         "rounds": rounds,
         "summary": summary,
     }
-    (args.out / "queue_rate.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = f"queue_rate-qps{args.kueue_qps:g}" if args.kueue_qps else "queue_rate"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     target = "met" if summary["cost_percent"] <= 10 else "NOT met"
     qps = (
         f"clientConnection.qps {args.kueue_qps:g}" if args.kueue_qps else "Kueue's default client rate limit"
@@ -335,7 +337,7 @@ def main() -> int:
         f"Kueue's rate (target <= 10 %: {target}), {summary['cost_over_null_percent']} % of the rate "
         "Kueue reaches with a check that decides nothing.",
     ]
-    (args.out / "queue_rate.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
