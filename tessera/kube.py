@@ -37,13 +37,39 @@ Timeout = tuple[float, float]
 """(connect, read) seconds, as the client's ``_request_timeout`` takes them."""
 
 
+class _CompactJsonBodies:
+    """The client's connection pool, sending JSON bodies in canonical form - no spaces after
+    separators, keys sorted - as the API server itself re-encodes them.
+
+    Why: the API server keeps an opaque configuration's ``parameters`` as the bytes it was sent, and
+    the controller manager and the scheduler copy those bytes from a template into a claim and its
+    allocation. A PATCH of such a claim's status re-encodes the allocation compactly, sees it
+    "changed", and is refused ("status.allocation: field cannot be modified once set"), so the node
+    daemon could not write why a claim with a ShareConfig failed to prepare. Bytes sent canonical
+    compare equal."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def request(self, method: str, url: str, body: Any = None, headers: Any = None, **kwargs: Any) -> Any:
+        content_type = (headers or {}).get("Content-Type")
+        if isinstance(body, str) and body and content_type in (None, "application/json"):
+            body = json.dumps(json.loads(body), separators=(",", ":"), sort_keys=True)
+        return self._pool.request(method, url, body=body, headers=headers, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
 class BoundedApiClient(client.ApiClient):
     """An ApiClient whose calls wait at most ``timeout`` unless a call passes ``_request_timeout``
-    (a watch does: it must outlast its server-side timeout)."""
+    (a watch does: it must outlast its server-side timeout), and whose JSON bodies are compact
+    (:class:`_CompactJsonBodies`)."""
 
     def __init__(self, configuration: client.Configuration, timeout: Timeout) -> None:
         super().__init__(configuration)
         self.timeout = timeout
+        self.rest_client.pool_manager = _CompactJsonBodies(self.rest_client.pool_manager)  # type: ignore[assignment]
 
     def call_api(
         self,

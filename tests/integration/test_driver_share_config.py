@@ -4,12 +4,9 @@ it at prepare - a malformed one, or enforcement off on part of a GPU, refuses th
 sentence (the kubelet's answer, which it puts in the pod's events), enforcement off on a whole GPU
 prepares it without the shim, and priority reaches the limits file and the GPU's board mount.
 
-The claim's own Ready condition is not asserted here: the API server (v1.37.2) refuses every PATCH
-of the status of a claim whose allocation carries opaque configuration - server-side apply, JSON,
-merge and strategic merge patches alike - with "status.allocation: Invalid value: null: field
-cannot be modified once set", while a PUT of the same status succeeds. The daemon's status writer
-patches (its RBAC grants patch only), so for such claims it logs the refusal and the sentence
-reaches the pod's events only (docs/driver.md, "What the claim says").
+The refusal's sentence is also the claim's own Ready condition: the claims are written through
+Tessera's client, which sends canonical JSON as the webhook does (tessera/kube.py says why that
+matters for a status PATCH).
 
 Kubelet-less nodes as in test_driver_api.py: the real scheduler allocates, the test makes the
 kubelet's calls itself.
@@ -113,11 +110,24 @@ def test_a_bad_share_config_and_enforcement_off_on_a_partial_share_are_refused_w
         half[2]: f"ResourceClaim {namespace}/partial asks for enforcement off (request gpu), which is "
         "allowed only on a whole GPU, but it holds 40960 MiB of 81920 MiB and 100 of 100 cores of ",
     }
+    resource = client.ResourceV1Api(kube)
     for claim in (bad, half):
         error = response.claims[claim[2]].error
         assert error.startswith(expected[claim[2]]), error
         assert not response.claims[claim[2]].devices
         assert not (driver_node.state_dir / "claims" / claim[2]).exists()
+
+        def ready_condition(name: str = claim[1]) -> dict[str, Any] | None:
+            body = raw_json(resource.read_namespaced_resource_claim(name, namespace, _preload_content=False))
+            for device in (body.get("status") or {}).get("devices") or []:
+                for condition in device.get("conditions") or []:
+                    if condition.get("type") == "Ready":
+                        return dict(condition)
+            return None
+
+        condition = poll_until(ready_condition, 30, f"the Ready condition of {claim[1]}")
+        assert (condition["status"], condition["reason"]) == ("False", "PrepareFailed"), condition
+        assert condition["message"].startswith(expected[claim[2]]), condition
 
 
 def test_enforcement_off_on_a_whole_gpu_prepares_it_without_the_shim_and_priority_reaches_the_board(

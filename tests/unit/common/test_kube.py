@@ -17,7 +17,7 @@ import urllib3
 from kubernetes import client
 
 from tessera import watching
-from tessera.kube import api_client
+from tessera.kube import BoundedApiClient, api_client
 from testbed.polling import poll_until
 
 KUBECONFIG = """apiVersion: v1
@@ -231,3 +231,42 @@ def test_a_watch_that_cannot_list_says_so_until_it_lists_again(
         stop.set()
         server.release.set()
         working.join(10)
+
+
+def test_json_bodies_go_out_canonical_so_opaque_parameters_survive_a_status_patch() -> None:
+    """The API server keeps an opaque configuration's bytes as sent and refuses a status PATCH of a
+    claim whose stored bytes do not re-encode to themselves; bodies therefore leave with no spaces
+    and sorted keys, while patch bodies of other types are left as the library wrote them."""
+    configuration = client.Configuration()
+    configuration.host = "http://127.0.0.1:1"
+    api = BoundedApiClient(configuration, (1.0, 1.0))
+    sent: list[tuple[object, object]] = []
+
+    class Recorder:
+        def request(
+            self, method: str, url: str, body: object = None, headers: object = None, **_: object
+        ) -> None:
+            sent.append((body, headers))
+            raise RuntimeError("recorded")
+
+    api.rest_client.pool_manager._pool = Recorder()  # type: ignore[attr-defined]
+    claim = {
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "requests": [],
+                "config": [{"opaque": {"driver": "d", "parameters": {"kind": "K", "enforcement": "off"}}}],
+            }
+        },
+    }
+    with pytest.raises(RuntimeError, match="recorded"):
+        client.ResourceV1Api(api).create_namespaced_resource_claim(
+            "ns", client.ResourceV1ResourceClaim.model_validate(claim)
+        )
+    body, _ = sent[-1]
+    assert isinstance(body, str) and " " not in body
+    assert '"parameters":{"enforcement":"off","kind":"K"}' in body
+    with pytest.raises(RuntimeError, match="recorded"):
+        client.CoreV1Api(api).patch_node("n", [{"op": "add", "path": "/metadata/labels/a", "value": "b"}])
+    body, headers = sent[-1]
+    assert body == '[{"op": "add", "path": "/metadata/labels/a", "value": "b"}]', (body, headers)
