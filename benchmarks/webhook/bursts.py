@@ -70,6 +70,12 @@ def webhook_counters(metrics_port: int) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (/proc/PID/stat, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """p50/p99 over every latency of the rounds of one side, and their mean achieved rate."""
     latencies: list[float] = sorted(x for r in rounds for x in r.pop("_latencies"))
@@ -83,6 +89,10 @@ def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "p50_ms": pct(0.5) if latencies else float("nan"),
         "p99_ms": pct(0.99) if latencies else float("nan"),
         "rate_per_s": round(sum(r["rate_per_s"] for r in rounds) / len(rounds), 1),
+        "cpu_ms_per_pod": {
+            name: round(sum(r["cpu_ms_per_pod"][name] for r in rounds) / len(rounds), 3)
+            for name in rounds[0]["cpu_ms_per_pod"]
+        },
     }
 
 
@@ -115,6 +125,12 @@ class Bench:
         finally:
             os.kill(manager.pid, signal.SIGCONT)
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the API server, etcd and the webhook."""
+        pids = {p.name: p.pid for p in self.webhook.cluster.processes if p.name in ("kube-apiserver", "etcd")}
+        pids["webhook"] = self.webhook.pid
+        return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
     def leftovers(self) -> int:
         pods = len(self.core.list_namespaced_pod(NAMESPACE).items)
         return pods + len(self.resource.list_namespaced_resource_claim(NAMESPACE).items)
@@ -132,13 +148,19 @@ class Bench:
         cluster = self.webhook.cluster
         before = webhook_counters(self.webhook.metrics_port)
         calls_before = webhook_histogram(cluster.component_metrics("kube-apiserver"))
+        cpu_before = self.cpu()
         figures = open_loop(
             self.target(dry_run, gpu), "gpu" if gpu else "plain", rate, seconds, self.processes, count, True
         )
+        cpu_after = self.cpu()
         after = webhook_counters(self.webhook.metrics_port)
         calls = histogram_quantiles(
             calls_before, webhook_histogram(cluster.component_metrics("kube-apiserver"))
         )
+        answered = max(1, figures["requests"])
+        figures["cpu_ms_per_pod"] = {
+            name: round((cpu_after[name] - cpu_before[name]) * 1000 / answered, 3) for name in cpu_after
+        }
         figures["webhook_connections"] = after["connections"] - before["connections"]
         figures["webhook_reviews"] = after["reviews"] - before["reviews"]
         figures["apiserver_webhook_call"] = {k: calls[k] for k in ("calls", "p50", "p99")}
@@ -218,16 +240,22 @@ def main() -> int:
         f"{args.processes} x 8 senders.",
         "",
         "| mode | load | GPU p50 / p99 ms | baseline p50 / p99 ms | added p50 / p99 ms "
-        "| GPU / baseline pods/s | ratio | webhook connections / reviews | errors GPU / baseline |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| GPU / baseline pods/s | ratio | webhook connections / reviews | errors GPU / baseline "
+        "| CPU ms per pod, GPU: API server / etcd / webhook | CPU ms per pod, baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def cpu(side: dict[str, Any]) -> str:
+        used = side["cpu_ms_per_pod"]
+        return f"{used['kube-apiserver']:.2f} / {used['etcd']:.2f} / {used['webhook']:.2f}"
+
     for r in results:
         g, b = r["gpu"], r["baseline"]
         lines.append(
             f"| {r['mode']} | {r['load']} | {g['p50_ms']} / {g['p99_ms']} | {b['p50_ms']} / {b['p99_ms']} "
             f"| {r['added_p50_ms']} / {r['added_p99_ms']} | {g['rate_per_s']} / {b['rate_per_s']} "
             f"| {r['rate_ratio']} | {r['webhook_connections']:g} / {r['webhook_reviews']:g} "
-            f"| {g['errors']} / {b['errors']} |"
+            f"| {g['errors']} / {b['errors']} | {cpu(g)} | {cpu(b)} |"
         )
     (args.out / "bursts.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

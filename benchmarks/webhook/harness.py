@@ -258,6 +258,8 @@ class RunningWebhook:
     """The webhook's CA bundle (PEM), read back from the configuration it wrote it into."""
     direct: Target
     """``/mutate`` with the API server's webhook client certificate."""
+    pid: int
+    """The webhook process's, for its CPU time."""
     exit_code: int | None = None
     """The process's exit status on SIGTERM, set when the context ends."""
 
@@ -326,7 +328,7 @@ def running_webhook(configuration: str = "tessera-webhook-bench") -> Iterator[Ru
                 cert_file=str(cluster.webhook_client.cert),
                 key_file=str(cluster.webhook_client.key),
             )
-            running = RunningWebhook(cluster, port, metrics_port, ca, direct)
+            running = RunningWebhook(cluster, port, metrics_port, ca, direct, process.pid)
             yield running
         finally:
             process.terminate()
