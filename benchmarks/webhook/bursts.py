@@ -54,6 +54,17 @@ from tessera.kube import api_client
 from testbed.polling import poll_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
+HOW_TO_READ = [
+    "How to read it: latencies at a fixed rate run from each request's due time (queueing counts), "
+    "in a burst from each request's sending. Added = GPU minus baseline over the pooled latencies of "
+    "their rounds; the ratio is GPU pods/s over baseline pods/s (answers over the time to the last "
+    "answer), below 1 only where the machine could not keep the rate. Connections are those the "
+    "webhook accepted (`tessera_webhook_connections_total`) during the GPU rounds, against the "
+    "reviews it answered (each round also sends 32 warm-up pods). CPU is per answered pod, from "
+    "/proc over each round, its idle seconds included: at low rates the fixed background work of "
+    "each process weighs more per pod. The load generator and other work on the machine share the "
+    "same cores; see the load average above.",
+]
 RATES = (50.0, 200.0, 500.0)
 
 
@@ -257,6 +268,7 @@ def main() -> int:
             f"| {r['rate_ratio']} | {r['webhook_connections']:g} / {r['webhook_reviews']:g} "
             f"| {g['errors']} / {b['errors']} | {cpu(g)} | {cpu(b)} |"
         )
+    lines += ["", *HOW_TO_READ]
     (args.out / "bursts.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
