@@ -5,7 +5,7 @@ the same run. Also counts the connections the webhook accepted per round against
 answered: whether the API server reuses its connections or pays a TLS handshake per review.
 Writes bursts.{md,json} into benchmarks/webhook/results/ (or --out DIR).
 
-    .venv/bin/python benchmarks/webhook/bursts.py [--seconds 8] [--burst 1000] [--repeats 2]
+    .venv/bin/python benchmarks/webhook/bursts.py [--seconds 6] [--burst 600] [--repeats 2]
 
 The cluster and webhook are started as benchmarks/webhook/admission.py starts them (harness.py).
 Real pods name a scheduler that does not exist, so they stay Pending and nothing schedules them,
@@ -183,8 +183,8 @@ class Bench:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=8, help="length of a fixed-rate round")
-    parser.add_argument("--burst", type=int, default=1000, help="pods in a burst round")
+    parser.add_argument("--seconds", type=float, default=6, help="length of a fixed-rate round")
+    parser.add_argument("--burst", type=int, default=600, help="pods in a burst round")
     parser.add_argument("--repeats", type=int, default=2, help="GPU/baseline pairs per load (ABBA order)")
     parser.add_argument("--processes", type=int, default=4, help="client processes generating load")
     parser.add_argument("--modes", default="dry-run,real")
