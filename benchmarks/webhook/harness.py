@@ -41,12 +41,20 @@ GPU_LIMITS = {"nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "30"}
 THREADS_PER_PROCESS = 8
 
 
+UNSCHEDULED = "tessera-bench-none"
+"""The pods' scheduler, which does not exist: pods created for real stay Pending and untouched, so a
+burst measures admission, not the scheduler."""
+
+
 def pod(limits: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"generateName": "bench-", "namespace": NAMESPACE},
-        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
+        "spec": {
+            "schedulerName": UNSCHEDULED,
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
+        },
     }
 
 
@@ -115,21 +123,26 @@ class Sender:
 
 
 def _open_loop_share(
-    target: Target, body_kind: str, rate: float, seconds: float, start_at: float, share: int, shares: int
+    target: Target, body_kind: str, rate: float | None, count: int, start_at: float, share: int, shares: int
 ) -> tuple[list[float], list[str], float]:
     """One worker process's part of the open loop: requests share, share + shares, ... of the
-    schedule start_at + i / rate; returns latencies, errors and when its last request was sent."""
+    schedule start_at + i / rate (rate None: all due at once, each timed from when a thread sends
+    it); returns latencies, errors and when its last answer arrived."""
     send = Sender(target)
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
 
-    def one(i: int, due: float) -> None:
+    last_done = [start_at]
+
+    def one(i: int, due: float | None) -> None:
+        began = time.time() if due is None else due
         try:
             send(review_body(i) if body_kind == "review" else GPU_POD if body_kind == "gpu" else PLAIN_POD)
-            elapsed = time.time() - due
+            done = time.time()
             with lock:
-                latencies.append(elapsed)
+                latencies.append(done - began)
+                last_done[0] = max(last_done[0], done)
         except Exception as error:
             with lock:
                 errors.append(str(error))
@@ -144,31 +157,47 @@ def _open_loop_share(
     with ThreadPoolExecutor(THREADS_PER_PROCESS) as pool:
         for warming in [pool.submit(warm) for _ in range(THREADS_PER_PROCESS)]:
             warming.result()
-        for i in range(share, int(rate * seconds), shares):
-            due = start_at + i / rate
-            delay = due - time.time()
-            if delay > 0:
+        delay = start_at - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        for i in range(share, count, shares):
+            due = None if rate is None else start_at + i / rate
+            if due is not None and (delay := due - time.time()) > 0:
                 time.sleep(delay)
             pool.submit(one, i, due)
-        last_sent = time.time()
-    return latencies, errors, last_sent
+    return latencies, errors, last_done[0]
 
 
-def open_loop(target: Target, body_kind: str, rate: float, seconds: float, processes: int) -> dict[str, Any]:
-    """Send at ``rate`` per second for ``seconds`` from ``processes`` client processes (one Python
-    process cannot keep a schedule of hundreds of TLS requests a second); latencies from each
-    request's due time."""
+def open_loop(
+    target: Target,
+    body_kind: str,
+    rate: float | None,
+    seconds: float,
+    processes: int,
+    count: int | None = None,
+    keep_latencies: bool = False,
+) -> dict[str, Any]:
+    """Send at ``rate`` per second for ``seconds`` (or ``count`` requests) from ``processes`` client
+    processes (one Python process cannot keep a schedule of hundreds of TLS requests a second);
+    latencies from each request's due time. Rate None is a burst: ``count`` requests as fast as
+    the ``processes`` x THREADS_PER_PROCESS senders go, each timed from its sending. The achieved
+    rate is answers over the time from the start to the last answer. keep_latencies: every latency
+    (seconds) under "latencies", for pooling rounds."""
+    total = count if count is not None else int((rate or 0) * seconds)
     start_at = time.time() + 3.0  # after every worker has its threads and connections up
     with ProcessPoolExecutor(processes) as pool:
         parts = [
-            pool.submit(_open_loop_share, target, body_kind, rate, seconds, start_at, k, processes)
+            pool.submit(_open_loop_share, target, body_kind, rate, total, start_at, k, processes)
             for k in range(processes)
         ]
         results = [part.result() for part in parts]
     latencies = [x for part in results for x in part[0]]
     errors = [x for part in results for x in part[1]]
-    sending = max(part[2] for part in results) - start_at
-    return summary(latencies, errors, len(latencies) / sending if sending > 0 else 0.0)
+    answering = max(part[2] for part in results) - start_at
+    figures = summary(latencies, errors, len(latencies) / answering if answering > 0 else 0.0)
+    if keep_latencies:
+        figures["latencies"] = latencies
+    return figures
 
 
 def summary(latencies: list[float], errors: list[str], rate: float) -> dict[str, Any]:
@@ -229,6 +258,8 @@ class RunningWebhook:
     """The webhook's CA bundle (PEM), read back from the configuration it wrote it into."""
     direct: Target
     """``/mutate`` with the API server's webhook client certificate."""
+    pid: int
+    """The webhook process's, for its CPU time."""
     exit_code: int | None = None
     """The process's exit status on SIGTERM, set when the context ends."""
 
@@ -297,7 +328,7 @@ def running_webhook(configuration: str = "tessera-webhook-bench") -> Iterator[Ru
                 cert_file=str(cluster.webhook_client.cert),
                 key_file=str(cluster.webhook_client.key),
             )
-            running = RunningWebhook(cluster, port, metrics_port, ca, direct)
+            running = RunningWebhook(cluster, port, metrics_port, ca, direct, process.pid)
             yield running
         finally:
             process.terminate()

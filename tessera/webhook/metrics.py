@@ -1,5 +1,6 @@
-"""The webhook's own Prometheus metrics: reviews by outcome, latency, templates created, and the
-slice cache's view; every outcome series starts at zero so rates exist before the first event."""
+"""The webhook's own Prometheus metrics: reviews by outcome, latency, templates created, connections
+accepted, and the slice cache's view; every outcome series starts at zero so rates exist before the
+first event."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ class WebhookMetrics:
             "Requests answered with a 4xx before a review was decided (401/403 unauthenticated or "
             "not allowed, 408 too slow, 411/413/431 over a limit, 400 malformed), by status.",
             ["status"],
+            registry=self.registry,
+        )
+        self.connections = Counter(
+            "tessera_webhook_connections",
+            "Connections accepted on the admission port, each a TLS handshake (those closed at once "
+            "over the connection limit included). Against reviews_total it shows whether the API "
+            "server reuses its connections or pays a handshake per review.",
             registry=self.registry,
         )
         self.gpu_sizes = Gauge(

@@ -246,6 +246,7 @@ class _Listener:
         server = self.server
         task = asyncio.current_task()
         assert task is not None
+        self.app.metrics.connections.inc()
         if len(server.connections) >= MAX_CONNECTIONS or self.app.closing.is_set():
             writer.transport.abort()
             return

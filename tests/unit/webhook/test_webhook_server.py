@@ -182,6 +182,20 @@ def test_metrics_count_reviews_by_outcome(running: Running) -> None:
     assert "tessera_webhook_gpu_memory_sizes 2.0" in text
 
 
+def test_metrics_count_connections_not_requests(running: Running) -> None:
+    """Three reviews on one kept-alive connection and one on a second: two connections, so the
+    counter tells a client that reuses its connections from one that pays a handshake per review."""
+    body = json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request(GPU_POD)}
+    ).encode()
+    kept = running.https()
+    for _ in range(3):
+        kept.request("POST", "/mutate", body, {"Content-Type": "application/json"})
+        assert kept.getresponse().read()
+    assert running.post(body)[0] == 200
+    assert "tessera_webhook_connections_total 2.0" in running.get_plain("/metrics")[1]
+
+
 def test_the_plain_port_does_not_serve_mutate(running: Running) -> None:
     assert running.server.metrics_port is not None
     connection = http.client.HTTPConnection("127.0.0.1", running.server.metrics_port, timeout=30)
