@@ -7,13 +7,19 @@
  * simulated driver's calls (microseconds) swing by more than the shim adds. Without the shim
  * both rounds call the driver: what the method reads then is its noise.
  *
- *     alloc_free ROUNDS
+ *     alloc_free ROUNDS [EVICT_KIB]
+ *
+ * EVICT_KIB: before every call (through either library) read EVICT_KIB KiB of other memory, one
+ * load per cache line, as a driver whose own work is that large does (the simulator walks its
+ * list of allocations): the shim's lines are then cold on every call, and what each costs shows
+ * on a driver whose calls are otherwise empty (the stub). The reads are timed on both sides.
  *
  * Prints alloc_ns, free_ns (through the loaded library), direct_alloc_ns, direct_free_ns
  * (medians over the rounds) and added_ns: the median over round pairs of the loaded library's
  * alloc + free less the driver's own, ns per pair.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "simgpu_test.h"
 
@@ -33,16 +39,32 @@ struct api {
     __typeof__(&cuMemFree_v2) free;
 };
 
+static volatile const unsigned char *evict_buf; /* NULL: no eviction */
+static size_t evict_bytes;
+
+/* Read every cache line of the eviction buffer (pushes the caller's lines out). */
+static void evict(void)
+{
+    unsigned sum = 0;
+    for (size_t i = 0; i < evict_bytes; i += 64)
+        sum += evict_buf[i];
+    __asm__ volatile("" : : "r"(sum));
+}
+
 /* One round of BATCH allocations, then their frees: ns per call of each. */
 static void round_of(const struct api *a, int64_t *alloc_ns, int64_t *free_ns)
 {
     static CUdeviceptr batch[BATCH];
     uint64_t t0 = test_now_ns();
-    for (int i = 0; i < BATCH; i++)
+    for (int i = 0; i < BATCH; i++) {
+        evict();
         CHECK(a->alloc(&batch[i], SIZE));
+    }
     uint64_t t1 = test_now_ns();
-    for (int i = 0; i < BATCH; i++)
+    for (int i = 0; i < BATCH; i++) {
+        evict();
         CHECK(a->free(batch[i]));
+    }
     uint64_t t2 = test_now_ns();
     *alloc_ns = (int64_t)(t1 - t0) / BATCH;
     *free_ns = (int64_t)(t2 - t1) / BATCH;
@@ -63,9 +85,18 @@ static int64_t median(int64_t *v, int n)
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 100;
-    if (rounds < 1 || rounds > 100000) {
-        fprintf(stderr, "usage: alloc_free ROUNDS (1 to 100000)\n");
+    long evict_kib = argc > 2 ? atol(argv[2]) : 0;
+    if (rounds < 1 || rounds > 100000 || evict_kib < 0 || evict_kib > 65536) {
+        fprintf(stderr, "usage: alloc_free ROUNDS (1 to 100000) [EVICT_KIB (0 to 65536)]\n");
         return 2;
+    }
+    evict_bytes = (size_t)evict_kib << 10;
+    if (evict_bytes > 0) {
+        unsigned char *b = malloc(evict_bytes);
+        if (b == NULL)
+            return 3;
+        memset(b, 1, evict_bytes);
+        evict_buf = b;
     }
     void *lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
     void *real = dlopen("libcuda-real.so.1", RTLD_NOW | RTLD_NOLOAD);

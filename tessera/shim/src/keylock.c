@@ -13,8 +13,10 @@ struct stripe {
 static struct stripe stripes[STRIPES];
 
 /* Writer-preferring: a free waiting to close the gate is not starved by a stream of
- * allocations (readers never nest, so the preference cannot deadlock a reader). */
-static pthread_rwlock_t gate = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+ * allocations (readers never nest, so the preference cannot deadlock a reader). Aligned: its
+ * 56 bytes on one cache line, not two, as every allocation reads it. */
+static pthread_rwlock_t gate __attribute__((aligned(64))) =
+    PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 
 static inline struct stripe *stripe_of(enum shim_kind kind, uint64_t key)
 {

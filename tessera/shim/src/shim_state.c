@@ -22,7 +22,6 @@
 struct shim_state shim = {.device_count = -1, .region = {.fd = -1, .slot = -1}};
 int shim_launch_passthrough = 0;
 
-static int init_done = 0;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static int limit_gpu[TESSERA_MAX_GPUS]; /* region GPU index of limits.gpus[i] */
@@ -159,17 +158,17 @@ static void do_init(void)
 
 void shim_init(void)
 {
-    if (SHIM_LIKELY(__atomic_load_n(&init_done, __ATOMIC_ACQUIRE)))
+    if (SHIM_LIKELY(__atomic_load_n(&shim.init_done, __ATOMIC_ACQUIRE)))
         return;
     pthread_mutex_lock(&init_mu);
-    if (!init_done) {
+    if (!shim.init_done) {
         static bool atfork_registered = false; /* registrations survive fork: once per image */
         if (!atfork_registered) {
             pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
             atfork_registered = true;
         }
         do_init();
-        __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&shim.init_done, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&init_mu);
 }
@@ -279,13 +278,15 @@ const struct shim_device *shim_device(int dev)
 
 /* The calling thread's last answer, valid while no context has been forgotten since (a
  * destroyed context's handle can come back for another device). Spares the table's lock on the
- * calls that ask often (cuMemGetInfo, every allocation). */
-static uint64_t contexts_forgotten;
+ * calls that ask often (cuMemGetInfo, every allocation). Initial-exec: read at a fixed offset
+ * from the thread pointer, not through a call into the loader (__tls_get_addr, whose lookups
+ * missed the cache on every allocation); the shim is preloaded, and a library loaded later with
+ * dlopen gets these 24 bytes from the static TLS the loader keeps spare for that. */
 static __thread struct {
     CUcontext ctx;
     int device;
     uint64_t forgotten;
-} last_context;
+} last_context __attribute__((tls_model("initial-exec")));
 
 bool shim_current_device(int *device, CUcontext *pctx)
 {
@@ -294,7 +295,7 @@ bool shim_current_device(int *device, CUcontext *pctx)
         return false;
     if (pctx != NULL)
         *pctx = ctx;
-    uint64_t forgotten = __atomic_load_n(&contexts_forgotten, __ATOMIC_ACQUIRE);
+    uint64_t forgotten = __atomic_load_n(&shim.contexts_forgotten, __ATOMIC_ACQUIRE);
     if (ctx == last_context.ctx && forgotten == last_context.forgotten) {
         *device = last_context.device;
         return true;
@@ -320,7 +321,7 @@ bool shim_current_device(int *device, CUcontext *pctx)
 void shim_forget_context(CUcontext ctx)
 {
     shim_table_take(SHIM_KIND_CONTEXT, (uint64_t)(uintptr_t)ctx, NULL);
-    __atomic_add_fetch(&contexts_forgotten, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&shim.contexts_forgotten, 1, __ATOMIC_RELEASE);
 }
 
 bool shim_slot(void)

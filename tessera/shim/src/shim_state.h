@@ -28,6 +28,9 @@ struct shim_device {
     char uuid[TESSERA_UUID_MAX];
 };
 
+/* What every allocation and free reads comes first, with the first device's limits, so that it
+ * fits one cache line: the driver's own work (the simulator's, say) evicts the shim's lines
+ * between calls, and each line read again is a miss. The limits, read once, come last. */
 struct shim_state {
     bool limited;        /* a limits file is in force (maybe with no entries) */
     bool prepared;       /* ... from a prepared container's fixed path: GPUs it does not name
@@ -35,11 +38,13 @@ struct shim_state {
     bool memory_limited; /* some GPU has a memory limit */
     bool compute_capped; /* some GPU has a compute cap */
     bool prioritised;    /* some GPU has a priority board: its launches go through priority.c */
-    struct tessera_limits limits;
+    int init_done;       /* shim_state.c's: 1 once shim_init has run */
+    int device_count;    /* -1: not mapped yet (the driver is not initialised) */
+    uint64_t contexts_forgotten; /* shim_state.c's: contexts destroyed so far */
     struct tessera_region_handle region;
-    int device_count; /* -1: not mapped yet (the driver is not initialised) */
     struct shim_device devices[SHIM_MAX_DEVICES];
-};
+    struct tessera_limits limits;
+} __attribute__((aligned(64)));
 
 extern struct shim_state shim;
 

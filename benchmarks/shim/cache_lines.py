@@ -1,0 +1,179 @@
+"""Cache lines the shim touches per cuMemAlloc_v2 + cuMemFree_v2 pair (10 000 allocations live),
+and what they cost when every call finds them cold, as it does after a driver whose own work
+evicts the caches (the simulator walks its list of allocations on every call). Why a separate
+measure: on the simulated driver the shim's added time is nearly all cache misses, which
+wall-clock figures on a busy 2-core machine show only through heavy noise; valgrind's
+cachegrind counts them exactly.
+
+    .venv/bin/python benchmarks/shim/cache_lines.py [--out DIR] [--runs N]
+
+On the stub driver (stub_driver.c), alloc_free.c reads EVICT_KIB of other memory before every
+call: under cachegrind (64 KiB, twice its simulated 32 KiB L1 data cache) each line the shim
+touches per pair is then one miss (lines of the shim's sources and glibc's rwlock, reads and
+writes, stack included; the 30-round run less the 10-round one, so setup cancels); timed (1 MiB,
+beyond this machine's L2), each cold line's cost shows. Writes cache_lines.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
+
+from benchmarks.run_info import RunInfo
+from benchmarks.shim.overhead import (
+    ALLOC_FREE_SOURCE,
+    BENCH_BUILD,
+    MEASURED,
+    RESULTS,
+    STUB_UUID,
+    _compile,
+    build_stub,
+)
+from testbed.shim_harness import (
+    PROGRAM_BUILD,
+    REPO,
+    SIMGPU_BUILD,
+    build_programs,
+    build_shim,
+    claim_on,
+    simulated_node,
+    values,
+)
+
+PAIRS = (30 - 10) * 200  # alloc_free's BATCH pairs per round, 30 rounds less 10
+COUNTED = ("D1mr", "D1mw")
+
+
+def _events(path: Path) -> tuple[list[str], dict[tuple[str, str], list[int]]]:
+    """Per (file, function) totals of a cachegrind output file."""
+    names: list[str] = []
+    where = ("", "")
+    totals: dict[tuple[str, str], list[int]] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("events:"):
+            names = line.split()[1:]
+        elif line.startswith("fl="):
+            where = (line[3:], where[1])
+        elif line.startswith("fn="):
+            where = (where[0], line[3:])
+        elif line[:1].isdigit():
+            row = totals.setdefault(where, [0] * len(names))
+            for i, value in enumerate(line.split()[1:]):
+                row[i] += int(value)
+    return names, totals
+
+
+def _shims(where: tuple[str, str]) -> bool:
+    return "tessera/shim/src" in where[0] or "pthread_rwlock" in where[1]
+
+
+def lines_per_pair(env: dict[str, str], tmp: Path) -> dict[str, float]:
+    """The shim's instructions and L1 data misses per pair, everything evicted before each call."""
+    runs = {}
+    for rounds in (10, 30):
+        out = tmp / f"cg.{rounds}"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=cachegrind",
+                "--cache-sim=yes",
+                "--D1=32768,8,64",
+                f"--cachegrind-out-file={out}",
+                str(BENCH_BUILD / "alloc_free"),
+                str(rounds),
+                "64",
+            ],
+            env=env,
+            capture_output=True,
+            check=True,
+            timeout=600,
+        )
+        runs[rounds] = _events(out)
+    names, many = runs[30]
+    _, few = runs[10]
+    found = {name: 0.0 for name in ("Ir", *COUNTED)}
+    for where, row in many.items():
+        if _shims(where):
+            base = few.get(where, [0] * len(names))
+            for name in found:
+                found[name] += (row[names.index(name)] - base[names.index(name)]) / PAIRS
+    found["lines"] = sum(found[name] for name in COUNTED)
+    return found
+
+
+def timed(env: dict[str, str], runs: int) -> dict[str, int]:
+    """Median over runs of alloc_free's added ns per pair, without and with 1 MiB evicted."""
+    seen: dict[str, list[int]] = {"warm": [], "evicted": []}
+    for _ in range(runs):
+        for name, args in (("warm", ["3000", "0"]), ("evicted", ["100", "1024"])):
+            done = subprocess.run(
+                [str(BENCH_BUILD / "alloc_free"), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            )
+            seen[name].append(int(values(done.stdout)["added_ns"]))
+    return {name: int(statistics.median(v)) for name, v in seen.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--runs", type=int, default=9)
+    args = parser.parse_args()
+    info = RunInfo.start(MEASURED)
+    build_shim()
+    subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
+    _compile(ALLOC_FREE_SOURCE, BENCH_BUILD / "alloc_free", "-ldl")
+    stub = build_stub()
+    with tempfile.TemporaryDirectory(prefix="tessera-cache-lines-") as tmp:
+        root = Path(tmp)
+        _, env = simulated_node(root / "node", memory_bytes=16 << 30)
+        env["LD_LIBRARY_PATH"] = f"{stub}:{env['LD_LIBRARY_PATH']}"
+        nvml = SIMGPU_BUILD / "libnvidia-ml.so.1"
+        claim = claim_on(
+            root / "mem", env, [(STUB_UUID, 8 << 30, 0)], stub / "libcuda.so.1", nvml, PROGRAM_BUILD
+        )
+        lines = lines_per_pair(claim.env(), root)
+        times = timed(claim.env(), args.runs)
+    info = info.finish()
+    out = args.out / "cache_lines"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"run": info.as_json(), "runs": args.runs, "per_pair": lines, "added_ns": times}, indent=1)
+        + "\n"
+    )
+    out.with_suffix(".md").write_text(
+        "\n".join(
+            [
+                "# Cache lines the shim touches per alloc+free pair",
+                "",
+                *info.markdown(),
+                "- Driver: stub (benchmarks/shim/stub_driver.c), memory limit in force,"
+                " 10 000 allocations live.",
+                "",
+                "| per pair | instructions | L1 data read misses | write misses | cold lines |",
+                "|---|---|---|---|---|",
+                f"| shim (cachegrind, 64 KiB evicted before every call) | {lines['Ir']:.0f} "
+                f"| {lines['D1mr']:.1f} | {lines['D1mw']:.1f} | {lines['lines']:.1f} |",
+                "",
+                f"Added ns per pair (alloc_free.c, median of {args.runs} runs): "
+                f"caches warm {times['warm']:+d}, 1 MiB evicted before every call {times['evicted']:+d}.",
+                "",
+            ]
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
