@@ -106,9 +106,21 @@ EXCLUSIVE_OF = {
 # -- objects ---------------------------------------------------------------------------------------
 
 
-def exclusive_slice(node: str, uid: str) -> dict[str, Any]:
-    """A ResourceSlice of the exclusive driver on ``node``: 8 plain devices, each taken whole."""
-    devices = [
+def exclusive_devices(node: str, product: str, like_ours: bool) -> list[dict[str, Any]]:
+    """The exclusive driver's 8 devices on ``node``, each taken whole: two attributes and a plain
+    memory capacity, or (``like_ours``) the attributes and capacity values of the driver's own
+    devices with neither multiple allocations nor request policies, which tells what the shares
+    themselves cost apart from how much a device carries."""
+    if like_ours:
+        return [
+            {
+                "name": ours["name"],
+                "attributes": ours["attributes"],
+                "capacity": {name: {"value": value["value"]} for name, value in ours["capacity"].items()},
+            }
+            for ours in queue_bed.gpu_devices(node, [80] * GPUS_PER_NODE, product)
+        ]
+    return [
         {
             "name": f"dev-{index}",
             "attributes": {"index": {"int": index}, "uuid": {"string": f"EX-{node}-{index}"}},
@@ -116,6 +128,10 @@ def exclusive_slice(node: str, uid: str) -> dict[str, Any]:
         }
         for index in range(GPUS_PER_NODE)
     ]
+
+
+def exclusive_slice(node: str, uid: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ResourceSlice of the exclusive driver on ``node`` with ``devices``."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -132,14 +148,14 @@ def exclusive_slice(node: str, uid: str) -> dict[str, Any]:
     }
 
 
-def make_node(api: client.ApiClient, index: int) -> None:
+def make_node(api: client.ApiClient, index: int, like_ours: bool) -> None:
     name = f"bench-node-{index:03d}"
-    queue_bed.gpu_node(api, name, [80] * GPUS_PER_NODE, product=PRODUCTS[index % 2])
+    product = PRODUCTS[index % 2]
+    queue_bed.gpu_node(api, name, [80] * GPUS_PER_NODE, product=product)
     core = client.CoreV1Api(api)
     uid = str(raw_json(core.read_node(name, _preload_content=False))["metadata"]["uid"])
-    client.ResourceV1Api(api).create_resource_slice(
-        client.V1ResourceSlice.model_validate(exclusive_slice(name, uid))
-    )
+    body = exclusive_slice(name, uid, exclusive_devices(name, product, like_ours))
+    client.ResourceV1Api(api).create_resource_slice(client.V1ResourceSlice.model_validate(body))
 
 
 def exclusive_class() -> dict[str, Any]:
@@ -403,6 +419,8 @@ def summary_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return {"pods_per_s": rates, "ratios": ratios}
 
 
+LIKE_OURS = " (with the attributes and capacity values of ours)"
+
 POINTS = ("Filter", "PreFilter", "Reserve", "PreBind")
 """The extension points the results table shows per pod."""
 
@@ -422,7 +440,8 @@ def markdown(
         "",
         f"{args.pods} pods per round on {args.nodes} kubelet-less nodes x {GPUS_PER_NODE} GPUs of 80 GiB "
         f"(the driver's slices; A100 and H100 on alternate nodes) plus {GPUS_PER_NODE} devices of an "
-        f"exclusive driver per node; {args.passes} passes over the {len(KINDS)} kinds, alternating order.",
+        f"exclusive driver per node{LIKE_OURS if args.exclusive_like_ours else ''}; {args.passes} "
+        f"passes over the kinds {args.kinds}, alternating order.",
         "Rate: pods / (first gate lifted to last pod bound), claims made by kube-controller-manager "
         "before the gates are lifted.",
         "",
@@ -462,6 +481,12 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=500)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of the kinds")
+    parser.add_argument(
+        "--exclusive-like-ours",
+        action="store_true",
+        help="give the exclusive driver's devices the attributes and capacities of ours",
+    )
+    parser.add_argument("--name", default="pods_per_second", help="the results' file name, without suffix")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     chosen = args.kinds.split(",")
@@ -474,7 +499,7 @@ def main() -> int:
         resource.create_device_class(client.V1DeviceClass.model_validate(exclusive_class()))
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: make_node(api, i), range(args.nodes)))
+            list(pool.map(lambda i: make_node(api, i, args.exclusive_like_ours), range(args.nodes)))
         print(f"{args.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
         slices = raw_json(resource.list_resource_slice(_preload_content=False))["items"]
         fleet = fleet_from_slices(slices)
@@ -490,11 +515,12 @@ def main() -> int:
         "run": info.as_json(),
         "nodes": args.nodes,
         "pods": args.pods,
+        "exclusive_like_ours": args.exclusive_like_ours,
         "rounds": rounds,
         "summary": summary,
     }
-    (args.out / "pods_per_second.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "pods_per_second.md").write_text(markdown(info, args, rounds, summary))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(info, args, rounds, summary))
     print(json.dumps(summary, indent=2))
     return 0
 
