@@ -57,6 +57,7 @@ from tessera.gpu_request import read_request, selection_for
 from tessera.kube import api_client, raw_json
 from tessera.names import (
     DEVICE_CLASS,
+    DRIVER_NAME,
     HAMI_GPU,
     HAMI_GPUCORES,
     HAMI_GPUMEM,
@@ -64,9 +65,10 @@ from tessera.names import (
     HAMI_USE_TYPE,
 )
 from tessera.watching import watch_forever
-from tessera.webhook.conversion import claim_template
-from tessera.webhook.fleet import fleet_from_slices
+from tessera.webhook.conversion import claim_template, template_name
+from tessera.webhook.fleet import Fleet, fleet_from_slices
 from tessera.webhook.mutation import pod_claim_name
+from tessera.webhook.selectors import cel_string
 from testbed import queue_bed
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import device_class
@@ -94,11 +96,16 @@ SHAPES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
 
 BASELINES = ("exclusive-1", "exclusive-2", "plain")
 KINDS = (*SHAPES, *BASELINES)
+VARIANTS = ("gputype-exact",)
+"""Kinds run only when --kinds names them: a change to a shape, measured before it is made.
+``gputype-exact`` is the webhook's gputype template with its type selector resolved against the
+published product names (``productName in [...]``, no lowerAscii, contains or exists)."""
 EXCLUSIVE_OF = {
     "mem-cores": "exclusive-1",
     "percent": "exclusive-1",
     "gpu-2": "exclusive-2",
     "gputype": "exclusive-1",
+    "gputype-exact": "exclusive-1",
 }
 """The exclusive baseline each shape is compared with: the same number of devices."""
 
@@ -178,12 +185,14 @@ def exclusive_template(namespace: str, count: int) -> dict[str, Any]:
     }
 
 
-def template_for(kind: str, namespace: str, fleet: Any) -> dict[str, Any] | None:
+def template_for(kind: str, namespace: str, fleet: Fleet) -> dict[str, Any] | None:
     """The ResourceClaimTemplate of ``kind``: for a Tessera shape the webhook's own conversion."""
     if kind == "plain":
         return None
     if kind.startswith("exclusive-"):
         return exclusive_template(namespace, int(kind.rsplit("-", 1)[1]))
+    if kind == "gputype-exact":
+        return exact_types(template_for("gputype", namespace, fleet), fleet)
     limits, annotations = SHAPES[kind]
     container = {"name": CONTAINER, "resources": {"limits": limits}}
     request = read_request(f'container "{CONTAINER}"', container, selection_for(annotations))
@@ -191,8 +200,22 @@ def template_for(kind: str, namespace: str, fleet: Any) -> dict[str, Any] | None
     return claim_template(namespace, f'container "{CONTAINER}"', request, fleet)
 
 
+def exact_types(template: dict[str, Any] | None, fleet: Fleet) -> dict[str, Any]:
+    """``template`` (the webhook's gputype one) with its type selector replaced by an exact match on
+    the published product names that selector matches."""
+    assert template is not None
+    selection = selection_for(SHAPES["gputype"][1])
+    names = sorted(p for p in fleet.products if selection.matches("", p))
+    attribute = f"device.attributes[{cel_string(DRIVER_NAME)}].productName"
+    exact = f"{attribute} in [{', '.join(cel_string(n) for n in names)}]"
+    spec = template["spec"]
+    spec["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": exact}}]
+    template["metadata"]["name"] = template_name(spec)
+    return template
+
+
 def pod_body(name: str, kind: str, template: str | None) -> dict[str, Any]:
-    annotations = SHAPES[kind][1] if kind in SHAPES else {}
+    annotations = SHAPES[kind.removesuffix("-exact")][1] if kind.removesuffix("-exact") in SHAPES else {}
     container: dict[str, Any] = {"name": CONTAINER, "image": "tessera.local/none"}
     spec: dict[str, Any] = {
         "schedulingGates": [{"name": GATE}],
@@ -325,7 +348,7 @@ def where_time_went(before: Mapping[Any, float], after: Mapping[Any, float]) -> 
 
 
 def run_round(
-    cluster: LocalCluster, api: client.ApiClient, index: int, kind: str, pods: int, fleet: Any
+    cluster: LocalCluster, api: client.ApiClient, index: int, kind: str, pods: int, fleet: Fleet
 ) -> dict[str, Any]:
     namespace = f"round-{index}"
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
@@ -392,7 +415,7 @@ def order(passes: int) -> list[str]:
     """Every kind in turn, every other pass in the opposite order."""
     out: list[str] = []
     for number in range(passes):
-        out += list(KINDS) if number % 2 == 0 else list(reversed(KINDS))
+        out += [*KINDS, *VARIANTS] if number % 2 == 0 else list(reversed([*KINDS, *VARIANTS]))
     return out
 
 
@@ -402,20 +425,15 @@ def order(passes: int) -> list[str]:
 def summary_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     rates = {
         kind: round(statistics.median(r["pods_per_s"] for r in rounds if r["kind"] == kind), 2)
-        for kind in KINDS
+        for kind in (*KINDS, *VARIANTS)
         if any(r["kind"] == kind for r in rounds)
     }
-    ratios = {
-        shape: {
-            "over_exclusive": round(rates[shape] / rates[EXCLUSIVE_OF[shape]], 2),
-            "over_plain": round(rates[shape] / rates["plain"], 2),
-        }
-        for shape in SHAPES
-        if shape in rates and EXCLUSIVE_OF[shape] in rates and "plain" in rates
-    }
-    for baseline in ("exclusive-1", "exclusive-2"):
-        if baseline in rates and "plain" in rates:
-            ratios[baseline] = {"over_plain": round(rates[baseline] / rates["plain"], 2)}
+    ratios: dict[str, dict[str, float]] = {}
+    for kind, rate in rates.items():
+        if EXCLUSIVE_OF.get(kind) in rates:
+            ratios.setdefault(kind, {})["over_exclusive"] = round(rate / rates[EXCLUSIVE_OF[kind]], 2)
+        if kind != "plain" and "plain" in rates:
+            ratios.setdefault(kind, {})["over_plain"] = round(rate / rates["plain"], 2)
     return {"pods_per_s": rates, "ratios": ratios}
 
 
