@@ -5,6 +5,11 @@ benchmarks/scheduling/results/ (or --out DIR).
 
     .venv/bin/python benchmarks/scheduling/pods_per_second.py [--nodes 300] [--pods 500] [--passes 2]
 
+The other recorded runs (results/README.md reads all three):
+
+    ... pods_per_second.py --pods 300 --kinds mem-cores,exclusive-1 --exclusive-like-ours --name like_ours
+    ... pods_per_second.py --pods 300 --kinds gputype,gputype-exact --name gputype_exact
+
 It starts a local control plane (real etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
 and creates ``--nodes`` kubelet-less Ready nodes. Each publishes the driver's own ResourceSlice with
 8 GPUs of 80 GiB (tessera.driver.devices.device and tessera.driver.slices.slice_object, via
@@ -24,9 +29,9 @@ A round creates ``--pods`` pods in a namespace of its own, held by a scheduling 
 kube-controller-manager has made every pod's ResourceClaim (so claim creation, which that
 controller does at its own client rate, is not in the figure), then lifts the gates as fast as
 this process can and measures from the first lift to the last pod bound (spec.nodeName, as a watch
-of the namespace's pods delivers it). Pods the scheduler refused at least once (PodScheduled False,
-Unschedulable) are counted. The scheduler's /metrics is read before and after the scheduling part, and the
-difference says where its time went (framework extension points, plugins (sampled), scheduling
+of the namespace's pods delivers it). Pods the scheduler refused at least once (PodScheduled
+False, Unschedulable) are counted. The scheduler's /metrics is read before and after the scheduling
+part, and the difference says where its time went (framework extension points, plugins (sampled), scheduling
 attempts, and how long its client waited on its own rate limiter). Pods and claims are deleted
 before the next round, so every round starts with every GPU free. Rounds go through all kinds in
 turn, the second pass in the opposite order, so drift on a shared machine falls on every kind.
