@@ -170,3 +170,13 @@ def test_lint_and_type_checks_cover_the_product_and_the_development_tree() -> No
     makefile = (REPO / "Makefile").read_text().splitlines()
     sources = next(line for line in makefile if line.startswith("PY_SOURCES")).split(":=")[1].split()
     assert {"tessera", "testbed", "simgpu", "demo", "tools", "tests", "benchmarks"} <= set(sources)
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by their base name (the test folders are not packages), so two
+    ``test_x.py`` in different tiers stop the whole run at collection, and only in a clean checkout:
+    a working tree whose caches hold both hides it."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
