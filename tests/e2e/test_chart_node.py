@@ -196,10 +196,10 @@ def test_each_example_applied_unchanged_runs_with_its_share_placed_and_enforced(
         node_gpus = {gpu.uuid for gpu in make_gpus(GPUS_PER_NODE, node, memory_bytes=GPU_MEMORY)}
         for container in pod["spec"]["containers"]:
             log = str(core.read_namespaced_pod_log(name, namespace, container=container["name"]))
-            # The limits file the container printed: one line, "<uuid> memory=<bytes> cores=<n>",
-            # for a GPU of the pod's own node.
-            share = f"memory={expected.memory} cores={expected.cores}"
-            [limit] = [line.split() for line in log.splitlines() if line.endswith(share)]
+            # The limits file the container printed: one line, "<uuid> memory=<bytes> cores=<n>
+            # priority=1" (low, HAMi's default), for a GPU of the pod's own node.
+            share = [f"memory={expected.memory}", f"cores={expected.cores}", "priority=1"]
+            [limit] = [line.split() for line in log.splitlines() if line.split()[1:] == share]
             assert limit[0] in node_gpus, log
             if not expected.keeps_running:
                 continue
