@@ -20,7 +20,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +262,19 @@ class DriverNode:
         """Stop the daemon and remove its folder (the node's own folders are the node's)."""
         self.stop()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def published_driver_node(
+    cluster: LocalCluster, kube: client.ApiClient, node_name: str, gpus: int
+) -> Iterator[DriverNode]:
+    """The daemon on ``node_name`` (a kubelet-less node) with ``gpus`` simulated 80 GiB GPUs, its
+    slice published; cleaned up on exit. What most driver tests start from."""
+    ensure_device_class(kube)
+    node = DriverNode(cluster, node_name, gpus=gpus)
+    node.start()
+    try:
+        node.wait_published()
+        yield node
+    finally:
+        node.cleanup()

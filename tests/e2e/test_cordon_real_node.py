@@ -20,12 +20,19 @@ from tessera.names import CORDONED_TAINT, HAMI_DEVICE_CORDON
 from tessera.quantity import GiB
 from testbed.chart_bed import enforcement_script
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubectl import kubectl
 from testbed.node import NodeFactory
 from testbed.pod_state import sections
 from testbed.polling import poll_until
-from tests.e2e.test_driver_node import GpuNode, claim_of, limit_script, probe_image, run_share_pod, wait_done
+from tests.e2e.test_driver_node import (
+    GpuNode,
+    claim_of,
+    limit_script,
+    one_gpu_node,
+    probe_image,
+    run_share_pod,
+    wait_done,
+)
 from tests.integration.test_device_cordon import devices_of, docs_rule
 
 pytestmark = pytest.mark.e2e
@@ -40,17 +47,8 @@ def gpu_node(
     cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, probe_image: Path
 ) -> Iterator[GpuNode]:
     """A real node with 2 simulated 80 GiB GPUs and the daemon registered and published."""
-    ensure_device_class(kube)
-    (node,) = node_factory.start(1, extra_images=[probe_image])
-    driver = DriverNode(
-        cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
-    )
-    try:
-        driver.start()
-        driver.wait_ready()
-        yield GpuNode(node, driver)
-    finally:
-        driver.cleanup()
+    with one_gpu_node(cluster, kube, node_factory, probe_image) as node:
+        yield node
 
 
 def _container(kube: client.ApiClient, namespace: str, pod: str) -> str:

@@ -6,6 +6,7 @@ claim without setting anything itself. Then the same under kills, a kubelet rest
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,25 @@ class GpuNode:
 
     def log_tails(self) -> dict[str, str]:
         return {**self.node.log_tails(), **self.driver.log_tails()}
+
+
+@contextlib.contextmanager
+def one_gpu_node(
+    cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, probe_image: Path
+) -> Iterator[GpuNode]:
+    """One real node with 2 simulated 80 GiB GPUs and the daemon registered and published; the
+    daemon cleaned up on exit."""
+    ensure_device_class(kube)
+    (node,) = node_factory.start(1, extra_images=[probe_image])
+    driver = DriverNode(
+        cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
+    )
+    try:
+        driver.start()
+        driver.wait_ready()
+        yield GpuNode(node, driver)
+    finally:
+        driver.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,9 @@ from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS, DRIVER_NAME
 from tessera.shim import format as shim_format
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.node import NodeFactory
 from testbed.pod_state import generated_claim_name, sections
-from tests.e2e.test_driver_node import DONE, PROBE_IMAGE, GpuNode, probe_image, wait_done
+from tests.e2e.test_driver_node import DONE, PROBE_IMAGE, GpuNode, one_gpu_node, probe_image, wait_done
 
 pytestmark = pytest.mark.e2e
 
@@ -37,17 +36,8 @@ def gpu_node(
     cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, probe_image: Path
 ) -> Iterator[GpuNode]:
     """One real node with 2 simulated 80 GiB GPUs and the daemon registered and published."""
-    ensure_device_class(kube)
-    (node,) = node_factory.start(1, extra_images=[probe_image])
-    driver = DriverNode(
-        cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
-    )
-    try:
-        driver.start()
-        driver.wait_ready()
-        yield GpuNode(node, driver)
-    finally:
-        driver.cleanup()
+    with one_gpu_node(cluster, kube, node_factory, probe_image) as node:
+        yield node
 
 
 def share_pod(

@@ -24,7 +24,7 @@ from kubernetes import client
 from tessera.kube import raw_json
 from tessera.names import CORDONED_TAINT, DEVICE_CLASS, DRIVER_NAME, HAMI_DEVICE_CORDON, UUID_ATTRIBUTE
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.driver_node import DriverNode, published_driver_node
 from testbed.kubectl import kubectl
 from testbed.kubelet_client import ClaimRef, KubeletClient
 from testbed.pod_state import (
@@ -47,12 +47,8 @@ def driver_node(
     cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
 ) -> Iterator[DriverNode]:
     """The daemon on a fresh kubelet-less node with 2 simulated 80 GiB GPUs, published."""
-    ensure_device_class(kube)
-    node = DriverNode(cluster, fake_node(), gpus=2)
-    node.start()
-    node.wait_published()
-    yield node
-    node.cleanup()
+    with published_driver_node(cluster, kube, fake_node(), gpus=2) as node:
+        yield node
 
 
 def _slice(kube: client.ApiClient, node: str) -> dict[str, Any]:

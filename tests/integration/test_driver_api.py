@@ -30,7 +30,7 @@ from tessera.quantity import GiB, quantity_to_int
 from tessera.shim import format as shim_format
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import allocated_claim
-from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.driver_node import DriverNode, ensure_device_class, published_driver_node
 from testbed.kubelet_client import ClaimRef, KubeletClient, plugin_info
 from testbed.polling import poll_until
 from testbed.process import ManagedProcess, free_port
@@ -44,12 +44,8 @@ def driver_node(
     cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
 ) -> Iterator[DriverNode]:
     """The daemon on a fresh kubelet-less node with 4 simulated 80 GiB GPUs, published."""
-    ensure_device_class(kube)
-    node = DriverNode(cluster, fake_node(), gpus=4)
-    node.start()
-    node.wait_published()
-    yield node
-    node.cleanup()
+    with published_driver_node(cluster, kube, fake_node(), gpus=4) as node:
+        yield node
 
 
 def slice_of(kube: client.ApiClient, node: str) -> dict[str, Any] | None:
