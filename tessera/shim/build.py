@@ -46,7 +46,7 @@ CFLAGS = [
     "-D_GNU_SOURCE",
 ]
 
-FORMAT_SOURCES = ["limits.c", "region.c", "priority_board.c"]
+FORMAT_SOURCES = ["create_once.c", "limits.c", "region.c", "priority_board.c"]
 READER_SOURCES = ["region_read.c"]
 """Only the binding compiles these: the exporter's reader, which no preload library needs."""
 CUDA_SOURCES = [

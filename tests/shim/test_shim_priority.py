@@ -7,6 +7,7 @@ caps still hold. (Latencies, with and without priority: benchmarks/shim/priority
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -196,3 +197,27 @@ def test_without_boards_priority_changes_nothing(make_claim: ClaimFactory) -> No
     write_limits(claim.limits, [GpuLimit(limit.uuid, None, 0, PRIORITY_HIGH)])
     done = claim.run("shim_probe", "duty", "1000000", "0.1", "2")
     assert done.returncode == 0 and "priority board" not in done.stderr, done.stderr
+
+
+def test_threads_of_one_process_creating_one_board_at_once_all_succeed(tmp_path: Path) -> None:
+    """Two claims prepared at once on one GPU create its board from two threads of the daemon (one
+    pid): every call succeeds and one whole board is left, with no temporary file beside it."""
+    path = tmp_path / "GPU-board"
+    failures: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            create_board(path)
+        except BaseException as error:
+            failures.append(error)
+
+    for _ in range(20):
+        path.unlink(missing_ok=True)
+        threads = [threading.Thread(target=create) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert read_board(path) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["GPU-board"]

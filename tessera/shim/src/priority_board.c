@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "create_once.h"
 #include "fail.h"
 #include "tessera_shim.h"
 
@@ -55,36 +56,9 @@ int tessera_board_create(const char *path, char *err, size_t errlen)
     }
     if (errno != ENOENT)
         return tessera_fail(err, errlen, "%s: cannot inspect: %s", path, strerror(errno));
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (tmp == NULL)
-        return tessera_fail(err, errlen, "out of memory");
-    snprintf(tmp, plen + 32, "%s.%ld.tmp", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
-    }
     struct tessera_priority_board b;
     board_init(&b);
-    /* fchmod: the creating umask must not keep a high-priority container's uid out. */
-    int rc = pwrite(fd, &b, sizeof b, 0) == (ssize_t)sizeof b && fchmod(fd, 0666) == 0 &&
-                     fsync(fd) == 0
-                 ? 0
-                 : -1;
-    int e = errno;
-    close(fd);
-    /* link, not rename: of two creators racing, the first board stays. */
-    if (rc == 0 && link(tmp, path) != 0 && errno != EEXIST) {
-        e = errno;
-        rc = -1;
-    }
-    unlink(tmp);
-    free(tmp);
-    if (rc != 0)
-        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
-    return 0;
+    return tessera_create_once(path, &b, sizeof b, err, errlen);
 }
 
 uint64_t tessera_board_hold_until(const struct tessera_priority_board *b, uint64_t now)

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "create_once.h"
 #include "fail.h"
 #include "tessera_shim.h"
 
@@ -59,56 +60,17 @@ static int check_header(const struct tessera_region *r, const char *path, char *
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int tessera_region_create(const char *path, char *err, size_t errlen)
 {
     if (access(path, F_OK) == 0)
         return 0;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (tmp == NULL)
-        return tessera_fail(err, errlen, "out of memory");
-    snprintf(tmp, plen + 32, "%s.%ld.tmp", path, (long)getpid());
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
-    }
     struct tessera_region *r = calloc(1, sizeof *r);
-    int rc = -1;
-    if (r != NULL) {
-        init_header(r);
-        /* fchmod: the creating umask must not keep other uids of the claim out. */
-        if (write_all(fd, r, sizeof *r) == 0 && fchmod(fd, 0666) == 0 && fsync(fd) == 0)
-            rc = 0;
-    }
-    int e = errno;
+    if (r == NULL)
+        return tessera_fail(err, errlen, "out of memory");
+    init_header(r);
+    int rc = tessera_create_once(path, r, sizeof *r, err, errlen);
     free(r);
-    close(fd);
-    if (rc == 0 && link(tmp, path) != 0 && errno != EEXIST) {
-        e = errno;
-        rc = -1;
-    }
-    unlink(tmp);
-    free(tmp);
-    if (rc != 0)
-        return tessera_fail(err, errlen, "%s: cannot create: %s", path, strerror(e));
-    return 0;
+    return rc;
 }
 
 int tessera_region_open(const char *path, struct tessera_region_handle *h, char *err,
