@@ -2,7 +2,8 @@
 
 The scheduler places pods only on Ready nodes with allocatable resources; with the node-lifecycle
 controller off (see cluster.py) such a node stays Ready for the life of the test. Pods bound to it
-are never started: tests of scheduling and allocation need nothing more.
+are never started: tests of scheduling and allocation need nothing more, and
+:func:`report_succeeded` ends a pod as its kubelet would.
 """
 
 from __future__ import annotations
@@ -50,3 +51,33 @@ def create_ready_node(
     if node.spec and node.spec.taints:
         raise RuntimeError(f"node {name} kept taints {node.spec.taints} after they were cleared")
     return node
+
+
+def report_succeeded(core: client.CoreV1Api, namespace: str, pod: str, container: str) -> None:
+    """Write the status a kubelet reports for a pod whose one container exited 0, so the Job
+    controller, Kueue and the claim controller see the pod finish as on a real node."""
+    report_exit(core, namespace, pod, container, 0)
+
+
+def report_exit(core: client.CoreV1Api, namespace: str, pod: str, container: str, code: int) -> None:
+    """Write the status a kubelet reports for a pod whose one container exited with ``code``:
+    Succeeded for 0, Failed otherwise."""
+    status = {
+        "status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "image": "tessera.local/none",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                    },
+                }
+            ],
+        }
+    }
+    core.patch_namespaced_pod_status(pod, namespace, status)

@@ -227,9 +227,12 @@ def gpu_job(
     image: str = "tessera.local/none",
     command: Sequence[str] = (),
     node_selector: Mapping[str, str] | None = None,
+    backoff_limit: int = 0,
+    scheduling_gates: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A batch/v1 Job of ``pods`` parallel pods, each asking HAMi resources (None leaves one out,
-    and gpumem_mib=None with gpus=0 asks no GPU at all)."""
+    and gpumem_mib=None with gpus=0 asks no GPU at all); ``backoff_limit`` failed pods are
+    replaced, and every pod starts held by ``scheduling_gates``."""
     limits: dict[str, str] = {}
     if gpus:
         limits[HAMI_GPU] = str(gpus)
@@ -252,6 +255,8 @@ def gpu_job(
     }
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
+    if scheduling_gates:
+        pod_spec["schedulingGates"] = [{"name": gate} for gate in scheduling_gates]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -260,7 +265,7 @@ def gpu_job(
             "parallelism": pods,
             "completions": pods,
             "completionMode": "Indexed",
-            "backoffLimit": 0,
+            "backoffLimit": backoff_limit,
             "template": {"metadata": {"annotations": dict(annotations or {})}, "spec": pod_spec},
         },
     }

@@ -25,13 +25,14 @@ from kubernetes.client import ApiException
 
 from tessera.admissioncheck.checks import sync_active
 from tessera.admissioncheck.fit import DEFAULT_BUDGET, Placement, PodGroup, free_capacity
-from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory
+from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory, is_placed
 from tessera.admissioncheck.planning import (
     Decision,
     PassState,
     Reserved,
     decide,
     less_placed,
+    less_reclaimable,
     replan,
     unreadable,
 )
@@ -51,6 +52,22 @@ WRITERS = 8
 """Status writes in flight at once. Decisions are taken one after another (each takes capacity the
 next must not see), but their writes are independent: one at a time, a pass over a burst of
 Workloads waited for the API server's round trip once per Workload (benchmarks/admissioncheck)."""
+
+
+def holding_news(before: frozenset[str], now: frozenset[str]) -> tuple[int, str] | None:
+    """What to log about admitted Workloads whose shares found no place (``now``) when the last
+    pass had ``before``: a warning when the set changes to a non-empty one, a line when it empties,
+    nothing while it stays the same. Every pass would otherwise repeat it (hundreds of lines a
+    minute while pods wait for room)."""
+    if now and now != before:
+        names = ", ".join(sorted(now))
+        return (
+            logging.WARNING,
+            f"GPU shares of admitted Workloads {names} no longer fit on the free GPUs; holding the rest",
+        )
+    if before and not now:
+        return logging.INFO, "the GPU shares of every admitted Workload fit again; deciding as usual"
+    return None
 
 
 @dataclass
@@ -93,6 +110,8 @@ class WorkloadController:
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
         self._told: dict[str, tuple[str, str]] = {}
+        # Admitted Workloads whose shares had no place on the last pass (logged when this changes).
+        self._unplanned: frozenset[str] = frozenset()
         # PodSets read once per Workload version (podSets are immutable; admission sets the counts).
         self._read: dict[str, tuple[object, list[PodGroup] | Exception, list[str]]] = {}
 
@@ -141,13 +160,13 @@ class WorkloadController:
                 continue
             owners = [o.get("uid", "") for o in workload["metadata"].get("ownerReferences") or []]
             pods = {p.uid: p for o in owners for p in by_owner.get(o, [])}
-            placed = [p for p in pods.values() if p.placed]
+            placed = [p for p in pods.values() if is_placed(p, inventory.claims)]
             try:
                 groups = self._groups(workload, [])
             except (Undecidable, ValueError):
                 continue
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
-            out[uid] = (name, less_placed(groups, placed))
+            out[uid] = (name, less_placed(less_reclaimable(groups, workload), placed))
         for uid, (name, groups) in self._approved.items():
             out.setdefault(uid, (name, groups))
         return out
@@ -194,11 +213,11 @@ class WorkloadController:
         state, self._plans = replan(self._plans, gpus, base, reserved, self.budget)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
-        if state.unplanned:
-            log.warning(
-                "GPU shares of admitted Workloads %s no longer fit on the free GPUs; holding the rest",
-                ", ".join(state.unplanned),
-            )
+        unplanned = frozenset(state.unplanned)
+        news = holding_news(self._unplanned, unplanned)
+        if news:
+            log.log(*news)
+        self._unplanned = unplanned
         waiting.sort(key=lambda wc: priority_order(wc[0]))
         decided = 0
         writes: list[tuple[str, Decision, Future[bool]]] = []

@@ -37,13 +37,16 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True)
 class PodRecord:
-    """What a decision needs of a pod: who owns it, and whether its GPU shares are already counted
-    among allocated claims (bound to a node, or every claim allocated) or gone (finished)."""
+    """What a decision needs of a pod: who owns it, and what tells whether its GPU shares are
+    already counted among allocated claims or gone (see :func:`is_placed`)."""
 
     uid: str
     namespace: str
     owners: frozenset[str]
-    placed: bool
+    bound: bool
+    finished: bool
+    claims: tuple[str, ...]
+    """The names of the claims the pod uses (generated from templates, or named in its spec)."""
     role_hash: str
 
 
@@ -77,23 +80,36 @@ def _claim_allocated(claim: Mapping[str, Any] | None) -> bool:
     return bool(claim and (claim.get("status") or {}).get("allocation"))
 
 
-def pod_record(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]]) -> PodRecord:
+def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     metadata = pod.get("metadata") or {}
-    namespace = metadata.get("namespace", "")
-    status = pod.get("status") or {}
-    bound = bool((pod.get("spec") or {}).get("nodeName"))
-    finished = status.get("phase") in ("Succeeded", "Failed") or bool(metadata.get("deletionTimestamp"))
-    claim_names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []]
-    claims_ready = bool(claim_names) and all(
-        name and _claim_allocated(claims.get((namespace, name))) for name in claim_names
-    )
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    generated = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []]
+    named = [c.get("resourceClaimName") for c in spec.get("resourceClaims") or []]
     return PodRecord(
         uid=metadata.get("uid", ""),
-        namespace=namespace,
+        namespace=metadata.get("namespace", ""),
         owners=frozenset(o.get("uid", "") for o in metadata.get("ownerReferences") or []),
-        placed=bound or finished or claims_ready,
+        bound=bool(spec.get("nodeName")),
+        finished=status.get("phase") in ("Succeeded", "Failed") or bool(metadata.get("deletionTimestamp")),
+        claims=tuple(name for name in (*generated, *named) if name),
         role_hash=(metadata.get("annotations") or {}).get("kueue.x-k8s.io/role-hash", ""),
     )
+
+
+def is_placed(pod: PodRecord, claims: Mapping[Key, Mapping[str, Any]]) -> bool:
+    """Whether a live pod's shares are counted among allocated claims: every claim it uses is
+    allocated in ``claims``, the same cache the free capacity is computed from. Being bound is not
+    enough: the scheduler writes the allocation before it binds, but the two arrive through separate
+    watches, and a pod seen bound before its allocation would be counted nowhere for a moment, so a
+    decision in that moment would give its shares away. A pod with no claims has no shares; it
+    counts as placed once bound. A finished pod is not placed: it holds nothing, and whether its
+    Workload still needs a pod in its place is Kueue's ``reclaimablePods`` (planning.less_reclaimable),
+    so a failed pod's replacement is reserved again."""
+    if pod.finished:
+        return False
+    if not pod.claims:
+        return pod.bound
+    return all(_claim_allocated(claims.get((pod.namespace, name))) for name in pod.claims)
 
 
 class Inventory:
@@ -186,12 +202,12 @@ class Inventory:
     def _on_pods(self, kind: str, obj: Mapping[str, Any]) -> None:
         with self.lock:
             if kind == "SYNCED":
-                self.pods = {p["metadata"]["uid"]: pod_record(p, self.claims) for p in obj["items"]}
+                self.pods = {p["metadata"]["uid"]: pod_record(p) for p in obj["items"]}
                 changed = True
             elif kind == "DELETED":
                 changed = self.pods.pop(obj["metadata"]["uid"], None) is not None
             else:
-                record = pod_record(obj, self.claims)
+                record = pod_record(obj)
                 changed = self.pods.get(record.uid) != record
                 self.pods[record.uid] = record
         if changed:

@@ -126,6 +126,24 @@ def decide(groups: list[PodGroup], unknown: Sequence[str], state: PassState, bud
     return Decision(PENDING, no_fit_message(groups, state.gpus, state.free, fitted.exhausted) + note)
 
 
+def less_reclaimable(groups: list[PodGroup], workload: Mapping[str, Any]) -> list[PodGroup]:
+    """The groups less the pods Kueue counts as no longer needed (``status.reclaimablePods``: for a
+    Job, the pods that succeeded once fewer completions remain than its parallelism). Finished pods
+    are not counted as placed, so this is what keeps a succeeded pod's shares from being reserved
+    again, while a failed pod's replacement still gets a reservation."""
+    reclaimable: dict[str, int] = {}
+    for entry in (workload.get("status") or {}).get("reclaimablePods") or []:
+        try:
+            reclaimable[str(entry.get("name"))] = max(0, int(entry.get("count") or 0))
+        except (TypeError, ValueError):
+            continue
+    return [
+        PodGroup(g.name, max(0, g.count - reclaimable.get(g.name, 0)), g.requests)
+        for g in groups
+        if g.count - reclaimable.get(g.name, 0) > 0
+    ]
+
+
 def less_placed(groups: list[PodGroup], placed: Sequence[Any]) -> list[PodGroup]:
     """The groups less the pods already placed: by role hash when pods carry one (pod groups),
     otherwise from the first group on (a Job has one PodSet)."""

@@ -31,6 +31,7 @@ from tessera.watching import watch_forever
 from testbed import pod_state, queue_bed
 from testbed.cluster import LocalCluster
 from testbed.driver_node import ensure_device_class
+from testbed.fake_nodes import report_exit, report_succeeded
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from tests.integration.webhook_bed import RunningWebhook
@@ -195,23 +196,7 @@ def finish(bar: Bar, namespace: str, job: str) -> None:
     core = client.CoreV1Api(bar.api)
     for pod in job_pods(bar, namespace, job):
         assert pod.metadata and pod.metadata.name
-        status = {
-            "status": {
-                "phase": "Succeeded",
-                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
-                "containerStatuses": [
-                    {
-                        "name": "work",
-                        "image": "tessera.local/none",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
-                    }
-                ],
-            }
-        }
-        core.patch_namespaced_pod_status(pod.metadata.name, namespace, status)
+        report_succeeded(core, namespace, pod.metadata.name, "work")
 
 
 def pending_in(bar: Bar, cluster_queue: str) -> int:
@@ -344,6 +329,63 @@ def test_a_gang_is_held_until_all_of_it_fits_and_then_placed_whole(
     poll_until(lambda: admitted(bar, ns, gang), 120, "the gang admitted once two GPUs are free")
     placed = wait_running(bar, ns, "gang", 4)
     assert len(placed) == 4 and set(placed) == {node}
+
+
+def test_a_failed_pods_replacement_keeps_its_workloads_gpu_share(
+    bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
+) -> None:
+    """A Job's pod fails and the Job controller makes another; until that one is placed, its share
+    stays reserved, so a second Job asking the same GPU waits instead of being admitted onto it."""
+    nodes(80)
+    queue_bed.create(bar.api, queue_bed.cluster_queue("retry-cq", FLAVOR, quota(1000), checks=[CHECK]))
+    ns = namespaces("retry-cq")
+    core, batch = client.CoreV1Api(bar.api), client.BatchV1Api(bar.api)
+    gate = "test.tessera.dev/hold"
+    job = queue_bed.gpu_job(
+        "retried", "q", 1, 60 * GiB_MIB, priority="batch", backoff_limit=1, scheduling_gates=[gate]
+    )
+    batch.create_namespaced_job(ns, client.V1Job.model_validate(job))
+    retried = str(queue_bed.workload_of_job(bar.api, ns, "retried")["metadata"]["name"])
+    poll_until(lambda: admitted(bar, ns, retried), 60, "the first Job admitted")
+
+    def release_gates() -> None:
+        for pod in job_pods(bar, ns, "retried"):
+            if pod.spec and pod.spec.scheduling_gates and pod.metadata and pod.metadata.name:
+                # null, not []: an empty list merges into the gates and removes none
+                core.patch_namespaced_pod(pod.metadata.name, ns, {"spec": {"schedulingGates": None}})
+
+    poll_until(lambda: len(job_pods(bar, ns, "retried")) == 1, 60, "the first pod created")
+    release_gates()
+    (first_pod,) = [p.metadata.name for p in job_pods(bar, ns, "retried") if p.metadata and p.metadata.name]
+    pod_state.wait_until_bound(core, ns, first_pod)
+    report_exit(core, ns, first_pod, "work", 1)
+
+    def replacement() -> str | None:
+        for pod in job_pods(bar, ns, "retried"):
+            if pod.metadata and pod.metadata.name != first_pod and pod.status:
+                claims = pod.status.resource_claim_statuses or []
+                return pod.metadata.name if claims else None
+        return None
+
+    held = poll_until(replacement, 60, "the Job's replacement pod, with its claim, held by its gate")
+    poll_until(
+        lambda: (
+            not any(
+                c.status and c.status.allocation
+                for c in client.ResourceV1Api(bar.api).list_namespaced_resource_claim(ns).items
+            )
+        ),
+        60,
+        "the failed pod's claim released",
+    )
+
+    second = submit(bar, ns, "second", 1, 60, "production")
+    message = poll_until(lambda: queue_bed.fit_refusal(bar.api, ns, second, CHECK), 60, "the second Job held")
+    assert "needs 1 share of 60Gi" in message, message
+    assert not admitted(bar, ns, second), "the GPU's 80Gi hold one 60Gi share: the replacement's"
+
+    release_gates()
+    assert pod_state.wait_until_bound(core, ns, held)
 
 
 def test_no_admitted_pod_ever_waited_for_gpu_capacity(bar: Bar) -> None:

@@ -3,9 +3,10 @@ allocated claims take, and whether a pod's shares are already counted."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from tessera.admissioncheck.inventory import allocated_usage, gpus_from_slices, pod_record
+from tessera.admissioncheck.inventory import allocated_usage, gpus_from_slices, is_placed, pod_record
 from tessera.quantity import GiB
 from testbed.queue_bed import gpu_devices
 
@@ -49,9 +50,11 @@ def test_allocated_claims_add_up_per_gpu_and_unallocated_ones_take_nothing() -> 
     assert used == {("node-a", "gpu-0"): (12 * GiB, 30)}
 
 
-def test_a_pod_counts_as_placed_once_bound_finished_or_all_its_claims_are_allocated() -> None:
-    def pod(**status: Any) -> dict[str, Any]:
-        spec = {"nodeName": status.pop("node")} if "node" in status else {}
+def test_a_live_pod_counts_as_placed_once_all_its_claims_are_allocated() -> None:
+    def pod(claims: Sequence[str] = (), named: Sequence[str] = (), **status: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {"nodeName": status.pop("node")} if "node" in status else {}
+        spec["resourceClaims"] = [{"name": f"r{i}", "resourceClaimName": n} for i, n in enumerate(named)]
+        status["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": n} for n in claims]
         return {
             "metadata": {"uid": "u", "namespace": "ns", "ownerReferences": [{"uid": "job"}]},
             "spec": spec,
@@ -59,10 +62,17 @@ def test_a_pod_counts_as_placed_once_bound_finished_or_all_its_claims_are_alloca
         }
 
     claims = {("ns", "c0"): claim("gpu-0", "1Gi", "1"), ("ns", "c1"): claim("gpu-1", "1Gi", "1", False)}
-    assert not pod_record(pod(phase="Pending"), claims).placed
-    assert pod_record(pod(node="node-a"), claims).placed
-    assert pod_record(pod(phase="Succeeded"), claims).placed
-    assert pod_record(pod(resourceClaimStatuses=[{"resourceClaimName": "c0"}]), claims).placed
-    both = [{"resourceClaimName": "c0"}, {"resourceClaimName": "c1"}]
-    assert not pod_record(pod(resourceClaimStatuses=both), claims).placed
-    assert pod_record(pod(), claims).owners == frozenset({"job"})
+    assert not is_placed(pod_record(pod(["c0", "c1"])), claims), "one claim is not allocated yet"
+    assert not is_placed(pod_record(pod(["c1"], node="node-a")), claims), (
+        "bound, but its allocation not seen yet: its shares are still counted as reserved"
+    )
+    assert is_placed(pod_record(pod(["c0"])), claims)
+    assert is_placed(pod_record(pod(named=["c0"])), claims), "a claim named in the spec counts too"
+    assert not is_placed(pod_record(pod(["c0"], phase="Succeeded")), claims), (
+        "a finished pod holds nothing; whether its Workload needs another is Kueue's reclaimablePods"
+    )
+    assert not is_placed(pod_record(pod(["gone"], phase="Failed")), claims)
+    assert not is_placed(pod_record(pod()), claims) and is_placed(pod_record(pod(node="node-a")), claims), (
+        "a pod without claims has no shares: placed once bound"
+    )
+    assert pod_record(pod()).owners == frozenset({"job"})

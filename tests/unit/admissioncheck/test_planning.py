@@ -12,6 +12,7 @@ from tessera.admissioncheck.planning import (
     give_back,
     has_room,
     less_placed,
+    less_reclaimable,
     replan,
     unreadable,
 )
@@ -24,9 +25,26 @@ from tessera.slices import PublishedGpu
 
 def test_placed_pods_leave_the_reserved_shares() -> None:
     groups = [PodGroup("main", 4, (Request(1, (Choice(memory=GiB),)),))]
-    placed = [PodRecord(str(i), "ns", frozenset(), True, "") for i in range(3)]
+    placed = [PodRecord(str(i), "ns", frozenset(), True, False, ("c",), "") for i in range(3)]
     assert less_placed(groups, placed) == [PodGroup("main", 1, groups[0].requests)]
-    assert less_placed(groups, [*placed, PodRecord("9", "ns", frozenset(), True, "")]) == []
+    assert less_placed(groups, [*placed, PodRecord("9", "ns", frozenset(), True, False, ("c",), "")]) == []
+
+
+def test_pods_kueue_no_longer_needs_leave_the_reserved_shares_and_a_failed_pods_replacement_does_not() -> (
+    None
+):
+    groups = [PodGroup("main", 4, (Request(1, (Choice(memory=GiB),)),))]
+    running = [PodRecord(str(i), "ns", frozenset(), True, False, ("c",), "") for i in range(2)]
+    two_succeeded = {"status": {"reclaimablePods": [{"name": "main", "count": 2}]}}
+    assert less_placed(less_reclaimable(groups, two_succeeded), running) == [], (
+        "two succeeded (reclaimable), two running: nothing left to place"
+    )
+    assert less_placed(less_reclaimable(groups, {"status": {}}), running) == [
+        PodGroup("main", 2, groups[0].requests)
+    ], "two failed and replaced: the replacements are reserved again"
+    junk = {"status": {"reclaimablePods": [{"name": "main", "count": "x"}, {"name": "other", "count": 9}]}}
+    assert less_reclaimable(groups, junk) == groups
+    assert less_reclaimable(groups, {"status": {"reclaimablePods": [{"name": "main", "count": 7}]}}) == []
 
 
 def test_a_kept_plan_must_still_have_room_and_giving_back_restores_it() -> None:
