@@ -68,3 +68,11 @@ def test_the_configuration_is_loopback_only_and_takes_a_tests_gates_and_extras()
     assert config["featureGates"] == {"VisibilityOnDemand": False, "DynamicResourceAllocation": True}
     assert config["integrations"]["frameworks"] == ["batch/job", "pod"]
     assert config["resources"] == {"x": 1}
+
+
+def test_kueue_runs_with_the_concurrency_and_rate_limits_its_release_manifests_set() -> None:
+    config = kueue_configuration(9443, Path("/certs"), 8080, 8081, KueueOptions())
+    assert config["controller"]["groupKindConcurrency"]["Workload.kueue.x-k8s.io"] == 5
+    assert config["clientConnection"] == {"qps": 50, "burst": 100}
+    raised = KueueOptions(extra_config={"clientConnection": {"qps": 500, "burst": 1000}})
+    assert kueue_configuration(9443, Path("/certs"), 8080, 8081, raised)["clientConnection"]["qps"] == 500
