@@ -264,13 +264,72 @@ class RunningWebhook:
     """The process's exit status on SIGTERM, set when the context ends."""
 
 
+@dataclass
+class WebhookProcess:
+    """``tessera-webhook`` started as in production against one cluster."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    ca: str
+    """The webhook's CA bundle (PEM), read back from the configuration it wrote it into."""
+
+
+@contextmanager
+def webhook_process(cluster: LocalCluster, configuration: str) -> Iterator[WebhookProcess]:
+    """The chart's webhook configuration registered under ``configuration`` with a loopback URL, and
+    ``tessera-webhook`` as its own process serving it, ready and with its CA in that configuration;
+    stopped with SIGTERM at the end (its exit status is then ``process.returncode``)."""
+    assert cluster.webhook_client_ca is not None
+    kube = api_client(cluster.admin_kubeconfig)
+    port, metrics_port = free_port(), free_port()
+    body = yaml.safe_load(CONFIGURATION.read_text())
+    body["metadata"]["name"] = configuration
+    for webhook in body["webhooks"]:
+        webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
+    registration = client.AdmissionregistrationV1Api(kube)
+    registration.create_mutating_webhook_configuration(
+        client.V1MutatingWebhookConfiguration.model_validate(body)
+    )
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "tessera-webhook"),
+            f"--kubeconfig={cluster.admin_kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--port={port}",
+            f"--metrics-port={metrics_port}",
+            "--ip-addresses=127.0.0.1",
+            f"--webhook-configuration={configuration}",
+            f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
+            "--log-level=warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=sys.stderr,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        poll_until(lambda: healthy(metrics_port, "/readyz"), 60, "webhook ready")
+
+        def bundle() -> str | None:
+            read = raw_json(
+                registration.read_mutating_webhook_configuration(configuration, _preload_content=False)
+            )
+            value: str | None = read["webhooks"][0]["clientConfig"].get("caBundle")
+            return value
+
+        ca = base64.b64decode(poll_until(bundle, 60, "caBundle set by the webhook")).decode()
+        yield WebhookProcess(process, port, metrics_port, ca)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 @contextmanager
 def running_webhook(configuration: str = "tessera-webhook-bench") -> Iterator[RunningWebhook]:
     """A local control plane, a kubelet-less Node with the node daemon over 4 simulated 80 GiB GPUs
-    (so the slice cache holds real slices), the chart's webhook configuration registered with a URL,
-    and ``tessera-webhook`` as its own process, ready and with its CA in that configuration."""
+    (so the slice cache holds real slices), and ``tessera-webhook`` as :func:`webhook_process` starts it."""
     with LocalCluster() as cluster:
-        assert cluster.webhook_client_ca is not None and cluster.webhook_client is not None
+        assert cluster.webhook_client is not None
         kube = api_client(cluster.admin_kubeconfig)
         ensure_device_class(kube)
         create_ready_node(kube, "bench-node", None)
@@ -282,57 +341,23 @@ def running_webhook(configuration: str = "tessera-webhook-bench") -> Iterator[Ru
         poll_until(
             lambda: core.read_namespaced_service_account("default", NAMESPACE), 30, "default ServiceAccount"
         )
-        port, metrics_port = free_port(), free_port()
-        body = yaml.safe_load(CONFIGURATION.read_text())
-        body["metadata"]["name"] = configuration
-        for webhook in body["webhooks"]:
-            webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
-        registration = client.AdmissionregistrationV1Api(kube)
-        registration.create_mutating_webhook_configuration(
-            client.V1MutatingWebhookConfiguration.model_validate(body)
-        )
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "tessera-webhook"),
-                f"--kubeconfig={cluster.admin_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--port={port}",
-                f"--metrics-port={metrics_port}",
-                "--ip-addresses=127.0.0.1",
-                f"--webhook-configuration={configuration}",
-                f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
-                "--log-level=warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=sys.stderr,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
         running: RunningWebhook | None = None
         try:
-            poll_until(lambda: healthy(metrics_port, "/readyz"), 60, "webhook ready")
-
-            def bundle() -> str | None:
-                read = raw_json(
-                    registration.read_mutating_webhook_configuration(configuration, _preload_content=False)
+            with webhook_process(cluster, configuration) as webhook:
+                # Posting as the API server does: with its webhook client certificate.
+                direct = Target(
+                    "127.0.0.1",
+                    webhook.port,
+                    "/mutate",
+                    cadata=webhook.ca,
+                    cert_file=str(cluster.webhook_client.cert),
+                    key_file=str(cluster.webhook_client.key),
                 )
-                value: str | None = read["webhooks"][0]["clientConfig"].get("caBundle")
-                return value
-
-            ca = base64.b64decode(poll_until(bundle, 60, "caBundle set by the webhook")).decode()
-            # Posting as the API server does: with its webhook client certificate.
-            direct = Target(
-                "127.0.0.1",
-                port,
-                "/mutate",
-                cadata=ca,
-                cert_file=str(cluster.webhook_client.cert),
-                key_file=str(cluster.webhook_client.key),
-            )
-            running = RunningWebhook(cluster, port, metrics_port, ca, direct, process.pid)
-            yield running
+                running = RunningWebhook(
+                    cluster, webhook.port, webhook.metrics_port, webhook.ca, direct, webhook.process.pid
+                )
+                yield running
         finally:
-            process.terminate()
-            code = process.wait(30)
             if running is not None:
-                running.exit_code = code
+                running.exit_code = webhook.process.returncode
             driver.cleanup()

@@ -23,6 +23,7 @@ from testbed.accounts import service_account_token, token_kubeconfig
 from testbed.cluster import LocalCluster
 from testbed.names import unique_name
 from testbed.polling import poll_until
+from testbed.webhook_effect import wait_until_webhook_answers
 
 CHART_FILES = Path(__file__).resolve().parents[2] / "charts/tessera/files"
 CONFIGURATION_FILE = CHART_FILES / "webhook-configuration.yaml"
@@ -142,24 +143,7 @@ class RunningWebhook:
 
     def wait_effective(self, namespace: str) -> None:
         """Wait until the apiserver calls us: its webhook configuration is loaded asynchronously."""
-        core = client.CoreV1Api(self.kube)
-        probe = {
-            "metadata": {"name": "probe"},
-            "spec": {
-                "containers": [
-                    {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpucores": "101"}}}
-                ]
-            },
-        }
-
-        def denied() -> bool:
-            try:
-                core.create_namespaced_pod(namespace, client.V1Pod.model_validate(probe), dry_run="All")
-            except ApiException as error:
-                return "nvidia.com/gpucores is 101" in str(error.body)
-            return False
-
-        poll_until(denied, 60, "the apiserver calling the webhook")
+        wait_until_webhook_answers(self.kube, namespace)
 
     def stop(self) -> None:
         with contextlib.suppress(ApiException):
