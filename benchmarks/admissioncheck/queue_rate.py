@@ -70,6 +70,10 @@ class Milestones:
 
     def __init__(self, api: client.ApiClient, namespace: str, check: str | None) -> None:
         self.seen: dict[str, dict[str, float]] = {}
+        self.released = False
+        self.writes_after_release = 0
+        """Workload changes the watch delivered after the release (every write is one): with Kueue
+        alone one per Workload (quota reserved and admitted at once)."""
         self._check = check
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -83,6 +87,9 @@ class Milestones:
 
     def _handle(self, kind: str, obj: Mapping[str, Any]) -> None:
         now = time.monotonic()
+        if kind == "MODIFIED" and self.released:
+            with self._lock:
+                self.writes_after_release += 1
         for workload in obj["items"] if kind == "SYNCED" else [obj]:
             marks = {
                 "quota": queue_bed.has_condition(workload, "QuotaReserved"),
@@ -195,6 +202,7 @@ def run_round(api: client.ApiClient, index: int, kind: str, workloads: int, seed
     null_check = NullCheck(api, namespace) if kind == "null" else None
     poll_until(lambda: len(milestones.seen) == workloads, 120, "the watch listing every Workload")
     released = time.monotonic()
+    milestones.released = True
     custom.patch_cluster_custom_object(
         GROUP, VERSION, "clusterqueues", queue, {"spec": {"stopPolicy": "None"}}
     )
@@ -210,6 +218,7 @@ def run_round(api: client.ApiClient, index: int, kind: str, workloads: int, seed
         "workloads": workloads,
         "admitted_s": round(last - released, 2),
         "admitted_per_s": round(workloads / (last - released), 2),
+        "writes_per_workload": round(milestones.writes_after_release / workloads, 2),
         "release_to_quota_ms": _ms([t - released for t in milestones.times("quota")]),
         "release_to_admitted_ms": _ms([t - released for t in milestones.times("admitted")]),
     }
@@ -243,8 +252,8 @@ def main() -> int:
         "--kueue-qps",
         type=float,
         default=0,
-        help="Kueue's client rate limit (clientConnection.qps, burst twice it); 0: Kueue's default "
-        "(20, burst 30)",
+        help="Kueue's client rate limit (clientConnection.qps, burst twice it); 0: what Kueue's release "
+        "manifests set (50, burst 100)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -307,7 +316,9 @@ def main() -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     target = "met" if summary["cost_percent"] <= 10 else "NOT met"
     qps = (
-        f"clientConnection.qps {args.kueue_qps:g}" if args.kueue_qps else "Kueue's default client rate limit"
+        f"clientConnection.qps {args.kueue_qps:g}"
+        if args.kueue_qps
+        else "as its release manifests configure it (5 Workload reconciles at once, 50 requests/s)"
     )
     lines = [
         "# Admission check: its cost to Kueue's admission rate",
@@ -318,15 +329,15 @@ def main() -> int:
         f"{args.nodes} nodes x {args.gpus} GPUs of 80 GiB, released from a held ClusterQueue at once; "
         f"Kueue {qps}.",
         "",
-        "| round | queue | admitted/s | release to admitted p50 / p99 ms | quota to check Ready "
-        "p50 / p99 ms | check Ready to admitted p50 / p99 ms |",
-        "|---|---|---|---|---|---|",
+        "| round | queue | admitted/s | Workload writes each | release to admitted p50 / p99 ms | "
+        "quota to check Ready p50 / p99 ms | check Ready to admitted p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for index, r in enumerate(rounds):
         gaps = [r.get("quota_to_check_ready_ms"), r.get("check_ready_to_admitted_ms")]
         cells = [f"{g['p50']} / {g['p99']}" if g else "-" for g in gaps]
         lines.append(
-            f"| {index} | {TITLES[r['kind']]} | {r['admitted_per_s']} | "
+            f"| {index} | {TITLES[r['kind']]} | {r['admitted_per_s']} | {r['writes_per_workload']} | "
             f"{r['release_to_admitted_ms']['p50']} / {r['release_to_admitted_ms']['p99']} | "
             f"{cells[0]} | {cells[1]} |"
         )
