@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +60,22 @@ class GpuNode:
 
 @contextlib.contextmanager
 def one_gpu_node(
-    cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, probe_image: Path
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    node_factory: NodeFactory,
+    probe_image: Path,
+    before_start: Callable[[DriverNode], None] | None = None,
 ) -> Iterator[GpuNode]:
     """One real node with 2 simulated 80 GiB GPUs and the daemon registered and published; the
-    daemon cleaned up on exit."""
+    daemon cleaned up on exit. ``before_start`` may change the simulated GPUs (MIG mode, say)
+    before the daemon first reads them."""
     ensure_device_class(kube)
     (node,) = node_factory.start(1, extra_images=[probe_image])
     driver = DriverNode(
         cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
     )
+    if before_start is not None:
+        before_start(driver)
     try:
         driver.start()
         driver.wait_ready()

@@ -22,7 +22,7 @@ from tessera.names import DRIVER_NAME, MIG_DEVICE_CLASS
 from tessera.quantity import MiB, quantity_to_int
 from tessera.slices import published_gpus
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.driver_node import DriverNode
 from testbed.node import NodeFactory
 from testbed.pod_state import sections
 from testbed.polling import poll_until
@@ -32,6 +32,7 @@ from tests.e2e.test_driver_node import (
     GpuNode,
     claim_of,
     limit_script,
+    one_gpu_node,
     probe_image,
     run_share_pod,
     wait_done,
@@ -66,21 +67,17 @@ def mig_node(
 ) -> Iterator[GpuNode]:
     """A real node with two simulated 80 GiB GPUs: GPU 0 in MIG mode (1g.10gb twice, 3g.40gb), GPU 1
     whole; the daemon registered and published."""
-    ensure_device_class(kube)
     made_class = ensure_mig_device_class(kube)
-    (node,) = node_factory.start(1, extra_images=[probe_image])
-    driver = DriverNode(
-        cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=2
-    )
-    first, second = driver.simgpu.spec.gpus
-    first = replace(first, mig_mode=True, mig=mig_instances(first.uuid, PROFILES))
-    driver.simgpu.update(replace(driver.simgpu.spec, gpus=(first, second)))
+
+    def mig_on_first_gpu(driver: DriverNode) -> None:
+        first, second = driver.simgpu.spec.gpus
+        first = replace(first, mig_mode=True, mig=mig_instances(first.uuid, PROFILES))
+        driver.simgpu.update(replace(driver.simgpu.spec, gpus=(first, second)))
+
     try:
-        driver.start()
-        driver.wait_ready()
-        yield GpuNode(node, driver)
+        with one_gpu_node(cluster, kube, node_factory, probe_image, mig_on_first_gpu) as gpu_node:
+            yield gpu_node
     finally:
-        driver.cleanup()
         if made_class:  # a chart installed later in the session owns it then
             client.ResourceV1Api(kube).delete_device_class(MIG_DEVICE_CLASS)
 
