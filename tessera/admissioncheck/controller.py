@@ -2,7 +2,8 @@
 (:mod:`planning`) over every Workload waiting on our checks, highest priority first, and the result
 written as our check's state on each (server-side apply of our one entry of
 ``status.admissionChecks``): Ready, Pending with a message that says why, or Rejected when its GPU
-request is invalid.
+request is invalid. A Ready state holds each PodSet planned on one node to that node
+(:mod:`pinning`).
 
 What it keeps between passes: the PodSets it read per Workload version (:mod:`podsets`), the
 Ready decisions the watch has not echoed back yet, the plan of where reserved shares go, and what
@@ -26,6 +27,7 @@ from kubernetes.client import ApiException
 from tessera.admissioncheck.checks import sync_active
 from tessera.admissioncheck.fit import DEFAULT_BUDGET, Placement, PodGroup, free_capacity
 from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory, is_placed
+from tessera.admissioncheck.pinning import HostnameLabels, pins_for, pins_from_state, pod_set_updates
 from tessera.admissioncheck.planning import (
     Decision,
     PassState,
@@ -106,6 +108,9 @@ class WorkloadController:
         self.stats = Stats()
         # Ready decisions not yet seen back through the watch: uid -> (name, groups to place).
         self._approved: dict[str, tuple[str, list[PodGroup]]] = {}
+        # The nodes those Ready decisions hold PodSets to (echoed ones are read from the Workload).
+        self._approved_pins: dict[str, dict[str, str]] = {}
+        self._hostnames = HostnameLabels(api)
         # Where the reserved shares of each Ready Workload are planned to go.
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
@@ -143,6 +148,16 @@ class WorkloadController:
         self._wake.set()
 
     # -- one pass ----------------------------------------------------------------------------
+
+    def _held(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+        """Per Workload uid, the PodSets its Ready state holds to a node (:mod:`pinning`)."""
+        out = {uid: dict(pins) for uid, pins in self._approved_pins.items()}
+        for workload in workloads:
+            for check in checks:
+                state = check_state(workload, check)
+                if (state or {}).get("state") == READY and (pins := pins_from_state(state)):
+                    out[workload["metadata"].get("uid", "")] = pins
+        return out
 
     def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> Reserved:
         """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
@@ -198,9 +213,12 @@ class WorkloadController:
                 # Approvals the watch has echoed back are read from the Workloads themselves.
                 if any((check_state(workload, c) or {}).get("state") == READY for c in checks):
                     self._approved.pop(workload["metadata"].get("uid", ""), None)
+                    self._approved_pins.pop(workload["metadata"].get("uid", ""), None)
             for uid in [u for u in self._approved if u not in live_uids]:
                 del self._approved[uid]
+                self._approved_pins.pop(uid, None)
             reserved = self._reserved_groups(checks, workloads)
+            held = self._held(checks, workloads)
             waiting = [
                 (w, c)
                 for w in workloads
@@ -210,7 +228,7 @@ class WorkloadController:
                 and w["metadata"].get("uid", "") not in self._approved
             ]
         planning = time.perf_counter()
-        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget)
+        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget, held)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
         unplanned = frozenset(state.unplanned)
@@ -233,7 +251,9 @@ class WorkloadController:
             if self._told.get(uid) != (decision.state, decision.message):
                 log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
             if decision.state == READY:
+                decision.pins = pins_for(workload, decision.placements, self._hostnames)
                 self._approved[uid] = (name, decision.groups)
+                self._approved_pins[uid] = decision.pins
                 self._plans[uid] = decision.placements
                 state.take(decision.placements)
             writes.append((uid, decision, self._writers.submit(self._write, workload, check, decision)))
@@ -241,6 +261,7 @@ class WorkloadController:
             if not written.result():
                 if self._approved.pop(uid, None) is not None:
                     del self._plans[uid]
+                    self._approved_pins.pop(uid, None)
                     state.give_back(decision.placements)
                 continue
             self._told[uid] = (decision.state, decision.message)
@@ -258,6 +279,14 @@ class WorkloadController:
         transition = current.get("lastTransitionTime")
         if current.get("state") != decision.state or not transition:
             transition = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entry: dict[str, Any] = {
+            "name": check,
+            "state": decision.state,
+            "message": decision.message[:8000],
+            "lastTransitionTime": transition,
+        }
+        if decision.pins:
+            entry["podSetUpdates"] = pod_set_updates(decision.pins)
         body = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
             "kind": "Workload",
@@ -265,16 +294,7 @@ class WorkloadController:
                 "name": workload["metadata"]["name"],
                 "namespace": workload["metadata"]["namespace"],
             },
-            "status": {
-                "admissionChecks": [
-                    {
-                        "name": check,
-                        "state": decision.state,
-                        "message": decision.message[:8000],
-                        "lastTransitionTime": transition,
-                    }
-                ]
-            },
+            "status": {"admissionChecks": [entry]},
         }
         try:
             self._custom.patch_namespaced_custom_object_status(

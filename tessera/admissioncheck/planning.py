@@ -39,6 +39,8 @@ class Decision:
     message: str
     placements: list[Placement] = field(default_factory=list)
     groups: list[PodGroup] = field(default_factory=list)
+    pins: dict[str, str] = field(default_factory=dict)
+    """PodSet -> the node its pods are held to (:mod:`pinning`), for a Ready decision."""
 
 
 @dataclass
@@ -67,10 +69,12 @@ def replan(
     base: Free,
     reserved: Reserved,
     budget: int,
+    pins: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[PassState, dict[str, list[Placement]]]:
     """Keep each reserved Workload's planned places that still fit (in the order planned), place
     the rest on what is left, and drop plans of Workloads no longer reserved: the pass's state and
-    the new plans."""
+    the new plans. A PodSet held to a node (``pins``: per Workload uid, PodSet -> node) is placed
+    again only on that node's GPUs: its pods can go nowhere else."""
     free = dict(base)
     out: dict[str, list[Placement]] = {}
     displaced: list[tuple[str, list[PodGroup]]] = []
@@ -88,13 +92,32 @@ def replan(
             displaced.append((uid, missing))
     unplanned = []
     for uid, missing in displaced:
-        packed = pack(missing, gpus, free, budget)
-        if packed.placements is None:
+        placed = _pack_held(missing, (pins or {}).get(uid, {}), gpus, free, budget)
+        if placed is None:
             unplanned.append(reserved[uid][0])
             continue
-        free = apply(free, packed.placements)
-        out[uid].extend(packed.placements)
+        free = apply(free, placed)
+        out[uid].extend(placed)
     return PassState(gpus, free, unplanned), out
+
+
+def _pack_held(
+    groups: list[PodGroup], held: Mapping[str, str], gpus: list[PublishedGpu], free: Free, budget: int
+) -> list[Placement] | None:
+    """Places for all of ``groups`` at once, or None: the groups held to a node on that node's
+    GPUs, one node at a time, then the others anywhere on what is left."""
+    by_node: dict[str | None, list[PodGroup]] = {}
+    for group in groups:
+        by_node.setdefault(held.get(group.name), []).append(group)
+    placed: list[Placement] = []
+    for node, node_groups in sorted(by_node.items(), key=lambda item: item[0] is None):
+        candidates = gpus if node is None else [g for g in gpus if g.node == node]
+        packed = pack(node_groups, candidates, free, budget)
+        if packed.placements is None:
+            return None
+        free = apply(free, packed.placements)
+        placed.extend(packed.placements)
+    return placed
 
 
 def unreadable(error: Exception) -> Decision:

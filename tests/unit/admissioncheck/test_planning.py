@@ -76,6 +76,32 @@ def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_bloc
     assert plans == {}
 
 
+def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
+    gpus = [
+        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", 40 * GiB, 100)
+        for node in "ab"
+        for i in range(2)
+    ]
+    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
+    reserved = {"w1": ("ns/w1", [group])}
+    held = {"w1": {"main": "a"}}
+    _, plans = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held)
+    (planned,) = plans["w1"]
+    assert planned.node == "a"
+    # Someone else's pod took the planned GPU: the share moves to node a's other GPU, not to b.
+    taken = free_capacity(gpus, {planned.shares[0][0]: (30 * GiB, 0)})
+    state, plans = replan(plans, gpus, taken, reserved, 1000, held)
+    (moved,) = plans["w1"]
+    assert moved.node == "a" and moved.shares[0][0] != planned.shares[0][0] and state.unplanned == []
+    # Both of a's GPUs taken: b has room, but the pods can go only to a, so nothing is planned.
+    a_full = free_capacity(gpus, {g.key: (30 * GiB, 0) for g in gpus if g.node == "a"})
+    state, plans = replan(plans, gpus, a_full, reserved, 1000, held)
+    assert state.unplanned == ["ns/w1"]
+    # Not held, the same share goes to b.
+    state, plans = replan({}, gpus, a_full, reserved, 1000)
+    assert state.unplanned == [] and plans["w1"][0].node == "b"
+
+
 def test_a_decision_says_where_it_fits_which_selectors_it_did_not_judge_or_why_it_waits() -> None:
     gpus = [PublishedGpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
     group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
