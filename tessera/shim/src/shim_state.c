@@ -288,18 +288,11 @@ static __thread struct {
     uint64_t forgotten;
 } last_context __attribute__((tls_model("initial-exec")));
 
-bool shim_current_device(int *device, CUcontext *pctx)
+/* The device of `ctx`, which the thread's last answer did not give: the table's, else the
+ * driver's. Out of line, so that its frame (a table entry) is not on the stack of every call. */
+static __attribute__((noinline)) bool context_device(CUcontext ctx, uint64_t forgotten,
+                                                     int *device)
 {
-    CUcontext ctx = NULL;
-    if (shim_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
-        return false;
-    if (pctx != NULL)
-        *pctx = ctx;
-    uint64_t forgotten = __atomic_load_n(&shim.contexts_forgotten, __ATOMIC_ACQUIRE);
-    if (ctx == last_context.ctx && forgotten == last_context.forgotten) {
-        *device = last_context.device;
-        return true;
-    }
     struct shim_entry e;
     if (shim_table_get(SHIM_KIND_CONTEXT, (uint64_t)(uintptr_t)ctx, &e)) {
         *device = e.device;
@@ -316,6 +309,27 @@ bool shim_current_device(int *device, CUcontext *pctx)
     shim_table_put(&e);
     *device = dev;
     return true;
+}
+
+bool shim_current_device(int *device, CUcontext *pctx)
+{
+    CUcontext ctx = NULL;
+    if (shim_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return false;
+    if (pctx != NULL)
+        *pctx = ctx;
+    /* One device (the usual container of a fractional claim): every context is on it, and
+     * neither the thread's cache nor the table need be read. */
+    if (SHIM_LIKELY(__atomic_load_n(&shim.device_count, __ATOMIC_ACQUIRE) == 1)) {
+        *device = 0;
+        return true;
+    }
+    uint64_t forgotten = __atomic_load_n(&shim.contexts_forgotten, __ATOMIC_ACQUIRE);
+    if (ctx == last_context.ctx && forgotten == last_context.forgotten) {
+        *device = last_context.device;
+        return true;
+    }
+    return context_device(ctx, forgotten, device);
 }
 
 void shim_forget_context(CUcontext ctx)
