@@ -78,6 +78,24 @@ void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes)
         c->bytes -= bytes; /* at most what was charged beyond the allocation */
 }
 
+/* Record `e` over the entry the table still holds for its key (shim_table_insert found one),
+ * or report that there was no memory for it (`inserted` < 0). Out of line: the stale entry's
+ * copy is not on the stack of every allocation. */
+static __attribute__((noinline, cold)) void record_over(const struct shim_entry *e,
+                                                        int inserted)
+{
+    struct shim_entry stale;
+    int replaced = inserted < 0 ? -1 : shim_table_put_replacing(e, &stale);
+    if (replaced < 0)
+        SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
+                   (unsigned long long)e->bytes);
+    if (replaced > 0) { /* a record the driver's own free outlived (a context swept late) */
+        SHIM_DEBUG("the driver handed out %#llx again: its old record is given back",
+                   (unsigned long long)e->key);
+        shim_uncharge(&stale);
+    }
+}
+
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key)
 {
     if (!c->gated)
@@ -85,16 +103,9 @@ void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key
     struct shim_entry e = {.key = key, .bytes = c->gpu >= 0 ? c->bytes : 0,
                            .peer = (uint64_t)(uintptr_t)c->ctx, .pool = c->pool, .gpu = c->gpu,
                            .device = c->device, .kind = (uint8_t)kind, .refs = 1};
-    struct shim_entry stale;
-    int replaced = shim_table_put_replacing(&e, &stale);
-    if (replaced < 0)
-        SHIM_ERROR("out of memory recording an allocation; its %llu bytes stay charged",
-                   (unsigned long long)e.bytes);
-    if (replaced > 0) { /* a record the driver's own free outlived (a context swept late) */
-        SHIM_DEBUG("the driver handed out %#llx again: its old record is given back",
-                   (unsigned long long)key);
-        shim_uncharge(&stale);
-    }
+    int inserted = shim_table_insert(&e);
+    if (SHIM_UNLIKELY(inserted != 0))
+        record_over(&e, inserted);
     leave_gate(c);
 }
 

@@ -18,6 +18,7 @@
 #define MIN_CELLS 64 /* a power of two */
 #define MIN_ENTRIES 32
 #define MAX_ENTRIES (1U << 31) /* entry numbers fit a cell's 32 bits */
+#define SHIM_TABLE_LIKELY(x) __builtin_expect(!!(x), 1)
 
 /* An entry on a cache line of its own: its 48 bytes packed end to end straddled two lines every
  * other entry, and a lookup after the driver's work had evicted the table read both. */
@@ -79,8 +80,9 @@ static inline __attribute__((always_inline)) uint64_t find(const struct shard *s
 }
 
 /* Make room for one more entry: a larger index at half load, a larger entry array when no
- * freed place is left. Returns 0, or -1 if out of memory (nothing changed). */
-static int reserve(struct shard *s)
+ * freed place is left. Returns 0, or -1 if out of memory (nothing changed). Out of line: an
+ * insert that needs neither (nearly all) keeps this frame off its stack. */
+static __attribute__((noinline)) int grow(struct shard *s)
 {
     if (s->free_head == 0 && s->top == s->capacity) {
         if (s->capacity >= MAX_ENTRIES)
@@ -114,6 +116,14 @@ static int reserve(struct shard *s)
     s->index = fresh;
     s->cells = cells;
     return 0;
+}
+
+static inline int reserve(struct shard *s)
+{
+    if (SHIM_TABLE_LIKELY((s->free_head != 0 || s->top < s->capacity) &&
+                          (uint64_t)(s->count + 1) * 2 <= s->cells))
+        return 0;
+    return grow(s);
 }
 
 /* A place for a new entry (reserve() made sure there is one): the one freed last, whose lines
@@ -154,7 +164,10 @@ static void erase(struct shard *s, uint64_t i)
     s->count--;
 }
 
-int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
+/* Put `e` in its shard: replacing the entry for its key (copied to `old`, if not NULL) if
+ * `replace`, else leaving it. 1 if there was one, 0 if not, -1 if out of memory. */
+static inline __attribute__((always_inline)) int put(const struct shim_entry *e,
+                                                     struct shim_entry *old, bool replace)
 {
     uint64_t h = mix(e->kind, e->key);
     struct shard *s = shard_of(h);
@@ -164,8 +177,8 @@ int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
         return -1;
     }
     uint64_t i = find(s, e->kind, e->key, h);
-    int replaced = s->index[i] != 0;
-    if (replaced) {
+    int there = s->index[i] != 0;
+    if (there) {
         if (old != NULL)
             *old = *entry_of(s, s->index[i]);
     } else {
@@ -173,9 +186,20 @@ int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
         s->index[i] = (uint64_t)(uint32_t)h << 32 | (n + 1);
         s->count++;
     }
-    *entry_of(s, s->index[i]) = *e;
+    if (!there || replace)
+        *entry_of(s, s->index[i]) = *e;
     shim_unlock(&s->mu);
-    return replaced;
+    return there;
+}
+
+int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old)
+{
+    return put(e, old, true);
+}
+
+int shim_table_insert(const struct shim_entry *e)
+{
+    return put(e, NULL, false);
 }
 
 int shim_table_put(const struct shim_entry *e)

@@ -40,6 +40,10 @@ int shim_table_put(const struct shim_entry *e);
  * 0 if not, -1 if out of memory. */
 int shim_table_put_replacing(const struct shim_entry *e, struct shim_entry *old);
 
+/* Insert the entry for (e->kind, e->key) if the table holds none: 0; 1 if it holds one (left as
+ * it is); -1 if out of memory. */
+int shim_table_insert(const struct shim_entry *e);
+
 /* Copy the entry for (kind, key) into `out`. Returns true if found. */
 bool shim_table_get(enum shim_kind kind, uint64_t key, struct shim_entry *out);
 
