@@ -10,10 +10,12 @@
 
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
 {
+    /* No field gets a constant the compiler would load from memory (its line would be one more
+     * cold miss per allocation): the limit is set with gpu, the device as asked until known. */
     c->gpu = -1;
-    c->device = -1;
+    c->device = dev;
     c->bytes = 0;
-    c->limit = TESSERA_NO_MEMORY_LIMIT;
+    c->limit = 0;
     c->ctx = NULL;
     c->pool = 0;
     c->gated = false;

@@ -16,7 +16,7 @@ struct shim_charge {
     int gpu;
     int device; /* the CUDA ordinal charged */
     uint64_t bytes;
-    uint64_t limit;
+    uint64_t limit; /* the claim's limit on gpu (while gpu >= 0) */
     CUcontext ctx;
     uint64_t pool; /* the pool allocated from (pools.c's id), 0: none */
     bool gated;    /* holds the allocation gate (keylock.h) until committed or aborted */
