@@ -4,15 +4,8 @@
 #include "keylock.h"
 #include "lock.h"
 
-#define STRIPES 256 /* a power of two */
 #define SHIM_GATE_LIKELY(x) __builtin_expect(!!(x), 1)
 #define SHIM_GATE_UNLIKELY(x) __builtin_expect(!!(x), 0)
-
-struct stripe {
-    struct shim_lock mu;
-} __attribute__((aligned(64)));
-
-static struct stripe stripes[STRIPES];
 
 /* The allocation gate, writer-preferring: a free waiting to close it is not starved by a
  * stream of allocations (readers never nest, so the preference cannot deadlock a reader). Two
@@ -41,22 +34,15 @@ static __attribute__((noinline, cold)) void gate_wait_open(void)
     }
 }
 
-static inline struct stripe *stripe_of(enum shim_kind kind, uint64_t key)
-{
-    uint64_t x = (key >> 4) ^ ((uint64_t)kind << 59) ^ 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 29;
-    return &stripes[x & (STRIPES - 1)];
-}
-
+/* The key locks are the pointer table's (on its shards' lines, ptrtable.h). */
 void shim_key_lock(enum shim_kind kind, uint64_t key)
 {
-    shim_lock(&stripe_of(kind, key)->mu);
+    shim_lock(shim_table_key_lock(kind, key));
 }
 
 void shim_key_unlock(enum shim_kind kind, uint64_t key)
 {
-    shim_unlock(&stripe_of(kind, key)->mu);
+    shim_unlock(shim_table_key_lock(kind, key));
 }
 
 static __attribute__((noinline, cold)) void gate_wake_writer(void)
@@ -99,16 +85,14 @@ void shim_gate_open(void)
 
 void shim_keylock_prepare_fork(void)
 {
-    for (int i = 0; i < STRIPES; i++)
-        shim_lock(&stripes[i].mu);
+    shim_table_lock_keys();
     shim_gate_close();
 }
 
 void shim_keylock_parent_after_fork(void)
 {
     shim_gate_open();
-    for (int i = STRIPES - 1; i >= 0; i--)
-        shim_unlock(&stripes[i].mu);
+    shim_table_unlock_keys();
 }
 
 void shim_keylock_child_after_fork(void)
@@ -116,6 +100,5 @@ void shim_keylock_child_after_fork(void)
     gate.readers = 0;
     gate.closed = 0;
     gate.writers = (struct shim_lock)SHIM_LOCK_INIT;
-    for (int i = 0; i < STRIPES; i++)
-        stripes[i].mu = (struct shim_lock)SHIM_LOCK_INIT;
+    /* The key locks start over with the child's table (shim_table_child_after_fork). */
 }

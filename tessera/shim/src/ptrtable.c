@@ -26,12 +26,18 @@ struct place {
     struct shim_entry e;
 } __attribute__((aligned(64)));
 
+/* A shard's header is one cache line, which also holds the key locks (keylock.h) of the keys
+ * whose entries the shard holds: a free takes its key's lock and then the shard's, and after
+ * the driver's work has evicted both, one line is one miss where two lines were two. */
+#define KEY_LOCKS 4 /* per shard: a power of two */
+
 struct shard {
     struct shim_lock mu;
     uint32_t count;     /* live entries */
     uint32_t free_head; /* 1 + the entry freed last, whose key holds the next so; 0: none */
     uint32_t top;       /* entries[0, top) have been handed out */
     uint32_t capacity;  /* of entries */
+    struct shim_lock keys[KEY_LOCKS];
     uint64_t cells;     /* of index: a power of two */
     uint64_t *index;    /* (uint32_t)hash << 32 | (1 + entry); 0: empty */
     struct place *entries;
@@ -51,6 +57,8 @@ static inline struct shard *shard_of(uint64_t h)
 {
     return &shards[h >> 58];
 }
+
+_Static_assert(sizeof(struct shard) == 64, "a shard's header is one cache line");
 
 static inline uint64_t tag_of(uint64_t cell)
 {
@@ -297,6 +305,26 @@ uint64_t shim_table_count(void)
         shim_unlock(&shards[k].mu);
     }
     return n;
+}
+
+struct shim_lock *shim_table_key_lock(enum shim_kind kind, uint64_t key)
+{
+    uint64_t h = mix(kind, key);
+    return &shard_of(h)->keys[(h >> 56) & (KEY_LOCKS - 1)];
+}
+
+void shim_table_lock_keys(void)
+{
+    for (int k = 0; k < SHARDS; k++)
+        for (int i = 0; i < KEY_LOCKS; i++)
+            shim_lock(&shards[k].keys[i]);
+}
+
+void shim_table_unlock_keys(void)
+{
+    for (int k = SHARDS - 1; k >= 0; k--)
+        for (int i = KEY_LOCKS - 1; i >= 0; i--)
+            shim_unlock(&shards[k].keys[i]);
 }
 
 void shim_table_prepare_fork(void)

@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "lock.h"
+
 enum shim_kind {
     SHIM_KIND_DEVICE = 1, /* cuMemAlloc family, pitch, managed, async/pool: key = CUdeviceptr */
     SHIM_KIND_ARRAY = 2,  /* cuArrayCreate/cuArray3DCreate: key = CUarray */
@@ -61,6 +63,15 @@ int shim_table_sweep(bool (*match)(const struct shim_entry *e, void *arg),
 
 /* Number of entries (all kinds). */
 uint64_t shim_table_count(void);
+
+/* The lock of (kind, key) for keylock.h, on the line of the shard that holds the key's entry
+ * (so that a free's key lock and table lookup share a line). Never taken by the table itself. */
+struct shim_lock *shim_table_key_lock(enum shim_kind kind, uint64_t key);
+
+/* fork(): take / release every key lock (keylock.c, before and after the gate). The child's are
+ * free again with the rest of its table (shim_table_child_after_fork). */
+void shim_table_lock_keys(void);
+void shim_table_unlock_keys(void);
 
 /* fork(): hold every shard across the fork; the child starts with an empty table (what the
  * parent holds is not the child's). */
