@@ -306,7 +306,7 @@ SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     REAL_OR_NOT_FOUND(cuMemRelease);
     if (!shim.memory_limited)
         return shim_real.cuMemRelease(handle);
-    shim_key_lock(SHIM_KIND_HANDLE, handle);
+    struct shim_lock *key_lock = shim_key_lock(SHIM_KIND_HANDLE, handle);
     struct shim_entry h;
     bool tracked = shim_table_take(SHIM_KIND_HANDLE, handle, &h);
     bool closed = !tracked;
@@ -321,7 +321,7 @@ SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         vmm_unref(h.peer);
     if (closed)
         shim_gate_open();
-    shim_key_unlock(SHIM_KIND_HANDLE, handle);
+    shim_key_unlock(key_lock);
     return rc;
 }
 
@@ -369,7 +369,7 @@ SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
      * another thread makes at a freed address right after is not mistaken for one of them. */
     enum { MAX_TAKEN = 64 };
     struct shim_entry taken[MAX_TAKEN];
-    shim_key_lock(SHIM_KIND_MAPPING, key_of(ptr));
+    struct shim_lock *key_lock = shim_key_lock(SHIM_KIND_MAPPING, key_of(ptr));
     int n = take_mappings(ptr, size, taken, MAX_TAKEN);
     bool closed = n == 0;
     if (closed) { /* maybe a mapping being recorded: wait for it */
@@ -379,7 +379,7 @@ SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     CUresult rc = shim_real.cuMemUnmap(ptr, size);
     if (closed)
         shim_gate_open();
-    shim_key_unlock(SHIM_KIND_MAPPING, key_of(ptr));
+    shim_key_unlock(key_lock);
     for (int i = 0; i < n; i++) {
         if (rc != CUDA_SUCCESS) {
             shim_table_put(&taken[i]);
@@ -495,14 +495,14 @@ free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)(void *), void *
         return call(arg);
     struct shim_entry e;
     CUresult rc;
-    shim_key_lock(kind, key);
+    struct shim_lock *key_lock = shim_key_lock(kind, key);
     if (SHIM_LIKELY(shim_table_take(kind, key, &e))) {
         rc = call(arg);
         settle_free(&e, rc, into_pool);
     } else {
         rc = free_untracked(kind, key, call, arg, into_pool);
     }
-    shim_key_unlock(kind, key);
+    shim_key_unlock(key_lock);
     return rc;
 }
 

@@ -35,14 +35,16 @@ static __attribute__((noinline, cold)) void gate_wait_open(void)
 }
 
 /* The key locks are the pointer table's (on its shards' lines, ptrtable.h). */
-void shim_key_lock(enum shim_kind kind, uint64_t key)
+struct shim_lock *shim_key_lock(enum shim_kind kind, uint64_t key)
 {
-    shim_lock(shim_table_key_lock(kind, key));
+    struct shim_lock *l = shim_table_key_lock(kind, key);
+    shim_lock(l);
+    return l;
 }
 
-void shim_key_unlock(enum shim_kind kind, uint64_t key)
+void shim_key_unlock(struct shim_lock *held)
 {
-    shim_unlock(shim_table_key_lock(kind, key));
+    shim_unlock(held);
 }
 
 static __attribute__((noinline, cold)) void gate_wake_writer(void)

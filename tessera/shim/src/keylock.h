@@ -21,9 +21,9 @@
 
 #include "ptrtable.h"
 
-/* Hold / release the lock of (kind, key). */
-void shim_key_lock(enum shim_kind kind, uint64_t key);
-void shim_key_unlock(enum shim_kind kind, uint64_t key);
+/* Hold the lock of (kind, key); returns it for shim_key_unlock (sparing a second hash). */
+struct shim_lock *shim_key_lock(enum shim_kind kind, uint64_t key);
+void shim_key_unlock(struct shim_lock *held);
 
 /* An allocation's driver call and its recording in the table (shared; never nested). */
 void shim_gate_enter(void);
