@@ -463,17 +463,21 @@ static void settle_free(const struct shim_entry *e, CUresult rc, bool into_pool)
         shim_uncharge(e);
 }
 
+/* The driver's free of `key` (a stream, or NULL, in `stream`): what free_tracked calls. The key
+ * is the freed object itself, so no argument block is built on the stack. */
+typedef CUresult (*free_call)(uint64_t key, CUstream stream);
+
 /* A free of a key the table does not hold (a stale or double free, or an allocation in flight
  * on another thread): looked up again once allocations in flight are recorded, and freed while
  * none can be. Out of line: a free that finds its key keeps this frame off its stack. */
 static __attribute__((noinline)) CUresult free_untracked(enum shim_kind kind, uint64_t key,
-                                                         CUresult (*call)(void *), void *arg,
+                                                         free_call call, CUstream stream,
                                                          bool into_pool)
 {
     struct shim_entry e;
     shim_gate_close();
     bool tracked = shim_table_take(kind, key, &e);
-    CUresult rc = call(arg);
+    CUresult rc = call(key, stream);
     if (tracked)
         settle_free(&e, rc, into_pool);
     else if (rc == CUDA_SUCCESS)
@@ -488,74 +492,68 @@ static __attribute__((noinline)) CUresult free_untracked(enum shim_kind kind, ui
  * each free hook, so that the free of a recorded pointer is one frame, not three, on the stack
  * (whose lines the driver's work evicts too). */
 static inline __attribute__((always_inline)) CUresult
-free_tracked(enum shim_kind kind, uint64_t key, CUresult (*call)(void *), void *arg,
-             bool into_pool)
+free_tracked(enum shim_kind kind, uint64_t key, free_call call, CUstream stream, bool into_pool)
 {
     if (!shim.memory_limited)
-        return call(arg);
+        return call(key, stream);
     struct shim_entry e;
     CUresult rc;
     struct shim_lock *key_lock = shim_key_lock(kind, key);
     if (SHIM_LIKELY(shim_table_take(kind, key, &e))) {
-        rc = call(arg);
+        rc = call(key, stream);
         settle_free(&e, rc, into_pool);
     } else {
-        rc = free_untracked(kind, key, call, arg, into_pool);
+        rc = free_untracked(kind, key, call, stream, into_pool);
     }
     shim_key_unlock(key_lock);
     return rc;
 }
 
-struct free_args {
-    CUdeviceptr ptr;
-    CUstream stream;
-    CUarray array;
-    __typeof__(&cuMemFreeAsync) async;
-};
-
-static CUresult call_free(void *p)
+static CUresult call_free(uint64_t key, CUstream stream)
 {
-    return shim_real.cuMemFree_v2(((struct free_args *)p)->ptr);
+    (void)stream;
+    return shim_real.cuMemFree_v2((CUdeviceptr)key);
 }
 
-static CUresult call_free_async(void *p)
+static CUresult call_free_async(uint64_t key, CUstream stream)
 {
-    struct free_args *a = p;
-    return a->async(a->ptr, a->stream);
+    return shim_real.cuMemFreeAsync((CUdeviceptr)key, stream);
 }
 
-static CUresult call_array_destroy(void *p)
+static CUresult call_free_async_ptsz(uint64_t key, CUstream stream)
 {
-    return shim_real.cuArrayDestroy(((struct free_args *)p)->array);
+    return shim_real.cuMemFreeAsync_ptsz((CUdeviceptr)key, stream);
+}
+
+static CUresult call_array_destroy(uint64_t key, CUstream stream)
+{
+    (void)stream;
+    return shim_real.cuArrayDestroy((CUarray)(uintptr_t)key);
 }
 
 SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     shim_init();
-    struct free_args a = {.ptr = dptr};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free, &a, false);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free, NULL, false);
 }
 
 SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
     REAL_OR_NOT_FOUND(cuMemFreeAsync);
-    struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a, true);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, stream, true);
 }
 
 SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
     REAL_OR_NOT_FOUND(cuMemFreeAsync_ptsz);
-    struct free_args a = {.ptr = dptr, .stream = stream, .async = shim_real.cuMemFreeAsync_ptsz};
-    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async, &a, true);
+    return free_tracked(SHIM_KIND_DEVICE, key_of(dptr), call_free_async_ptsz, stream, true);
 }
 
 SHIM_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
     REAL_OR_NOT_FOUND(cuArrayDestroy);
-    struct free_args a = {.array = array};
-    return free_tracked(SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)array,
-                        call_array_destroy, &a, false);
+    return free_tracked(SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)array, call_array_destroy, NULL,
+                        false);
 }
 
 /* Destroying a context frees what was allocated in it. */
