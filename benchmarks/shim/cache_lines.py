@@ -9,9 +9,10 @@ cachegrind counts them exactly.
 
 On the stub driver (stub_driver.c), alloc_free.c reads EVICT_KIB of other memory before every
 call: under cachegrind (64 KiB, twice its simulated 32 KiB L1 data cache) each line the shim
-touches per pair is then one miss (lines of the shim's sources and glibc's rwlock, reads and
-writes, stack included; the 30-round run less the 10-round one, so setup cancels); timed (1 MiB,
-beyond this machine's L2), each cold line's cost shows. Writes cache_lines.{md,json}.
+touches per pair is then one miss (lines of the shim's sources, and of glibc's rwlock, which the
+allocation gate used before 2026-12-02, reads and writes, stack included; the 30-round run less
+the 10-round one, so setup cancels); timed (1 MiB, beyond this machine's L2), each cold line's
+cost shows. Writes cache_lines.{md,json}.
 """
 
 from __future__ import annotations
