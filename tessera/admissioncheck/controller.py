@@ -3,7 +3,8 @@
 written as our check's state on each (server-side apply of our one entry of
 ``status.admissionChecks``): Ready, Pending with a message that says why, or Rejected when its GPU
 request is invalid. A Ready state holds each PodSet planned on one node to that node
-(:mod:`pinning`).
+(:mod:`pinning`), and while an admitted Workload's pods arrive no other is planned onto its nodes
+(:func:`planning.replan`), so that the scheduler places the pods as planned.
 
 What it keeps between passes: the PodSets it read per Workload version (:mod:`podsets`), the
 Ready decisions the watch has not echoed back yet, the plan of where reserved shares go, and what
@@ -49,6 +50,12 @@ from tessera.admissioncheck.workload_status import (
 )
 
 log = logging.getLogger(__name__)
+
+ARRIVAL_WINDOW_SECONDS = 60.0
+"""How long after its Ready decision an owned Workload's pods count as arriving though none is seen
+yet: Kueue admits it, then its owner (a Job) makes the pods, which on a busy control plane takes
+seconds. While a Workload's pods arrive, no other Workload is planned onto its nodes
+(planning.replan); past the window a node whose pods never came is planned on again."""
 
 WRITERS = 8
 """Status writes in flight at once. Decisions are taken one after another (each takes capacity the
@@ -111,6 +118,8 @@ class WorkloadController:
         # The nodes those Ready decisions hold PodSets to (echoed ones are read from the Workload).
         self._approved_pins: dict[str, dict[str, str]] = {}
         self._hostnames = HostnameLabels(api)
+        # When this process decided each Workload Ready (monotonic), for ARRIVAL_WINDOW_SECONDS.
+        self._ready_at: dict[str, float] = {}
         # Where the reserved shares of each Ready Workload are planned to go.
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
@@ -159,10 +168,17 @@ class WorkloadController:
                     out[workload["metadata"].get("uid", "")] = pins
         return out
 
-    def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> Reserved:
+    def _reserved_groups(
+        self, checks: set[str], workloads: Sequence[Mapping[str, Any]]
+    ) -> tuple[Reserved, set[str]]:
         """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
-        Ready on our check (and those this process just made Ready)."""
+        Ready on our check (and those this process just made Ready); and the uids among them whose
+        pods may be arriving now: one is seen and not placed yet, or, for a Workload with an owner
+        to make its pods, this process made it Ready less than ARRIVAL_WINDOW_SECONDS ago. (A
+        Workload without owner, or one this process did not decide, has no pods to wait for.)"""
+        now = time.monotonic()
         inventory = self.inventory
+        arriving: set[str] = set()
         by_owner: dict[str, list[Any]] = {}
         for pod in inventory.pods.values():
             for owner in (*pod.owners, pod.uid):
@@ -181,10 +197,19 @@ class WorkloadController:
             except (Undecidable, ValueError):
                 continue
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
-            out[uid] = (name, less_placed(less_reclaimable(groups, workload), placed))
+            remaining = less_placed(less_reclaimable(groups, workload), placed)
+            out[uid] = (name, remaining)
+            unplaced_seen = len(placed) < sum(1 for p in pods.values() if not p.finished)
+            recent = (
+                owners and now - self._ready_at.get(uid, -ARRIVAL_WINDOW_SECONDS) < ARRIVAL_WINDOW_SECONDS
+            )
+            if remaining and (unplaced_seen or recent):
+                arriving.add(uid)
         for uid, (name, groups) in self._approved.items():
-            out.setdefault(uid, (name, groups))
-        return out
+            if uid not in out:
+                out[uid] = (name, groups)
+                arriving.add(uid)
+        return out, arriving
 
     def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
         """The decision for one waiting Workload, given this pass's free capacity."""
@@ -217,7 +242,9 @@ class WorkloadController:
             for uid in [u for u in self._approved if u not in live_uids]:
                 del self._approved[uid]
                 self._approved_pins.pop(uid, None)
-            reserved = self._reserved_groups(checks, workloads)
+            for uid in [u for u in self._ready_at if u not in live_uids]:
+                del self._ready_at[uid]
+            reserved, arriving = self._reserved_groups(checks, workloads)
             held = self._held(checks, workloads)
             waiting = [
                 (w, c)
@@ -228,7 +255,7 @@ class WorkloadController:
                 and w["metadata"].get("uid", "") not in self._approved
             ]
         planning = time.perf_counter()
-        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget, held)
+        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget, held, arriving)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
         unplanned = frozenset(state.unplanned)
@@ -255,6 +282,7 @@ class WorkloadController:
                 self._approved[uid] = (name, decision.groups)
                 self._approved_pins[uid] = decision.pins
                 self._plans[uid] = decision.placements
+                self._ready_at[uid] = time.monotonic()
                 state.take(decision.placements)
             writes.append((uid, decision, self._writers.submit(self._write, workload, check, decision)))
         for uid, decision, written in writes:

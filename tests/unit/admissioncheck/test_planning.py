@@ -102,6 +102,47 @@ def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
     assert state.unplanned == [] and plans["w1"][0].node == "b"
 
 
+def test_while_a_workloads_pods_arrive_its_node_takes_no_other_workload() -> None:
+    """Two Workloads' pods arriving on one node together may be placed in another order than
+    planned, and the scheduler's first fit then leaves a planned pod no room."""
+    gpus = [
+        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", 80 * GiB, 100)
+        for node in "ab"
+        for i in range(2)
+    ]
+    first = PodGroup("main", 1, (Request(1, (Choice(memory=60 * GiB),)),))
+    reserved = {"w1": ("ns/w1", [first])}
+    held = {"w1": {"main": "a"}}
+    state, _ = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held, arriving={"w1"})
+    assert state.awaited == {"a"}
+    small = [PodGroup("main", 1, (Request(1, (Choice(memory=10 * GiB),)),))]
+    ready = decide(small, [], state, 1000)
+    assert ready.state == READY and {p.node for p in ready.placements} == {"b"}, "a is awaited; b is not"
+    state.take(ready.placements)
+    waiting = decide(small, [], state, 1000)
+    assert waiting.state == PENDING
+    assert waiting.message.startswith("waiting: fits on a once the pods already admitted there are placed")
+    # Its pods placed (no longer arriving), the node takes others again.
+    state, _ = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held, arriving=())
+    assert state.awaited == set() and decide(small, [], state, 1000).state == READY
+
+
+def test_a_workload_spread_across_nodes_waits_for_a_quiet_moment_and_holds_the_rest() -> None:
+    gpus = [PublishedGpu(node, node, f"{node}-g0", f"{node}-U0", "A100", 80 * GiB, 100) for node in "abc"]
+    wide = [PodGroup("main", 2, (Request(1, (Choice(memory=60 * GiB),)),))]
+    quiet, _ = replan({}, gpus, free_capacity(gpus, {}), {}, 1000)
+    ready = decide(wide, [], quiet, 1000)
+    assert ready.state == READY and len({p.node for p in ready.placements}) == 2
+    quiet.take(ready.placements)
+    assert quiet.awaited == {"a", "b", "c"}, "nothing holds a spread PodSet's pods to its plan"
+    arriving = {"w1": ("ns/w1", [PodGroup("main", 1, (Request(1, (Choice(memory=20 * GiB),)),))])}
+    busy, _ = replan({}, gpus, free_capacity(gpus, {}), arriving, 1000, {"w1": {"main": "a"}}, {"w1"})
+    waiting = decide(wide, [], busy, 1000)
+    assert waiting.state == PENDING and "nothing else is admitted meanwhile" in waiting.message
+    small = [PodGroup("main", 1, (Request(1, (Choice(memory=10 * GiB),)),))]
+    assert decide(small, [], busy, 1000).state == PENDING, "held behind the spread Workload"
+
+
 def test_a_decision_says_where_it_fits_which_selectors_it_did_not_judge_or_why_it_waits() -> None:
     gpus = [PublishedGpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
     group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
