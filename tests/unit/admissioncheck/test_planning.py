@@ -76,14 +76,21 @@ def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_bloc
     assert plans == {}
 
 
-def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
-    gpus = [
-        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", 40 * GiB, 100)
+def two_nodes_of_two_gpus(memory_gi: int) -> list[PublishedGpu]:
+    return [
+        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", memory_gi * GiB, 100)
         for node in "ab"
         for i in range(2)
     ]
-    group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))
-    reserved = {"w1": ("ns/w1", [group])}
+
+
+def one_pod(memory_gi: int) -> PodGroup:
+    return PodGroup("main", 1, (Request(1, (Choice(memory=memory_gi * GiB),)),))
+
+
+def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
+    gpus = two_nodes_of_two_gpus(40)
+    reserved = {"w1": ("ns/w1", [one_pod(30)])}
     held = {"w1": {"main": "a"}}
     _, plans = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held)
     (planned,) = plans["w1"]
@@ -105,17 +112,12 @@ def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
 def test_while_a_workloads_pods_arrive_its_node_takes_no_other_workload() -> None:
     """Two Workloads' pods arriving on one node together may be placed in another order than
     planned, and the scheduler's first fit then leaves a planned pod no room."""
-    gpus = [
-        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", 80 * GiB, 100)
-        for node in "ab"
-        for i in range(2)
-    ]
-    first = PodGroup("main", 1, (Request(1, (Choice(memory=60 * GiB),)),))
-    reserved = {"w1": ("ns/w1", [first])}
+    gpus = two_nodes_of_two_gpus(80)
+    reserved = {"w1": ("ns/w1", [one_pod(60)])}
     held = {"w1": {"main": "a"}}
     state, _ = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held, arriving={"w1"})
     assert state.awaited == {"a"}
-    small = [PodGroup("main", 1, (Request(1, (Choice(memory=10 * GiB),)),))]
+    small = [one_pod(10)]
     ready = decide(small, [], state, 1000)
     assert ready.state == READY and {p.node for p in ready.placements} == {"b"}, "a is awaited; b is not"
     state.take(ready.placements)
@@ -135,11 +137,11 @@ def test_a_workload_spread_across_nodes_waits_for_a_quiet_moment_and_holds_the_r
     assert ready.state == READY and len({p.node for p in ready.placements}) == 2
     quiet.take(ready.placements)
     assert quiet.awaited == {"a", "b", "c"}, "nothing holds a spread PodSet's pods to its plan"
-    arriving = {"w1": ("ns/w1", [PodGroup("main", 1, (Request(1, (Choice(memory=20 * GiB),)),))])}
+    arriving = {"w1": ("ns/w1", [one_pod(20)])}
     busy, _ = replan({}, gpus, free_capacity(gpus, {}), arriving, 1000, {"w1": {"main": "a"}}, {"w1"})
     waiting = decide(wide, [], busy, 1000)
     assert waiting.state == PENDING and "nothing else is admitted meanwhile" in waiting.message
-    small = [PodGroup("main", 1, (Request(1, (Choice(memory=10 * GiB),)),))]
+    small = [one_pod(10)]
     assert decide(small, [], busy, 1000).state == PENDING, "held behind the spread Workload"
 
 
