@@ -245,6 +245,9 @@ class WorkloadController:
             for uid in [u for u in self._ready_at if u not in live_uids]:
                 del self._ready_at[uid]
             reserved, arriving = self._reserved_groups(checks, workloads)
+            # Held PodSets are planned anew each pass in this order: the order they were made Ready
+            # in, which is the order their pods arrive in (those from before a restart first).
+            reserved = dict(sorted(reserved.items(), key=lambda item: self._ready_at.get(item[0], 0.0)))
             held = self._held(checks, workloads)
             waiting = [
                 (w, c)
