@@ -281,12 +281,13 @@ class WorkloadController:
             if self._told.get(uid) != (decision.state, decision.message):
                 log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
             if decision.state == READY:
-                decision.pins = pins_for(workload, decision.placements, self._hostnames)
+                if decision.holdable:
+                    decision.pins = pins_for(workload, decision.placements, self._hostnames)
                 self._approved[uid] = (name, decision.groups)
                 self._approved_pins[uid] = decision.pins
                 self._plans[uid] = decision.placements
                 self._ready_at[uid] = time.monotonic()
-                state.take(decision.placements)
+                state.take(decision)
             writes.append((uid, decision, self._writers.submit(self._write, workload, check, decision)))
         for uid, decision, written in writes:
             if not written.result():

@@ -99,6 +99,9 @@ class Packing:
     steps: int = 0
     waits_for: str | None = None
     """A node that holds it all but was to be avoided (see ``avoid`` of :func:`pack`)."""
+    whole_groups: bool = False
+    """Whether every group is whole on one node, placed by :func:`first_fit`: a plan the scheduler
+    reproduces once the pods are held to their nodes."""
 
     @property
     def fits(self) -> bool:
@@ -473,7 +476,7 @@ def pack(
     if isinstance(whole, str):
         return Packing(None, waits_for=whole)
     if whole is not None:
-        return Packing(whole)
+        return Packing(whole, whole_groups=True)
     # A short search first: most answers come within it. Only a search that runs long pays for the
     # slot count, which proves most hopeless cases hopeless at once.
     search = _Search(gpus, free, min(budget, _QUICK_STEPS), by_uuid, cache)

@@ -40,6 +40,9 @@ class Decision:
     message: str
     placements: list[Placement] = field(default_factory=list)
     groups: list[PodGroup] = field(default_factory=list)
+    holdable: bool = False
+    """Whether each PodSet may be held to its planned node: placed whole on it by the scheduler's
+    own rule (fit.Packing.whole_groups)."""
     pins: dict[str, str] = field(default_factory=dict)
     """PodSet -> the node its pods are held to (:mod:`pinning`), for a Ready decision."""
 
@@ -57,8 +60,9 @@ class PassState:
     awaited: set[str] = field(default_factory=set)
     """Nodes where pods already admitted are yet to arrive (see :func:`replan`)."""
 
-    def take(self, placements: Sequence[Placement]) -> None:
-        self.awaited |= awaited_by(placements, self.gpus)
+    def take(self, decision: Decision) -> None:
+        placements = decision.placements
+        self.awaited |= awaited_by(placements, self.gpus, decision.holdable)
         self.free = apply(self.free, placements)
         forget(self.summaries, {p.node for p in placements})
 
@@ -119,7 +123,7 @@ def replan(
         free = apply(free, packed.placements)
         out[uid].extend(packed.placements)
     for uid in arriving:
-        awaited |= awaited_by(out.get(uid, []), gpus)
+        awaited |= awaited_by(out.get(uid, []), gpus, bool((pins or {}).get(uid)))
     return PassState(gpus, free, unplanned, awaited=awaited), out
 
 
@@ -132,12 +136,14 @@ def spread(placements: Sequence[Placement]) -> bool:
     return any(len(found) > 1 for found in nodes.values())
 
 
-def awaited_by(placements: Sequence[Placement], gpus: Sequence[PublishedGpu]) -> set[str]:
-    """The nodes where these arriving pods could land: their planned nodes, or every node when
-    a PodSet is spread (nothing holds its pods to the plan)."""
-    if spread(placements):
-        return {gpu.node for gpu in gpus}
-    return {p.node for p in placements if p.node}
+def awaited_by(placements: Sequence[Placement], gpus: Sequence[PublishedGpu], held: bool) -> set[str]:
+    """The nodes where these arriving pods could land: their planned nodes when they are held
+    there, every node otherwise (nothing holds the pods to the plan)."""
+    if held and not spread(placements):
+        return {p.node for p in placements if p.node}
+    if not any(p.node for p in placements):
+        return set()
+    return {gpu.node for gpu in gpus}
 
 
 def _first_fit_held(
@@ -179,11 +185,15 @@ def decide(groups: list[PodGroup], unknown: Sequence[str], state: PassState, bud
         )
     note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
     fitted = pack(groups, state.gpus, state.free, budget, state.summaries, frozenset(state.awaited))
-    if fitted.placements is not None and not (state.awaited & awaited_by(fitted.placements, state.gpus)):
-        return Decision(READY, f"fits: {where(fitted.placements)}{note}", fitted.placements, groups)
+    holdable = fitted.whole_groups
+    if fitted.placements is not None and not (
+        state.awaited & awaited_by(fitted.placements, state.gpus, holdable)
+    ):
+        message = f"fits: {where(fitted.placements)}{note}"
+        return Decision(READY, message, fitted.placements, groups, holdable=holdable)
     if fitted.placements is not None:
-        # Spread across nodes, or placed by the general search on a node still awaited: wait for
-        # a quiet moment, and let nothing else in meanwhile (it would keep the moment from coming).
+        # Not holdable (spread across nodes, or packed tighter than the scheduler's first fit):
+        # wait for a quiet moment, and let nothing else in meanwhile (it would keep the moment away).
         state.awaited |= {gpu.node for gpu in state.gpus}
         return Decision(
             PENDING,

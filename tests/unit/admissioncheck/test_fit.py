@@ -93,6 +93,7 @@ def test_bin_packing_that_first_fit_by_arrival_would_miss_is_found() -> None:
         for key, memory, _ in placement.shares:
             loads[key[1]] = loads.get(key[1], 0) + memory
     assert sorted(loads.values()) == [12 * GiB, 12 * GiB]
+    assert not result.whole_groups, "the scheduler's first fit would not reproduce it: not to be held"
 
 
 def test_a_packing_that_needs_backtracking_over_best_fit_is_found() -> None:
@@ -210,6 +211,7 @@ def test_a_pod_group_goes_whole_to_one_node_when_one_holds_it_and_spreads_only_w
     whole = pack([pods("main", 3, (30, 0))], gpus, free)
     assert whole.placements is not None
     assert {p.node for p in whole.placements} == {"node-b"}, "best fit alone would put two on node-a"
+    assert whole.whole_groups
     crowded = used_by(
         gpus, {"node-a/gpu-0": 30, "node-a/gpu-1": 30, **{f"node-b/gpu-{i}": 0 for i in range(1, 4)}}
     )

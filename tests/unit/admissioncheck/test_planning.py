@@ -120,7 +120,7 @@ def test_while_a_workloads_pods_arrive_its_node_takes_no_other_workload() -> Non
     small = [one_pod(10)]
     ready = decide(small, [], state, 1000)
     assert ready.state == READY and {p.node for p in ready.placements} == {"b"}, "a is awaited; b is not"
-    state.take(ready.placements)
+    state.take(ready)
     waiting = decide(small, [], state, 1000)
     assert waiting.state == PENDING
     assert waiting.message.startswith("waiting: fits on a once the pods already admitted there are placed")
@@ -135,7 +135,7 @@ def test_a_workload_spread_across_nodes_waits_for_a_quiet_moment_and_holds_the_r
     quiet, _ = replan({}, gpus, free_capacity(gpus, {}), {}, 1000)
     ready = decide(wide, [], quiet, 1000)
     assert ready.state == READY and len({p.node for p in ready.placements}) == 2
-    quiet.take(ready.placements)
+    quiet.take(ready)
     assert quiet.awaited == {"a", "b", "c"}, "nothing holds a spread PodSet's pods to its plan"
     arriving = {"w1": ("ns/w1", [one_pod(20)])}
     busy, _ = replan({}, gpus, free_capacity(gpus, {}), arriving, 1000, {"w1": {"main": "a"}}, {"w1"})
