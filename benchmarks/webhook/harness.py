@@ -34,6 +34,7 @@ from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.fake_nodes import create_ready_node
 from testbed.polling import poll_until
 from testbed.process import free_port
+from testbed.webhook_command import loopback_webhook_command
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "charts/tessera/files/webhook-configuration.yaml"
 NAMESPACE = "bench"
@@ -292,17 +293,14 @@ def webhook_process(cluster: LocalCluster, configuration: str) -> Iterator[Webho
         client.V1MutatingWebhookConfiguration.model_validate(body)
     )
     process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "tessera-webhook"),
-            f"--kubeconfig={cluster.admin_kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--port={port}",
-            f"--metrics-port={metrics_port}",
-            "--ip-addresses=127.0.0.1",
-            f"--webhook-configuration={configuration}",
-            f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
+        loopback_webhook_command(
+            cluster.admin_kubeconfig,
+            port,
+            metrics_port,
+            configuration,
+            cluster.webhook_client_ca.pair.cert,
             "--log-level=warning",
-        ],
+        ),
         stdout=subprocess.DEVNULL,
         stderr=sys.stderr,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -8,7 +8,6 @@ import base64
 import http.client
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from testbed.cluster import LocalCluster
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from testbed.process import free_port
+from testbed.webhook_command import loopback_webhook_command
 from tests.integration.webhook_bed import (
     CONFIGURATION_FILE,
     configuration,
@@ -54,16 +54,13 @@ def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigt
     assert cluster.webhook_client_ca is not None
     log = (tmp_path / "webhook.log").open("w")
     process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "tessera-webhook"),
-            f"--kubeconfig={webhook_kubeconfig(kube, cluster, name, tmp_path / 'kubeconfig')}",
-            "--bind-address=127.0.0.1",
-            f"--port={port}",
-            f"--metrics-port={metrics_port}",
-            "--ip-addresses=127.0.0.1",
-            f"--webhook-configuration={name}",
-            f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
-        ],
+        loopback_webhook_command(
+            webhook_kubeconfig(kube, cluster, name, tmp_path / "kubeconfig"),
+            port,
+            metrics_port,
+            name,
+            cluster.webhook_client_ca.pair.cert,
+        ),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

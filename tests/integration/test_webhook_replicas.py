@@ -17,7 +17,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from testbed.dra_objects import shareable_gpu_slice
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from testbed.process import free_port
+from testbed.webhook_command import loopback_webhook_command
 from tests.integration.test_webhook_daemon import status_of
 from tests.integration.webhook_bed import (
     configuration,
@@ -68,22 +68,19 @@ class Replicas:
         self.logs = [folder / f"webhook-{index}.log" for index in range(2)]
         self.processes = [
             subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "tessera-webhook"),
-                    f"--kubeconfig={kubeconfig}",
-                    "--bind-address=127.0.0.1",
-                    f"--port={port}",
-                    f"--metrics-port={metrics_port}",
-                    "--ip-addresses=127.0.0.1",
-                    f"--webhook-configuration={self.name}",
+                loopback_webhook_command(
+                    kubeconfig,
+                    port,
+                    metrics_port,
+                    self.name,
+                    cluster.webhook_client_ca.pair.cert,
                     f"--tls-secret={self.secret}",
                     f"--namespace={NAMESPACE}",
                     f"--certificate-lifetime={LIFETIME}",
                     "--renew-fraction=0.5",
                     f"--rotation-settle={SETTLE}",
                     f"--certificate-check-interval={CHECK_INTERVAL}",
-                    f"--client-ca-file={cluster.webhook_client_ca.pair.cert}",
-                ],
+                ),
                 stdout=log.open("w"),
                 stderr=subprocess.STDOUT,
             )
