@@ -86,6 +86,16 @@ def ca_bundle_of(bed: ChartBed) -> bytes:
     return base64.b64decode(bundle)
 
 
+def wait_gone(bed: ChartBed, component: str, old: set[str]) -> None:
+    """Until none of a component's old pods is left. A finished rollout may still list one that is
+    terminating: the webhook drains for a few seconds after SIGTERM, and its pod stays until then."""
+
+    def none_left() -> bool:
+        return not {p["metadata"]["uid"] for p in bed.pods(component)} & old
+
+    poll_until(none_left, ROLLOUT_TIMEOUT, f"the {component}'s pods of the first build to end")
+
+
 def images_of(bed: ChartBed, component: str) -> set[str]:
     return {c["image"] for p in bed.pods(component) for c in p["spec"]["containers"]}
 
@@ -143,8 +153,8 @@ def test_an_upgrade_with_shares_running_keeps_their_limits_and_metrics_and_admit
 
     current = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
     assert images_of(bed, "kubeletplugin") == {current}
-    assert not {p["metadata"]["uid"] for p in bed.pods("kubeletplugin")} & old_daemons
-    assert not {p["metadata"]["uid"] for p in bed.pods("webhook")} & old_webhooks
+    wait_gone(bed, "kubeletplugin", old_daemons)
+    wait_gone(bed, "webhook", old_webhooks)
     assert through.refused == [], "no GPU pod refused while the release was upgraded"
     assert through.unconverted == [], "every GPU pod converted by the webhook"
     assert len(through.created) >= 3, through.created
