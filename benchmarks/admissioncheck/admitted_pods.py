@@ -44,6 +44,7 @@ from kubernetes.client import ApiException
 from benchmarks.admissioncheck.decisions import percentile
 from benchmarks.run_info import RunInfo
 from benchmarks.webhook.harness import webhook_process
+from tessera.admissioncheck.pinning import HOSTNAME_LABEL
 from tessera.watching import watch_forever
 from testbed import queue_bed
 from testbed.driver_node import ensure_device_class
@@ -69,6 +70,8 @@ class PodWatch:
     bound: dict[str, float] = field(default_factory=dict)
     unschedulable: dict[str, str] = field(default_factory=dict)
     unschedulable_at: dict[str, float] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
+    """Pods created with a hostname nodeSelector: held by the check to their planned node."""
     lists: int = 0
     """Full lists the watch made: one at the start; any more mean it lost its place and re-listed,
     and a pod that was unschedulable only in between would not have been seen."""
@@ -82,6 +85,8 @@ class PodWatch:
             for pod in obj["items"] if kind == "SYNCED" else [obj]:
                 name = pod["metadata"]["name"]
                 self.created.setdefault(name, now)
+                if HOSTNAME_LABEL in ((pod.get("spec") or {}).get("nodeSelector") or {}):
+                    self.held.add(name)
                 if (pod.get("spec") or {}).get("nodeName"):
                     self.bound.setdefault(name, now)
                 for condition in (pod.get("status") or {}).get("conditions") or []:
@@ -194,6 +199,7 @@ def main() -> int:
         "create_s": round(created - started, 1),
         "all_ended_s": round(ended - started, 1),
         "pods_bound": len(watch.bound),
+        "pods_held_to_their_planned_node": len(watch.held),
         "created_to_bound_ms": {
             "p50": round(statistics.median(waits) * 1000, 1),
             "p99": round(percentile([w * 1000 for w in waits], 0.99), 1),
@@ -232,6 +238,8 @@ def main() -> int:
         "|---|---|---|---|---|",
         f"| {figures['create_s']} s | {figures['all_ended_s']} s | {len(watch.bound)} | "
         f"{figures['created_to_bound_ms']['p50']} / {figures['created_to_bound_ms']['p99']} | {verdict} |",
+        "",
+        f"Pods held by the check to the node it planned them on (hostname nodeSelector): {len(watch.held)}.",
     ]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -2,7 +2,9 @@
 (:mod:`planning`) over every Workload waiting on our checks, highest priority first, and the result
 written as our check's state on each (server-side apply of our one entry of
 ``status.admissionChecks``): Ready, Pending with a message that says why, or Rejected when its GPU
-request is invalid.
+request is invalid. A Ready state holds each PodSet planned on one node to that node
+(:mod:`pinning`), and while an admitted Workload's pods arrive no other is planned onto its nodes
+(:func:`planning.replan`), so that the scheduler places the pods as planned.
 
 What it keeps between passes: the PodSets it read per Workload version (:mod:`podsets`), the
 Ready decisions the watch has not echoed back yet, the plan of where reserved shares go, and what
@@ -26,6 +28,7 @@ from kubernetes.client import ApiException
 from tessera.admissioncheck.checks import sync_active
 from tessera.admissioncheck.fit import DEFAULT_BUDGET, Placement, PodGroup, free_capacity
 from tessera.admissioncheck.inventory import KUEUE_GROUP, KUEUE_VERSION, Inventory, is_placed
+from tessera.admissioncheck.pinning import HostnameLabels, pins_for, pins_from_state, pod_set_updates
 from tessera.admissioncheck.planning import (
     Decision,
     PassState,
@@ -47,6 +50,12 @@ from tessera.admissioncheck.workload_status import (
 )
 
 log = logging.getLogger(__name__)
+
+ARRIVAL_WINDOW_SECONDS = 60.0
+"""How long after its Ready decision an owned Workload's pods count as arriving though none is seen
+yet: Kueue admits it, then its owner (a Job) makes the pods, which on a busy control plane takes
+seconds. While a Workload's pods arrive, no other Workload is planned onto its nodes
+(planning.replan); past the window a node whose pods never came is planned on again."""
 
 WRITERS = 8
 """Status writes in flight at once. Decisions are taken one after another (each takes capacity the
@@ -106,6 +115,11 @@ class WorkloadController:
         self.stats = Stats()
         # Ready decisions not yet seen back through the watch: uid -> (name, groups to place).
         self._approved: dict[str, tuple[str, list[PodGroup]]] = {}
+        # The nodes those Ready decisions hold PodSets to (echoed ones are read from the Workload).
+        self._approved_pins: dict[str, dict[str, str]] = {}
+        self._hostnames = HostnameLabels(api)
+        # When this process decided each Workload Ready (monotonic), for ARRIVAL_WINDOW_SECONDS.
+        self._ready_at: dict[str, float] = {}
         # Where the reserved shares of each Ready Workload are planned to go.
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
@@ -144,10 +158,27 @@ class WorkloadController:
 
     # -- one pass ----------------------------------------------------------------------------
 
-    def _reserved_groups(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> Reserved:
+    def _held(self, checks: set[str], workloads: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+        """Per Workload uid, the PodSets its Ready state holds to a node (:mod:`pinning`)."""
+        out = {uid: dict(pins) for uid, pins in self._approved_pins.items()}
+        for workload in workloads:
+            for check in checks:
+                state = check_state(workload, check)
+                if (state or {}).get("state") == READY and (pins := pins_from_state(state)):
+                    out[workload["metadata"].get("uid", "")] = pins
+        return out
+
+    def _reserved_groups(
+        self, checks: set[str], workloads: Sequence[Mapping[str, Any]]
+    ) -> tuple[Reserved, set[str]]:
         """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
-        Ready on our check (and those this process just made Ready)."""
+        Ready on our check (and those this process just made Ready); and the uids among them whose
+        pods may be arriving now: one is seen and not placed yet, or, for a Workload with an owner
+        to make its pods, this process made it Ready less than ARRIVAL_WINDOW_SECONDS ago. (A
+        Workload without owner, or one this process did not decide, has no pods to wait for.)"""
+        now = time.monotonic()
         inventory = self.inventory
+        arriving: set[str] = set()
         by_owner: dict[str, list[Any]] = {}
         for pod in inventory.pods.values():
             for owner in (*pod.owners, pod.uid):
@@ -166,10 +197,19 @@ class WorkloadController:
             except (Undecidable, ValueError):
                 continue
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
-            out[uid] = (name, less_placed(less_reclaimable(groups, workload), placed))
+            remaining = less_placed(less_reclaimable(groups, workload), placed)
+            out[uid] = (name, remaining)
+            unplaced_seen = len(placed) < sum(1 for p in pods.values() if not p.finished)
+            recent = (
+                owners and now - self._ready_at.get(uid, -ARRIVAL_WINDOW_SECONDS) < ARRIVAL_WINDOW_SECONDS
+            )
+            if remaining and (unplaced_seen or recent):
+                arriving.add(uid)
         for uid, (name, groups) in self._approved.items():
-            out.setdefault(uid, (name, groups))
-        return out
+            if uid not in out:
+                out[uid] = (name, groups)
+                arriving.add(uid)
+        return out, arriving
 
     def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
         """The decision for one waiting Workload, given this pass's free capacity."""
@@ -198,9 +238,17 @@ class WorkloadController:
                 # Approvals the watch has echoed back are read from the Workloads themselves.
                 if any((check_state(workload, c) or {}).get("state") == READY for c in checks):
                     self._approved.pop(workload["metadata"].get("uid", ""), None)
+                    self._approved_pins.pop(workload["metadata"].get("uid", ""), None)
             for uid in [u for u in self._approved if u not in live_uids]:
                 del self._approved[uid]
-            reserved = self._reserved_groups(checks, workloads)
+                self._approved_pins.pop(uid, None)
+            for uid in [u for u in self._ready_at if u not in live_uids]:
+                del self._ready_at[uid]
+            reserved, arriving = self._reserved_groups(checks, workloads)
+            # Held PodSets are planned anew each pass in this order: the order they were made Ready
+            # in, which is the order their pods arrive in (those from before a restart first).
+            reserved = dict(sorted(reserved.items(), key=lambda item: self._ready_at.get(item[0], 0.0)))
+            held = self._held(checks, workloads)
             waiting = [
                 (w, c)
                 for w in workloads
@@ -210,7 +258,7 @@ class WorkloadController:
                 and w["metadata"].get("uid", "") not in self._approved
             ]
         planning = time.perf_counter()
-        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget)
+        state, self._plans = replan(self._plans, gpus, base, reserved, self.budget, held, arriving)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
         unplanned = frozenset(state.unplanned)
@@ -233,14 +281,19 @@ class WorkloadController:
             if self._told.get(uid) != (decision.state, decision.message):
                 log.info("workload %s: %s on %s: %s", name, decision.state, check, decision.message)
             if decision.state == READY:
+                if decision.holdable:
+                    decision.pins = pins_for(workload, decision.placements, self._hostnames)
                 self._approved[uid] = (name, decision.groups)
+                self._approved_pins[uid] = decision.pins
                 self._plans[uid] = decision.placements
-                state.take(decision.placements)
+                self._ready_at[uid] = time.monotonic()
+                state.take(decision)
             writes.append((uid, decision, self._writers.submit(self._write, workload, check, decision)))
         for uid, decision, written in writes:
             if not written.result():
                 if self._approved.pop(uid, None) is not None:
                     del self._plans[uid]
+                    self._approved_pins.pop(uid, None)
                     state.give_back(decision.placements)
                 continue
             self._told[uid] = (decision.state, decision.message)
@@ -258,6 +311,14 @@ class WorkloadController:
         transition = current.get("lastTransitionTime")
         if current.get("state") != decision.state or not transition:
             transition = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entry: dict[str, Any] = {
+            "name": check,
+            "state": decision.state,
+            "message": decision.message[:8000],
+            "lastTransitionTime": transition,
+        }
+        if decision.pins:
+            entry["podSetUpdates"] = pod_set_updates(decision.pins)
         body = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
             "kind": "Workload",
@@ -265,16 +326,7 @@ class WorkloadController:
                 "name": workload["metadata"]["name"],
                 "namespace": workload["metadata"]["namespace"],
             },
-            "status": {
-                "admissionChecks": [
-                    {
-                        "name": check,
-                        "state": decision.state,
-                        "message": decision.message[:8000],
-                        "lastTransitionTime": transition,
-                    }
-                ]
-            },
+            "status": {"admissionChecks": [entry]},
         }
         try:
             self._custom.patch_namespaced_custom_object_status(

@@ -13,7 +13,8 @@ The model is the scheduler's (DRA consumable capacity on ``allowMultipleAllocati
 
 Packing shares onto GPUs is bin packing, so a sum that fits says nothing (four shares of 20Gi do not
 fit on four GPUs with 12Gi free each, nor two 15Gi shares on GPUs with 20Gi and 10Gi free). This
-module searches: pods largest first, nodes and GPUs best fit first, backtracking over distinct
+module first tries each group whole on one node (a PodSet on one node can be held there), then
+searches: pods largest first, nodes and GPUs best fit first, backtracking over distinct
 choices only (GPUs or nodes in the same state are tried once), within a step budget. A packing it
 returns is a real assignment of every share to a GPU; "does not fit" is exact unless ``exhausted``
 says the budget ran out first.
@@ -96,6 +97,11 @@ class Packing:
     placements: list[Placement] | None
     exhausted: bool = False
     steps: int = 0
+    waits_for: str | None = None
+    """A node that holds it all but was to be avoided (see ``avoid`` of :func:`pack`)."""
+    whole_groups: bool = False
+    """Whether every group is whole on one node, placed by :func:`first_fit`: a plan the scheduler
+    reproduces once the pods are held to their nodes."""
 
     @property
     def fits(self) -> bool:
@@ -360,6 +366,84 @@ def _too_few_slots(groups: Sequence[PodGroup], gpus: Sequence[PublishedGpu], fre
     return False
 
 
+def first_fit(group: PodGroup, node_gpus: Sequence[PublishedGpu], free: Free) -> list[Placement] | None:
+    """Where the scheduler's allocator puts the group's pods on one node, one pod after another:
+    each request on its first choice that can be met, each share on the first GPU in the slice's
+    order with room, a request's shares on different GPUs. None when a pod would not fit. This is
+    the scheduler's own rule on a node (it does not search), so a plan made with it is one the
+    scheduler reproduces when the pods arrive in the order planned."""
+    free = dict(free)
+    out: list[Placement] = []
+    for _ in range(group.count):
+        taken: list[tuple[GpuKey, int, int]] = []
+        for request in group.requests:
+            for choice in request.choices:
+                chosen: list[tuple[GpuKey, int]] = []
+                for gpu in node_gpus:
+                    if len(chosen) == request.count:
+                        break
+                    memory, cores = free[gpu.key]
+                    need = choice.memory_on(gpu)
+                    if choice.matches(gpu) and need <= memory and choice.cores <= cores:
+                        chosen.append((gpu.key, need))
+                if len(chosen) == request.count:
+                    for key, need in chosen:
+                        memory, cores = free[key]
+                        free[key] = (memory - need, cores - choice.cores)
+                        taken.append((key, need, choice.cores))
+                    break
+            else:
+                return None
+        out.append(Placement(group.name, node_gpus[0].node if node_gpus else "", tuple(taken)))
+    return out
+
+
+def _whole_groups_on_single_nodes(
+    groups: Sequence[PodGroup],
+    gpus: Sequence[PublishedGpu],
+    free: Free,
+    biggest: int,
+    avoid: frozenset[str],
+) -> list[Placement] | str | None:
+    """Each group's pods all on one node (the best fit that holds them all, largest group first),
+    placed there as the scheduler would (:func:`first_fit`), or None when some group fits on no
+    single node that way. Tried before the general search because a PodSet on one node can be held
+    there (pinning.py), and then the scheduler reproduces the plan: the general search spreads a
+    PodSet across nodes whenever best fit says so, and packs GPUs tighter than the scheduler's
+    first fit can follow. A node in ``avoid`` that would hold a group is returned instead, by name:
+    the caller waits for it rather than spreading the group."""
+    by_node: dict[str, list[PublishedGpu]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    free = dict(free)
+    out: list[Placement] = []
+    ordered = sorted(
+        groups, key=lambda g: tuple(x * g.count for x in _largest_need(g, biggest)), reverse=True
+    )
+    for group in ordered:
+        if group.shares_per_pod == 0:
+            out.extend(Placement(group.name, "", ()) for _ in range(group.count))
+            continue
+        need = _pod_floor(group)[1] * group.count
+        nodes = sorted(
+            (sum(free[g.key][0] for g in node_gpus), node)
+            for node, node_gpus in by_node.items()
+            if sum(free[g.key][0] for g in node_gpus) >= need
+        )
+        waits_for = None
+        for _, node in nodes:
+            placed = first_fit(group, by_node[node], free)
+            if placed is not None and node in avoid:
+                waits_for = waits_for or node
+            elif placed is not None:
+                free = apply(free, placed)
+                out.extend(placed)
+                break
+        else:
+            return waits_for
+    return out
+
+
 SummaryCache = dict[bool, dict[str, _NodeSummary]]
 """Node summaries of one free-capacity mapping, kept between searches on it by a caller that
 invalidates a node's entry (``forget``) whenever it changes that node's free capacity."""
@@ -377,14 +461,22 @@ def pack(
     free: Free,
     budget: int = DEFAULT_BUDGET,
     cache: SummaryCache | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> Packing:
     """Place every pod of every group at once on ``free``; see the module docstring. ``cache``
-    carries node summaries of ``free`` from one call to the next."""
+    carries node summaries of ``free`` from one call to the next. A group that one node in
+    ``avoid`` would hold whole, and no other node does, is not spread: the packing is None and
+    ``waits_for`` names that node."""
     biggest = max((g.memory for g in gpus), default=0)
     pods = [PodGroup(g.name, 1, g.requests) for g in groups for _ in range(g.count)]
     # Largest first; identical pods stay adjacent (stable sort), which the search relies on.
     pods.sort(key=lambda p: _largest_need(p, biggest), reverse=True)
     by_uuid = any(c.selection.names_uuids for g in groups for r in g.requests for c in r.choices)
+    whole = _whole_groups_on_single_nodes(groups, gpus, free, biggest, avoid)
+    if isinstance(whole, str):
+        return Packing(None, waits_for=whole)
+    if whole is not None:
+        return Packing(whole, whole_groups=True)
     # A short search first: most answers come within it. Only a search that runs long pays for the
     # slot count, which proves most hopeless cases hopeless at once.
     search = _Search(gpus, free, min(budget, _QUICK_STEPS), by_uuid, cache)

@@ -10,7 +10,7 @@ has no place at all, nothing more is let in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from tessera.admissioncheck.fit import (
     PodGroup,
     SummaryCache,
     apply,
+    first_fit,
     forget,
     no_fit_message,
     pack,
@@ -39,6 +40,11 @@ class Decision:
     message: str
     placements: list[Placement] = field(default_factory=list)
     groups: list[PodGroup] = field(default_factory=list)
+    holdable: bool = False
+    """Whether each PodSet may be held to its planned node: placed whole on it by the scheduler's
+    own rule (fit.Packing.whole_groups)."""
+    pins: dict[str, str] = field(default_factory=dict)
+    """PodSet -> the node its pods are held to (:mod:`pinning`), for a Ready decision."""
 
 
 @dataclass
@@ -51,8 +57,12 @@ class PassState:
     free: Free
     unplanned: list[str]
     summaries: SummaryCache = field(default_factory=dict)
+    awaited: set[str] = field(default_factory=set)
+    """Nodes where pods already admitted are yet to arrive (see :func:`replan`)."""
 
-    def take(self, placements: Sequence[Placement]) -> None:
+    def take(self, decision: Decision) -> None:
+        placements = decision.placements
+        self.awaited |= awaited_by(placements, self.gpus, decision.holdable)
         self.free = apply(self.free, placements)
         forget(self.summaries, {p.node for p in placements})
 
@@ -67,16 +77,34 @@ def replan(
     base: Free,
     reserved: Reserved,
     budget: int,
+    pins: Mapping[str, Mapping[str, str]] | None = None,
+    arriving: Collection[str] = (),
 ) -> tuple[PassState, dict[str, list[Placement]]]:
     """Keep each reserved Workload's planned places that still fit (in the order planned), place
     the rest on what is left, and drop plans of Workloads no longer reserved: the pass's state and
-    the new plans."""
+    the new plans. A PodSet held to a node (``pins``: per Workload uid, PodSet -> node) is planned
+    anew on every pass, on that node only, as the scheduler will place it (:func:`fit.first_fit`,
+    Workloads in the order given); when it no longer fits there, its Workload is unplanned. The
+    nodes that ``arriving`` Workloads (uids whose pods are yet to be placed and may be arriving
+    now) are planned on are the state's ``awaited``: a plan there is the scheduler's only if the
+    pods arrive in the order planned, so no other Workload is planned there meanwhile."""
     free = dict(base)
     out: dict[str, list[Placement]] = {}
     displaced: list[tuple[str, list[PodGroup]]] = []
-    for uid, (_, groups) in reserved.items():
-        wanted = {g.name: g.count for g in groups}
-        kept: list[Placement] = []
+    unplanned = []
+    awaited: set[str] = set()
+    by_node: dict[str, list[PublishedGpu]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append(gpu)
+    for uid, (name, groups) in reserved.items():
+        held = (pins or {}).get(uid, {})
+        held_placed = _first_fit_held([g for g in groups if g.name in held], held, by_node, free)
+        if held_placed is None:
+            unplanned.append(name)
+            held_placed = []
+        free = apply(free, held_placed)
+        wanted = {g.name: g.count for g in groups if g.name not in held}
+        kept: list[Placement] = list(held_placed)
         for placement in plans.get(uid, []):
             if wanted.get(placement.group, 0) > 0 and has_room(free, placement):
                 free = apply(free, [placement])
@@ -86,15 +114,51 @@ def replan(
         missing = [PodGroup(g.name, wanted[g.name], g.requests) for g in groups if wanted.get(g.name, 0) > 0]
         if missing:
             displaced.append((uid, missing))
-    unplanned = []
     for uid, missing in displaced:
         packed = pack(missing, gpus, free, budget)
         if packed.placements is None:
-            unplanned.append(reserved[uid][0])
+            if reserved[uid][0] not in unplanned:
+                unplanned.append(reserved[uid][0])
             continue
         free = apply(free, packed.placements)
         out[uid].extend(packed.placements)
-    return PassState(gpus, free, unplanned), out
+    for uid in arriving:
+        awaited |= awaited_by(out.get(uid, []), gpus, bool((pins or {}).get(uid)))
+    return PassState(gpus, free, unplanned, awaited=awaited), out
+
+
+def spread(placements: Sequence[Placement]) -> bool:
+    """Whether some PodSet's pods are planned on more than one node (so it cannot be held)."""
+    nodes: dict[str, set[str]] = {}
+    for placement in placements:
+        if placement.node:
+            nodes.setdefault(placement.group, set()).add(placement.node)
+    return any(len(found) > 1 for found in nodes.values())
+
+
+def awaited_by(placements: Sequence[Placement], gpus: Sequence[PublishedGpu], held: bool) -> set[str]:
+    """The nodes where these arriving pods could land: their planned nodes when they are held
+    there, every node otherwise (nothing holds the pods to the plan)."""
+    if held and not spread(placements):
+        return {p.node for p in placements if p.node}
+    if not any(p.node for p in placements):
+        return set()
+    return {gpu.node for gpu in gpus}
+
+
+def _first_fit_held(
+    groups: Sequence[PodGroup], held: Mapping[str, str], by_node: Mapping[str, list[PublishedGpu]], free: Free
+) -> list[Placement] | None:
+    """The held groups' pods placed on their nodes as the scheduler will place them, or None when
+    one of them no longer fits on its node."""
+    placed: list[Placement] = []
+    for group in groups:
+        found = first_fit(group, by_node.get(held[group.name], []), free)
+        if found is None:
+            return None
+        free = apply(free, found)
+        placed.extend(found)
+    return placed
 
 
 def unreadable(error: Exception) -> Decision:
@@ -120,9 +184,28 @@ def decide(groups: list[PodGroup], unknown: Sequence[str], state: PassState, bud
             "GPUs; nothing more is admitted until they are placed or capacity returns",
         )
     note = f" (selectors not judged here: {'; '.join(unknown)})" if unknown else ""
-    fitted = pack(groups, state.gpus, state.free, budget, state.summaries)
+    fitted = pack(groups, state.gpus, state.free, budget, state.summaries, frozenset(state.awaited))
+    holdable = fitted.whole_groups
+    if fitted.placements is not None and not (
+        state.awaited & awaited_by(fitted.placements, state.gpus, holdable)
+    ):
+        message = f"fits: {where(fitted.placements)}{note}"
+        return Decision(READY, message, fitted.placements, groups, holdable=holdable)
     if fitted.placements is not None:
-        return Decision(READY, f"fits: {where(fitted.placements)}{note}", fitted.placements, groups)
+        # Not holdable (spread across nodes, or packed tighter than the scheduler's first fit):
+        # wait for a quiet moment, and let nothing else in meanwhile (it would keep the moment away).
+        state.awaited |= {gpu.node for gpu in state.gpus}
+        return Decision(
+            PENDING,
+            f"waiting: fits ({where(fitted.placements)}) once the pods already admitted onto those "
+            "nodes are placed; nothing else is admitted meanwhile",
+        )
+    if fitted.waits_for is not None:
+        return Decision(
+            PENDING,
+            f"waiting: fits on {fitted.waits_for} once the pods already admitted there are placed "
+            "(placed in another order than planned, they could leave no room)",
+        )
     return Decision(PENDING, no_fit_message(groups, state.gpus, state.free, fitted.exhausted) + note)
 
 

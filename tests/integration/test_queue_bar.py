@@ -331,6 +331,31 @@ def test_a_gang_is_held_until_all_of_it_fits_and_then_placed_whole(
     assert len(placed) == 4 and set(placed) == {node}
 
 
+def test_a_job_planned_on_one_node_is_held_to_that_node(
+    bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
+) -> None:
+    """The check's Ready state carries a hostname nodeSelector for the PodSet, Kueue puts it in the
+    pods' template, and the scheduler places the pods where the check planned them."""
+    made = {nodes(40, 40), nodes(40, 40)}
+    queue_bed.create(bar.api, queue_bed.cluster_queue("held-cq", FLAVOR, quota(1000), checks=[CHECK]))
+    ns = namespaces("held-cq")
+    workload = submit(bar, ns, "pair", 2, 30, "batch")
+    poll_until(lambda: admitted(bar, ns, workload), 60, "the Job admitted")
+    state = next(
+        s
+        for s in queue_bed.read_workload(bar.api, ns, workload)["status"]["admissionChecks"]
+        if s["name"] == CHECK
+    )
+    planned = next(node for node in made if node in state["message"])
+    assert state["message"] == f"fits: 2 pods on {planned}", state
+    assert state["podSetUpdates"] == [{"name": "main", "nodeSelector": {"kubernetes.io/hostname": planned}}]
+    placed = wait_running(bar, ns, "pair", 2)
+    assert placed == [planned, planned]
+    for pod in job_pods(bar, ns, "pair"):
+        assert pod.spec and pod.spec.node_selector == {"kubernetes.io/hostname": planned}
+    finish(bar, ns, "pair")
+
+
 def test_a_failed_pods_replacement_keeps_its_workloads_gpu_share(
     bar: Bar, nodes: Callable[..., str], namespaces: Callable[[str], str]
 ) -> None:

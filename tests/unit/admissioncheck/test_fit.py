@@ -15,6 +15,7 @@ from tessera.admissioncheck.fit import (
     _too_few_slots,
     apply,
     describe_need,
+    first_fit,
     forget,
     format_bytes,
     free_capacity,
@@ -92,6 +93,7 @@ def test_bin_packing_that_first_fit_by_arrival_would_miss_is_found() -> None:
         for key, memory, _ in placement.shares:
             loads[key[1]] = loads.get(key[1], 0) + memory
     assert sorted(loads.values()) == [12 * GiB, 12 * GiB]
+    assert not result.whole_groups, "the scheduler's first fit would not reproduce it: not to be held"
 
 
 def test_a_packing_that_needs_backtracking_over_best_fit_is_found() -> None:
@@ -201,6 +203,40 @@ def test_first_available_uses_one_choice_for_all_shares_of_a_request() -> None:
     # what the scheduler does, so it does not fit.
     assert not pack([PodGroup("p", 1, (Request(2, choices),))], gpus, all_free(gpus)).fits
     assert pack([PodGroup("p", 1, (Request(1, choices),))], gpus, all_free(gpus)).fits
+
+
+def test_a_pod_group_goes_whole_to_one_node_when_one_holds_it_and_spreads_only_when_none_does() -> None:
+    gpus = gpus_on("node-a", 80, 80) + gpus_on("node-b", 80, 80, 80, 80)
+    free = used_by(gpus, {"node-a/gpu-0": 30, "node-a/gpu-1": 30})
+    whole = pack([pods("main", 3, (30, 0))], gpus, free)
+    assert whole.placements is not None
+    assert {p.node for p in whole.placements} == {"node-b"}, "best fit alone would put two on node-a"
+    assert whole.whole_groups
+    crowded = used_by(
+        gpus, {"node-a/gpu-0": 30, "node-a/gpu-1": 30, **{f"node-b/gpu-{i}": 0 for i in range(1, 4)}}
+    )
+    spread = pack([pods("main", 3, (30, 0))], gpus, crowded)
+    assert spread.placements is not None
+    assert sorted(p.node for p in spread.placements) == ["node-a", "node-a", "node-b"]
+
+
+def test_first_fit_places_pods_as_the_scheduler_does_first_gpu_with_room_in_slice_order() -> None:
+    gpus = gpus_on("node-a", 80, 80, 80)
+    free = used_by(gpus, {"node-a/gpu-0": 30})
+    placed = first_fit(pods("main", 3, (40, 0)), gpus, free)
+    assert placed is not None
+    assert [p.shares[0][0] for p in placed] == [gpus[1].key, gpus[1].key, gpus[2].key]
+    two_gpus = first_fit(pods("pair", 1, (50, 0), per_request=2), gpus, all_free(gpus))
+    assert two_gpus is not None and [k for k, _, _ in two_gpus[0].shares] == [gpus[0].key, gpus[1].key]
+    assert first_fit(pods("main", 4, (50, 0)), gpus, free) is None, "three GPUs hold two and a half"
+
+
+def test_a_group_waits_for_the_one_node_that_holds_it_when_that_node_is_avoided() -> None:
+    gpus = gpus_on("node-a", 80, 80) + gpus_on("node-b", 80)
+    result = pack([pods("main", 2, (60, 0))], gpus, all_free(gpus), avoid=frozenset({"node-a"}))
+    assert result.placements is None and result.waits_for == "node-a"
+    elsewhere = pack([pods("main", 1, (60, 0))], gpus, all_free(gpus), avoid=frozenset({"node-a"}))
+    assert elsewhere.placements is not None and {p.node for p in elsewhere.placements} == {"node-b"}
 
 
 def test_a_pod_group_without_gpu_shares_always_fits() -> None:

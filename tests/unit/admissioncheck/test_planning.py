@@ -76,6 +76,75 @@ def test_reserved_shares_keep_their_planned_place_move_when_it_is_taken_and_bloc
     assert plans == {}
 
 
+def two_nodes_of_two_gpus(memory_gi: int) -> list[PublishedGpu]:
+    return [
+        PublishedGpu(node, node, f"{node}-g{i}", f"{node}-U{i}", "A100", memory_gi * GiB, 100)
+        for node in "ab"
+        for i in range(2)
+    ]
+
+
+def one_pod(memory_gi: int) -> PodGroup:
+    return PodGroup("main", 1, (Request(1, (Choice(memory=memory_gi * GiB),)),))
+
+
+def test_a_share_held_to_a_node_moves_only_within_that_node() -> None:
+    gpus = two_nodes_of_two_gpus(40)
+    reserved = {"w1": ("ns/w1", [one_pod(30)])}
+    held = {"w1": {"main": "a"}}
+    _, plans = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held)
+    (planned,) = plans["w1"]
+    assert planned.node == "a"
+    # Someone else's pod took the planned GPU: the share moves to node a's other GPU, not to b.
+    taken = free_capacity(gpus, {planned.shares[0][0]: (30 * GiB, 0)})
+    state, plans = replan(plans, gpus, taken, reserved, 1000, held)
+    (moved,) = plans["w1"]
+    assert moved.node == "a" and moved.shares[0][0] != planned.shares[0][0] and state.unplanned == []
+    # Both of a's GPUs taken: b has room, but the pods can go only to a, so nothing is planned.
+    a_full = free_capacity(gpus, {g.key: (30 * GiB, 0) for g in gpus if g.node == "a"})
+    state, plans = replan(plans, gpus, a_full, reserved, 1000, held)
+    assert state.unplanned == ["ns/w1"]
+    # Not held, the same share goes to b.
+    state, plans = replan({}, gpus, a_full, reserved, 1000)
+    assert state.unplanned == [] and plans["w1"][0].node == "b"
+
+
+def test_while_a_workloads_pods_arrive_its_node_takes_no_other_workload() -> None:
+    """Two Workloads' pods arriving on one node together may be placed in another order than
+    planned, and the scheduler's first fit then leaves a planned pod no room."""
+    gpus = two_nodes_of_two_gpus(80)
+    reserved = {"w1": ("ns/w1", [one_pod(60)])}
+    held = {"w1": {"main": "a"}}
+    state, _ = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held, arriving={"w1"})
+    assert state.awaited == {"a"}
+    small = [one_pod(10)]
+    ready = decide(small, [], state, 1000)
+    assert ready.state == READY and {p.node for p in ready.placements} == {"b"}, "a is awaited; b is not"
+    state.take(ready)
+    waiting = decide(small, [], state, 1000)
+    assert waiting.state == PENDING
+    assert waiting.message.startswith("waiting: fits on a once the pods already admitted there are placed")
+    # Its pods placed (no longer arriving), the node takes others again.
+    state, _ = replan({}, gpus, free_capacity(gpus, {}), reserved, 1000, held, arriving=())
+    assert state.awaited == set() and decide(small, [], state, 1000).state == READY
+
+
+def test_a_workload_spread_across_nodes_waits_for_a_quiet_moment_and_holds_the_rest() -> None:
+    gpus = [PublishedGpu(node, node, f"{node}-g0", f"{node}-U0", "A100", 80 * GiB, 100) for node in "abc"]
+    wide = [PodGroup("main", 2, (Request(1, (Choice(memory=60 * GiB),)),))]
+    quiet, _ = replan({}, gpus, free_capacity(gpus, {}), {}, 1000)
+    ready = decide(wide, [], quiet, 1000)
+    assert ready.state == READY and len({p.node for p in ready.placements}) == 2
+    quiet.take(ready)
+    assert quiet.awaited == {"a", "b", "c"}, "nothing holds a spread PodSet's pods to its plan"
+    arriving = {"w1": ("ns/w1", [one_pod(20)])}
+    busy, _ = replan({}, gpus, free_capacity(gpus, {}), arriving, 1000, {"w1": {"main": "a"}}, {"w1"})
+    waiting = decide(wide, [], busy, 1000)
+    assert waiting.state == PENDING and "nothing else is admitted meanwhile" in waiting.message
+    small = [one_pod(10)]
+    assert decide(small, [], busy, 1000).state == PENDING, "held behind the spread Workload"
+
+
 def test_a_decision_says_where_it_fits_which_selectors_it_did_not_judge_or_why_it_waits() -> None:
     gpus = [PublishedGpu("n", "n", "g0", "U0", "A100", 40 * GiB, 100)]
     group = PodGroup("main", 1, (Request(1, (Choice(memory=30 * GiB),)),))

@@ -195,15 +195,23 @@ def test_the_checks_role_is_exactly_its_rules_file(both: list[dict[str, Any]]) -
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "tessera-admissioncheck", "namespace": "tessera"}
     ]
-    # Reads are lists and watches; the only writes are two status subresources.
+    # Reads are lists and watches, and gets of nodes; the only writes are two status subresources.
     writes = {
         (group, resource)
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
-        if set(rule["verbs"]) - {"list", "watch"}
+        if set(rule["verbs"]) - {"list", "watch", "get"}
     }
     assert writes == {("kueue.x-k8s.io", "workloads/status"), ("kueue.x-k8s.io", "admissionchecks/status")}
+    gets = {
+        (group, resource)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        if "get" in rule["verbs"]
+    }
+    assert gets == {("", "nodes")}
 
 
 def test_the_admission_check_object_names_the_checks_controller(both: list[dict[str, Any]]) -> None:
