@@ -51,11 +51,14 @@ from tessera.admissioncheck.workload_status import (
 
 log = logging.getLogger(__name__)
 
-ARRIVAL_WINDOW_SECONDS = 60.0
-"""How long after its Ready decision an owned Workload's pods count as arriving though none is seen
-yet: Kueue admits it, then its owner (a Job) makes the pods, which on a busy control plane takes
-seconds. While a Workload's pods arrive, no other Workload is planned onto its nodes
-(planning.replan); past the window a node whose pods never came is planned on again."""
+ARRIVAL_WINDOW_SECONDS = 30.0
+"""How long a Ready Workload's unplaced pods count as arriving, from its Ready decision (or from
+when this process first saw it Ready, after a restart): Kueue admits it, its owner (a Job) makes the
+pods, the scheduler places them, which on a busy control plane takes seconds. While a Workload's
+pods arrive, no other Workload is planned onto its nodes (planning.replan). Past the window the
+node is planned on again, whether or not they came: a pod the scheduler cannot place for a reason of
+its own (a taint, a claim released late) must not hold a node's admissions for ever. The decision
+loop wakes when the earliest window ends, so a Workload told to wait for it is decided again then."""
 
 WRITERS = 8
 """Status writes in flight at once. Decisions are taken one after another (each takes capacity the
@@ -120,6 +123,9 @@ class WorkloadController:
         self._hostnames = HostnameLabels(api)
         # When this process decided each Workload Ready (monotonic), for ARRIVAL_WINDOW_SECONDS.
         self._ready_at: dict[str, float] = {}
+        # When the earliest arrival window of this pass ends (time.monotonic()), if any: the loop
+        # decides again then, whether or not a watch says something changed.
+        self._window_ends: float | None = None
         # Where the reserved shares of each Ready Workload are planned to go.
         self._plans: dict[str, list[Placement]] = {}
         # What each waiting Workload was last told, so an unchanged message is not written again.
@@ -170,15 +176,15 @@ class WorkloadController:
 
     def _reserved_groups(
         self, checks: set[str], workloads: Sequence[Mapping[str, Any]]
-    ) -> tuple[Reserved, set[str]]:
+    ) -> tuple[Reserved, dict[str, float]]:
         """Per Workload uid: its name and the shares of its pods not placed yet, for every Workload
-        Ready on our check (and those this process just made Ready); and the uids among them whose
-        pods may be arriving now: one is seen and not placed yet, or, for a Workload with an owner
-        to make its pods, this process made it Ready less than ARRIVAL_WINDOW_SECONDS ago. (A
-        Workload without owner, or one this process did not decide, has no pods to wait for.)"""
+        Ready on our check (and those this process just made Ready); and, for those among them whose
+        pods may be arriving now, when their arrival window ends (time.monotonic()): a Workload with
+        an owner to make its pods and some not placed yet, made Ready (or first seen Ready) less
+        than ARRIVAL_WINDOW_SECONDS ago. (A Workload without owner has no pods to wait for.)"""
         now = time.monotonic()
         inventory = self.inventory
-        arriving: set[str] = set()
+        arriving: dict[str, float] = {}
         by_owner: dict[str, list[Any]] = {}
         for pod in inventory.pods.values():
             for owner in (*pod.owners, pod.uid):
@@ -199,16 +205,14 @@ class WorkloadController:
             name = f"{workload['metadata'].get('namespace')}/{workload['metadata']['name']}"
             remaining = less_placed(less_reclaimable(groups, workload), placed)
             out[uid] = (name, remaining)
-            unplaced_seen = len(placed) < sum(1 for p in pods.values() if not p.finished)
-            recent = (
-                owners and now - self._ready_at.get(uid, -ARRIVAL_WINDOW_SECONDS) < ARRIVAL_WINDOW_SECONDS
-            )
-            if remaining and (unplaced_seen or recent):
-                arriving.add(uid)
+            if owners and remaining:
+                ends = self._ready_at.setdefault(uid, now) + ARRIVAL_WINDOW_SECONDS
+                if ends > now:
+                    arriving[uid] = ends
         for uid, (name, groups) in self._approved.items():
             if uid not in out:
                 out[uid] = (name, groups)
-                arriving.add(uid)
+                arriving[uid] = self._ready_at.get(uid, now) + ARRIVAL_WINDOW_SECONDS
         return out, arriving
 
     def decide(self, workload: Mapping[str, Any], state: PassState) -> Decision:
@@ -258,6 +262,7 @@ class WorkloadController:
                 and w["metadata"].get("uid", "") not in self._approved
             ]
         planning = time.perf_counter()
+        self._window_ends = min(arriving.values(), default=None)
         state, self._plans = replan(self._plans, gpus, base, reserved, self.budget, held, arriving)
         self.stats.pass_durations.append(time.perf_counter() - planning)
         del self.stats.pass_durations[:-10000]
@@ -359,7 +364,8 @@ class WorkloadController:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait()
+            ends = self._window_ends
+            self._wake.wait(None if ends is None else max(0.0, ends - time.monotonic()))
             if self._stop.is_set():
                 return
             # Let a burst of watch events settle into one pass.

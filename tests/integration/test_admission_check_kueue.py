@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tessera.admissioncheck.controller import ARRIVAL_WINDOW_SECONDS
 from tessera.gpu_request import GpuRequest, request_to_annotation
 from tessera.kube import raw_json
 from tessera.quantity import GiB, quantity_to_int
@@ -192,6 +193,28 @@ def test_shares_of_a_ready_workload_not_yet_placed_are_not_given_twice(
     # The first Job goes away: its reservation with it, and the second one is decided again.
     client.BatchV1Api(bed.api).delete_namespaced_job("first", team, propagation_policy="Background")
     wait_for_state(bed, team, second, "Ready")
+
+
+def test_pods_that_never_come_hold_their_node_only_for_the_arrival_window(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """The first Workload's pods are never placed here (no webhook converts them). The second,
+    which only that node holds, waits for them, and is decided again when the first's arrival
+    window ends, with nothing else changing: no watch event wakes the check, its own timer does."""
+    _, uuids = node(80)
+    first = submit(bed, team, queue_bed.gpu_job("first", QUEUE, 1, 20 * 1024, annotations=pinned(uuids)))
+    wait_for_state(bed, team, first, "Ready")
+    second = submit(bed, team, queue_bed.gpu_job("second", QUEUE, 1, 20 * 1024, annotations=pinned(uuids)))
+
+    def waits_for_arrival() -> str | None:
+        state = queue_bed.check_state(queue_bed.read_workload(bed.api, team, second), CHECK)
+        message = str(state.get("message", ""))
+        return message if state.get("state") == "Pending" and "already admitted there" in message else None
+
+    message = poll_until(waits_for_arrival, 60, "the second Workload waiting for the first's pods")
+    assert message.startswith("waiting: fits on gpu-node-"), message
+    ready = wait_for_state(bed, team, second, "Ready", timeout=ARRIVAL_WINDOW_SECONDS + 30)
+    assert "1 pod on gpu-node-" in queue_bed.check_state(ready, CHECK)["message"]
 
 
 def test_work_without_a_gpu_is_never_held(bed: QueueBed, team: str) -> None:
