@@ -39,7 +39,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUresult rc = shim_charge_begin(&c, -1, bytesize);
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = shim_real.cuMemAlloc_v2(dptr, bytesize);
+    rc = shim.calls.cuMemAlloc_v2(dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
     else
@@ -512,7 +512,7 @@ free_tracked(enum shim_kind kind, uint64_t key, free_call call, CUstream stream,
 static CUresult call_free(uint64_t key, CUstream stream)
 {
     (void)stream;
-    return shim_real.cuMemFree_v2((CUdeviceptr)key);
+    return shim.calls.cuMemFree_v2((CUdeviceptr)key);
 }
 
 static CUresult call_free_async(uint64_t key, CUstream stream)

@@ -10,8 +10,8 @@
 #include "cuda_driver_abi.h"
 
 /* X(name): required by the shim's own work; X_OPT(name): wrapped if the driver has it. The
- * three an allocation and its free call come first, so they share one cache line of the table
- * (after the driver's own work has evicted the shim's lines, each line is a miss). */
+ * three an allocation and its free call are also copied onto the shim state's first line
+ * (shim_state.h: struct shim_hot_calls), where the hot path reads them. */
 #define SHIM_CUDA_ENTRY_POINTS(X, X_OPT)                                                          \
     X(cuCtxGetCurrent)                                                                            \
     X(cuMemAlloc_v2)                                                                              \

@@ -115,6 +115,9 @@ static void do_init(void)
     shim_log_init();
     if (shim_real_resolve() != 0)
         stop_process("the real CUDA driver is missing or lacks entry points the shim needs");
+    shim.calls = (struct shim_hot_calls){.cuCtxGetCurrent = shim_real.cuCtxGetCurrent,
+                                         .cuMemAlloc_v2 = shim_real.cuMemAlloc_v2,
+                                         .cuMemFree_v2 = shim_real.cuMemFree_v2};
 
     struct tessera_limits_source source;
     char err[600];
@@ -156,10 +159,8 @@ static void do_init(void)
                      __ATOMIC_RELEASE);
 }
 
-void shim_init(void)
+void shim_init_once(void)
 {
-    if (SHIM_LIKELY(__atomic_load_n(&shim.init_done, __ATOMIC_ACQUIRE)))
-        return;
     pthread_mutex_lock(&init_mu);
     if (!shim.init_done) {
         static bool atfork_registered = false; /* registrations survive fork: once per image */
@@ -314,7 +315,7 @@ static __attribute__((noinline)) bool context_device(CUcontext ctx, uint64_t for
 bool shim_current_device(int *device, CUcontext *pctx)
 {
     CUcontext ctx = NULL;
-    if (shim_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+    if (shim.calls.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
         return false;
     if (pctx != NULL)
         *pctx = ctx;

@@ -19,8 +19,8 @@
 #define SHIM_MAX_DEVICES 64
 
 struct shim_device {
-    int gpu;               /* region GPU index; -1: this GPU is not in the limits file */
     uint64_t memory_limit; /* TESSERA_NO_MEMORY_LIMIT: none */
+    int gpu;               /* region GPU index; -1: this GPU is not in the limits file */
     uint32_t cores;        /* 1..99: capped; 0: uncapped */
     uint32_t priority;     /* TESSERA_PRIORITY_HIGH or _LOW */
     int board;             /* priority board (priority.h); -1: priority plays no part here */
@@ -28,23 +28,38 @@ struct shim_device {
     char uuid[TESSERA_UUID_MAX];
 };
 
+/* The driver's entry points that an allocation and its free call, copied from shim_real (real.h)
+ * when the shim initialises and never changed after (cuGetProcAddress fills only entry points the
+ * library lacks; these three it must have): read here, on the state's first line, they cost no
+ * line of their own. */
+struct shim_hot_calls {
+    __typeof__(&cuCtxGetCurrent) cuCtxGetCurrent;
+    __typeof__(&cuMemAlloc_v2) cuMemAlloc_v2;
+    __typeof__(&cuMemFree_v2) cuMemFree_v2;
+};
+
 /* What every allocation and free reads comes first, with the first device's limits, so that it
  * fits one cache line: the driver's own work (the simulator's, say) evicts the shim's lines
- * between calls, and each line read again is a miss. The limits, read once, come last. */
+ * between calls, and each line read again is a miss. Hence the one-byte init_done and the
+ * fields the hot path never reads after the devices. The limits, read once, come last. */
 struct shim_state {
+    struct shim_hot_calls calls;
+    struct tessera_region_handle region;
+    bool memory_limited; /* some GPU has a memory limit */
+    uint8_t init_done;   /* shim_state.c's: 1 once shim_init has run */
+    int device_count;    /* -1: not mapped yet (the driver is not initialised) */
+    struct shim_device devices[SHIM_MAX_DEVICES];
     bool limited;        /* a limits file is in force (maybe with no entries) */
     bool prepared;       /* ... from a prepared container's fixed path: GPUs it does not name
                             are refused, not unlimited */
-    bool memory_limited; /* some GPU has a memory limit */
     bool compute_capped; /* some GPU has a compute cap */
     bool prioritised;    /* some GPU has a priority board: its launches go through priority.c */
-    int init_done;       /* shim_state.c's: 1 once shim_init has run */
-    int device_count;    /* -1: not mapped yet (the driver is not initialised) */
     uint64_t contexts_forgotten; /* shim_state.c's: contexts destroyed so far */
-    struct tessera_region_handle region;
-    struct shim_device devices[SHIM_MAX_DEVICES];
     struct tessera_limits limits;
 } __attribute__((aligned(64)));
+
+_Static_assert(__builtin_offsetof(struct shim_state, devices[0].gpu) + sizeof(int) <= 64,
+               "what an allocation and its free read of the state fits its first cache line");
 
 extern struct shim_state shim;
 
@@ -54,8 +69,16 @@ extern int shim_launch_passthrough;
 
 /* Initialise (first call in the process does the work; the rest return at once). A limits file
  * that is unreadable or malformed, or a usage region that cannot be opened, stops the process
- * with a message (exit status TESSERA_EXIT_BAD_LIMITS). */
-void shim_init(void);
+ * with a message (exit status TESSERA_EXIT_BAD_LIMITS). Inline, so that the check every hook
+ * makes is a load, not a call whose return address takes one more line of stack. */
+void shim_init_once(void);
+
+static inline void shim_init(void)
+{
+    if (SHIM_LIKELY(__atomic_load_n(&shim.init_done, __ATOMIC_ACQUIRE)))
+        return;
+    shim_init_once();
+}
 
 /* Map CUDA ordinals to limits (after a successful cuInit). Returns true when the map is ready. */
 bool shim_devices_ready(void);
