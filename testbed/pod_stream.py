@@ -64,11 +64,20 @@ class PodStream:
     the API answered. With ``dry_run`` nothing is stored, so the stream may be fast. A create that
     fails otherwise (the API server unreachable) ends the stream, and leaving the ``with`` raises it."""
 
-    def __init__(self, kube: client.ApiClient, namespace: str, every: float, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        kube: client.ApiClient,
+        namespace: str,
+        every: float,
+        dry_run: bool = False,
+        limit: int | None = None,
+    ) -> None:
         self._core = client.CoreV1Api(kube)
         self._namespace = namespace
         self._every = every
         self._dry_run = dry_run
+        # At most this many pods: as many as the GPUs have room for, when each of them must run.
+        self._limit = limit
         self._stop = threading.Event()
         self.created: list[str] = []
         self.unconverted: list[str] = []
@@ -94,7 +103,7 @@ class PodStream:
             raise RuntimeError(f"the pod stream stopped after {self.calls} creates") from self._failure
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and (self._limit is None or len(self.created) < self._limit):
             name = f"stream-{self.calls}"
             try:
                 answer = self._core.create_namespaced_pod(
