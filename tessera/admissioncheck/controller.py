@@ -121,7 +121,8 @@ class WorkloadController:
         # The nodes those Ready decisions hold PodSets to (echoed ones are read from the Workload).
         self._approved_pins: dict[str, dict[str, str]] = {}
         self._hostnames = HostnameLabels(api)
-        # When this process decided each Workload Ready (monotonic), for ARRIVAL_WINDOW_SECONDS.
+        # When this process decided each Workload Ready, or first saw it Ready (monotonic): the
+        # start of its arrival window (ARRIVAL_WINDOW_SECONDS).
         self._ready_at: dict[str, float] = {}
         # When the earliest arrival window of this pass ends (time.monotonic()), if any: the loop
         # decides again then, whether or not a watch says something changed.
