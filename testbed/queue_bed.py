@@ -503,12 +503,13 @@ class CheckHistory:
                 if not seen or seen[-1] != entry:
                     seen.append(entry)
 
-    def first(self, workload: str, state: str) -> tuple[str, str, str] | None:
-        """The first entry of ``workload`` in ``state`` (state, message, transition time), if any: a
-        state Kueue resets within a moment (Rejected becomes Pending as it deactivates the Workload)
-        is still seen here, where a poll of the object could miss it."""
+    def first(self, workload: str, state: str, saying: str = "") -> tuple[str, str, str] | None:
+        """The first entry of ``workload`` in ``state`` (state, message, transition time) whose
+        message contains ``saying``, if any: a state Kueue resets within a moment (Rejected becomes
+        Pending as it deactivates the Workload) is still seen here, where a poll of the object could
+        miss it."""
         with self._lock:
-            return next((entry for entry in self.entries.get(workload, []) if entry[0] == state), None)
+            return next((e for e in self.entries.get(workload, []) if e[0] == state and saying in e[1]), None)
 
     def readies(self, workload: str) -> int:
         with self._lock:

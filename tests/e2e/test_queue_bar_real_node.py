@@ -10,7 +10,10 @@ run; a Job ends when its pods are told to (a file made with kubectl exec), as wo
   then FIFO order.
 - Borrowing and reclaim: a team borrows idle quota; when the lender submits, the borrower's Job is
   preempted (its pod really stopped) and the lender's runs on the GPU share it gave back.
-- Throughout, a watcher sees every pod: none is ever left unschedulable.
+- A hostile tenant's admitted Jobs whose pods are not placed (a label no node has, a hostname that
+  does not exist, a scheduling gate) keep the room they were admitted for, as running pods would,
+  but keep a neighbour off the rest of their node only for the check's arrival window.
+- Throughout, a watcher sees every pod: none but the hostile tenant's is ever left unschedulable.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from tessera.admissioncheck.controller import ARRIVAL_WINDOW_SECONDS
+from tessera.admissioncheck.pinning import pins_from_state
 from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB
 from tessera.watching import watch_forever
@@ -57,6 +62,8 @@ class GangBed:
     node: RealNode
     unschedulable: dict[str, str]
     running_together: list[set[str]]
+    # Namespaces whose pods are made never to be placed: their pods are meant to be unschedulable.
+    hostile_namespaces: set[str] = field(default_factory=set)
 
     def log_tails(self) -> dict[str, str]:
         return {**self.cluster.log_tails(60), **self.node.log_tails()}
@@ -367,6 +374,108 @@ def test_the_lender_reclaims_its_quota_by_preempting_the_borrower(
     assert admitted(bed, borrower, own)
 
 
+# -- a hostile tenant ------------------------------------------------------------------------------
+
+
+def neighbour_job(bed: GangBed, namespace: str, name: str, uuids: list[str]) -> str:
+    """Submit a Job of one 40 GiB pod on ``uuids``; returns its Workload."""
+    job = queue_bed.gpu_job(
+        name,
+        "q",
+        1,
+        40 * 1024,
+        image=PROBE_IMAGE,
+        command=SLEEP,
+        annotations={"nvidia.com/use-gpuuuid": ",".join(uuids)},
+    )
+    client.BatchV1Api(bed.api).create_namespaced_job(namespace, client.V1Job.model_validate(job))
+    return str(queue_bed.workload_of_job(bed.api, namespace, name)["metadata"]["name"])
+
+
+def test_pods_a_tenant_keeps_from_being_placed_hold_their_share_but_not_their_node(
+    bed: GangBed, team: Any, free_gpus: list[str]
+) -> None:
+    """The check plans an admitted Workload's pods onto GPUs before they exist, keeps that room for
+    them, and while they may be arriving admits nothing else onto their node (the scheduler could
+    put it where they were planned). A tenant controls its Jobs' templates, so it can make pods
+    that are never placed. Whatever the trick, its Workloads keep only the shares they were
+    admitted for (as running pods would, and out of its own quota: given away, a pod let through
+    later would wait for room it was promised), and the rest of the node goes to a neighbour once
+    the arrival window ends. A template that already names a hostname is not held to another."""
+    for cq in ("squat-cq", "neighbour-cq"):
+        queue_bed.create(bed.api, queue_bed.cluster_queue(cq, "gpus", quota(1000), checks=[CHECK]))
+    hostile, neighbour = team("squat-cq"), team("neighbour-cq")
+    bed.hostile_namespaces.add(hostile)
+    # Three pods of 40 GiB, each planned on a 48 GiB GPU of its own; the fourth GPU stays free.
+    tricks: dict[str, dict[str, Any]] = {
+        "no-such-label": {"node_selector": {"tessera.test/nowhere": "1"}},
+        "no-such-host": {"node_selector": {"kubernetes.io/hostname": "nowhere"}},
+        "gated": {"scheduling_gates": ["tessera.test/hold"]},
+    }
+    batch = client.BatchV1Api(bed.api)
+    for name, never in tricks.items():
+        job = queue_bed.gpu_job(
+            name,
+            "q",
+            1,
+            40 * 1024,
+            image=PROBE_IMAGE,
+            command=SLEEP,
+            annotations={"nvidia.com/use-gpuuuid": ",".join(free_gpus)},
+            **never,
+        )
+        batch.create_namespaced_job(hostile, client.V1Job.model_validate(job))
+    squats = {n: str(queue_bed.workload_of_job(bed.api, hostile, n)["metadata"]["name"]) for n in tricks}
+    history = queue_bed.CheckHistory(bed.api, neighbour, CHECK)
+    try:
+        for name, workload in squats.items():
+            poll_until(lambda w=workload: admitted(bed, hostile, w), 120, f"{name} admitted")  # type: ignore[misc]
+        first = neighbour_job(bed, neighbour, "first", free_gpus)
+        poll_until(
+            lambda: admitted(bed, neighbour, first),
+            ARRIVAL_WINDOW_SECONDS + 120,
+            "the neighbour admitted onto the free GPU once the squatters' arrival windows ended",
+        )
+        waited = history.first(first, "Pending", "once the pods already admitted there are placed")
+    finally:
+        history.stop()
+    assert waited is not None, "the neighbour waited while the squatters' pods could be arriving"
+    running_pod(bed, neighbour, "first")
+
+    pins = {
+        name: pins_from_state(queue_bed.check_state(queue_bed.read_workload(bed.api, hostile, w), CHECK))
+        for name, w in squats.items()
+    }
+    assert pins["no-such-label"] == {"main": bed.node.name}, pins
+    assert pins["no-such-host"] == {}, "a template that names a hostname is left as it is"
+
+    # The squatters' shares are still theirs: a second neighbour is told there is no room ...
+    second = neighbour_job(bed, neighbour, "second", free_gpus)
+    message = poll_until(
+        lambda: queue_bed.fit_refusal(bed.api, neighbour, second, CHECK), 60, "the second neighbour refused"
+    )
+    assert "needs 1 share of 40Gi" in message and "the largest free share is 8Gi" in message, message
+    # ... and the pod its tenant lets through at last finds the room it was admitted for.
+    core = client.CoreV1Api(bed.api)
+    [gated] = core.list_namespaced_pod(hostile, label_selector="batch.kubernetes.io/job-name=gated").items
+    assert gated.metadata is not None and gated.metadata.name
+    core.patch_namespaced_pod(gated.metadata.name, hostile, {"spec": {"schedulingGates": None}})
+    running_pod(bed, hostile, "gated")
+    unplaced = [
+        p.metadata.name
+        for p in core.list_namespaced_pod(hostile).items
+        if p.metadata and p.spec and not p.spec.node_name
+    ]
+    assert len(unplaced) == 2, f"the other two squatters' pods are never placed: {unplaced}"
+    assert not [name for name in bed.unschedulable if name.startswith(f"{neighbour}/")], bed.unschedulable
+
+
 def test_no_pod_was_ever_left_unschedulable(bed: GangBed) -> None:
-    """Last in this module: the watcher has seen every pod of the tests above."""
-    assert bed.unschedulable == {}, bed.unschedulable
+    """Last in this module: the watcher has seen every pod of the tests above (but the hostile
+    tenant's, which it made unplaceable on purpose)."""
+    seen = {
+        name: message
+        for name, message in bed.unschedulable.items()
+        if name.split("/", 1)[0] not in bed.hostile_namespaces
+    }
+    assert seen == {}, seen
