@@ -14,10 +14,21 @@
  * list of allocations): the shim's lines are then cold on every call, and what each costs shows
  * on a driver whose calls are otherwise empty (the stub). The reads are timed on both sides.
  *
+ * A third kind of round calibrates what a cold line costs at the time of the run: the driver's
+ * own functions, each call then reading a line of this program's own (as the shim reads its
+ * state) and CHASE_LINES more, each line's address read from the one before (as the shim walks
+ * its pointer table), on distinct cache sets, in an order no stride prefetcher follows. The
+ * driver's work evicts them as it does the shim's lines, so that pair pays about as many cold
+ * lines as the shim's (cache_lines.py counts those) at what a miss costs on this machine at that
+ * moment, which varies from hour to hour with what else shares its caches: the shim's figure is
+ * read against it. The three kinds of round take turns going first.
+ *
  * Prints alloc_ns, free_ns (through the loaded library), direct_alloc_ns, direct_free_ns
- * (medians over the rounds) and added_ns: the median over round pairs of the loaded library's
- * alloc + free less the driver's own, ns per pair.
+ * (medians over the rounds), added_ns: the median over rounds of the loaded library's alloc +
+ * free less the driver's own, ns per pair; and cold_lines_ns, the median over rounds of the
+ * calibration's pair less the driver's own, for cold_lines (2 + 2 * CHASE_LINES) lines per pair.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +60,53 @@ static void evict(void)
     for (size_t i = 0; i < evict_bytes; i += 64)
         sum += evict_buf[i];
     __asm__ volatile("" : : "r"(sum));
+}
+
+enum { CHASE_LINES = 5, CHASE_STRIDE = 4096 + 64 };
+
+/* What the calibration's calls read first, on a line of its own (read by each call, as the shim
+ * reads its state): then CHASE_LINES lines CHASE_STRIDE apart (a distinct cache set each), in
+ * chase_order, the first CHASE_LINES after each allocation and the rest after each free. */
+static struct {
+    struct api through; /* the driver's own functions */
+    void *start[2];
+} chase_state __attribute__((aligned(64)));
+static const int chase_order[2 * CHASE_LINES] = {0, 7, 3, 5, 1, 8, 4, 9, 2, 6};
+
+static void chase_init(const struct api *through)
+{
+    unsigned char *lines = aligned_alloc(4096, 2 * CHASE_LINES * CHASE_STRIDE);
+    if (lines == NULL)
+        exit(3);
+    for (int i = 0; i < 2 * CHASE_LINES; i++) {
+        void **line = (void **)(lines + chase_order[i] * CHASE_STRIDE);
+        bool last = i % CHASE_LINES == CHASE_LINES - 1;
+        *line = last ? NULL : lines + chase_order[i + 1] * CHASE_STRIDE;
+    }
+    chase_state.through = *through;
+    chase_state.start[0] = lines + chase_order[0] * CHASE_STRIDE;
+    chase_state.start[1] = lines + chase_order[CHASE_LINES] * CHASE_STRIDE;
+}
+
+/* Read a chain of lines, each load waiting for the one before (volatile: none is left out). */
+static void chase(void *line)
+{
+    while (line != NULL)
+        line = *(void *volatile *)line;
+}
+
+static CUresult chased_alloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    CUresult rc = chase_state.through.alloc(dptr, bytesize);
+    chase(chase_state.start[0]);
+    return rc;
+}
+
+static CUresult chased_free(CUdeviceptr dptr)
+{
+    CUresult rc = chase_state.through.free(dptr);
+    chase(chase_state.start[1]);
+    return rc;
 }
 
 /* One round of BATCH allocations, then their frees: ns per call of each. */
@@ -117,28 +175,34 @@ int main(int argc, char **argv)
     static CUdeviceptr live[LIVE];
     for (int i = 0; i < LIVE; i++)
         CHECK(loaded.alloc(&live[i], 512));
-    int64_t *v = calloc(5 * (size_t)rounds, sizeof *v);
+    chase_init(&direct);
+    const struct api chased = {chased_alloc, chased_free};
+    int64_t *v = calloc(8 * (size_t)rounds, sizeof *v);
     if (v == NULL)
         return 3;
     int64_t *la = v, *lf = v + rounds, *da = v + 2 * rounds, *df = v + 3 * rounds;
-    int64_t *added = v + 4 * rounds;
+    int64_t *ca = v + 4 * rounds, *cf = v + 5 * rounds;
+    int64_t *added = v + 6 * rounds, *cold = v + 7 * rounds;
     for (int r = 0; r < rounds; r++) {
-        /* Which goes first alternates too, so neither always follows the other's work. */
-        if (r % 2) {
-            round_of(&loaded, &la[r], &lf[r]);
-            round_of(&direct, &da[r], &df[r]);
-        } else {
-            round_of(&direct, &da[r], &df[r]);
-            round_of(&loaded, &la[r], &lf[r]);
+        /* Which goes first rotates too, so none always follows the same one's work. */
+        struct {
+            const struct api *api;
+            int64_t *alloc_ns, *free_ns;
+        } kinds[3] = {{&direct, &da[r], &df[r]}, {&loaded, &la[r], &lf[r]}, {&chased, &ca[r], &cf[r]}};
+        for (int k = 0; k < 3; k++) {
+            int which = (r + k) % 3;
+            round_of(kinds[which].api, kinds[which].alloc_ns, kinds[which].free_ns);
         }
         added[r] = la[r] + lf[r] - da[r] - df[r];
+        cold[r] = ca[r] + cf[r] - da[r] - df[r];
     }
     for (int i = 0; i < LIVE; i++)
         CHECK(loaded.free(live[i]));
-    printf("alloc_ns=%lld free_ns=%lld direct_alloc_ns=%lld direct_free_ns=%lld added_ns=%lld\n",
+    printf("alloc_ns=%lld free_ns=%lld direct_alloc_ns=%lld direct_free_ns=%lld added_ns=%lld "
+           "cold_lines_ns=%lld cold_lines=%d\n",
            (long long)median(la, rounds), (long long)median(lf, rounds),
            (long long)median(da, rounds), (long long)median(df, rounds),
-           (long long)median(added, rounds));
+           (long long)median(added, rounds), (long long)median(cold, rounds), 2 * (1 + CHASE_LINES));
     free(v);
     return 0;
 }

@@ -16,7 +16,16 @@ cost shows. Counts are averaged over the four placements of the stack against ca
 padding variable in the environment moves it). On the simulated driver nothing is read between
 calls: its own work (it walks its list of allocations) evicts the shim's lines, those touched
 before its call and again after it, as it does when the target is timed there; the same
-cachegrind count, without the timing noise. Writes cache_lines.{md,json}.
+cachegrind count, without the timing noise.
+
+Code lines too: the instruction cache is simulated at 1 KiB (16 lines), so that nearly every line
+of the shim's code a call runs through is fetched anew, which counts about the lines its
+instructions span per pair. A driver whose work evicts the shim's data evicts those lines as well
+(this machine's L2 holds code and data alike), and there are several times more of them: timed
+against alloc_free.c's calibration (12 cold data lines of its own: +60-120 ns per pair in the
+same runs where the shim's pair cost +700-1000 ns on the simulated driver and after 1 MiB evicted
+on the stub, 2026-12-02), the shim's data lines explain a small part of its cost and its code
+lines the rest. Writes cache_lines.{md,json}.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from testbed.shim_harness import (
 
 PAIRS = (30 - 10) * 200  # alloc_free's BATCH pairs per round, 30 rounds less 10
 COUNTED = ("D1mr", "D1mw")
+CODE_LINES = "I1mr"  # with --I1 at 1 KiB: about the code lines each call runs through
 
 
 def _events(path: Path) -> tuple[list[str], dict[tuple[str, str], list[int]]]:
@@ -88,7 +98,7 @@ STACK_PHASES = (0, 16, 32, 48)
 def lines_per_pair(env: dict[str, str], tmp: Path, evict_kib: int) -> dict[str, float]:
     """The shim's instructions and L1 data misses per pair, `evict_kib` KiB read before each
     call, averaged over the four placements of the stack against cache lines."""
-    found = {name: 0.0 for name in ("Ir", *COUNTED)}
+    found = {name: 0.0 for name in ("Ir", *COUNTED, CODE_LINES)}
     for phase in STACK_PHASES:
         runs = {}
         for rounds in (10, 30):
@@ -99,6 +109,7 @@ def lines_per_pair(env: dict[str, str], tmp: Path, evict_kib: int) -> dict[str, 
                     "--tool=cachegrind",
                     "--cache-sim=yes",
                     "--D1=32768,8,64",
+                    "--I1=1024,2,64",
                     f"--cachegrind-out-file={out}",
                     str(BENCH_BUILD / "alloc_free"),
                     str(rounds),
@@ -124,8 +135,9 @@ def lines_per_pair(env: dict[str, str], tmp: Path, evict_kib: int) -> dict[str, 
 
 
 def timed(env: dict[str, str], runs: int) -> dict[str, int]:
-    """Median over runs of alloc_free's added ns per pair, without and with 1 MiB evicted."""
-    seen: dict[str, list[int]] = {"warm": [], "evicted": []}
+    """Median over runs of alloc_free's added ns per pair, without and with 1 MiB evicted, and of
+    its calibration with 1 MiB evicted (12 cold data lines of its own per pair)."""
+    seen: dict[str, list[int]] = {"warm": [], "evicted": [], "evicted_calibration": []}
     for _ in range(runs):
         for name, args in (("warm", ["3000", "0"]), ("evicted", ["100", "1024"])):
             done = subprocess.run(
@@ -136,7 +148,10 @@ def timed(env: dict[str, str], runs: int) -> dict[str, int]:
                 check=True,
                 timeout=300,
             )
-            seen[name].append(int(values(done.stdout)["added_ns"]))
+            found = values(done.stdout)
+            seen[name].append(int(found["added_ns"]))
+            if name == "evicted":
+                seen["evicted_calibration"].append(int(found["cold_lines_ns"]))
     return {name: int(statistics.median(v)) for name, v in seen.items()}
 
 
@@ -197,15 +212,20 @@ def main() -> None:
                 "- Driver: stub (benchmarks/shim/stub_driver.c), and simulated (build/simgpu) on the"
                 " second row; memory limit in force, 10 000 allocations live.",
                 "",
-                "| per pair | instructions | L1 data read misses | write misses | cold lines |",
-                "|---|---|---|---|---|",
+                "| per pair | instructions | L1 data read misses | write misses | cold lines "
+                "| code lines (1 KiB I1) |",
+                "|---|---|---|---|---|---|",
                 f"| shim (cachegrind, 64 KiB evicted before every call) | {lines['Ir']:.0f} "
-                f"| {lines['D1mr']:.1f} | {lines['D1mw']:.1f} | {lines['lines']:.1f} |",
+                f"| {lines['D1mr']:.1f} | {lines['D1mw']:.1f} | {lines['lines']:.1f} "
+                f"| {lines[CODE_LINES]:.1f} |",
                 f"| shim on the simulated driver (cachegrind, nothing evicted: the driver's work does)"
-                f" | {sim['Ir']:.0f} | {sim['D1mr']:.1f} | {sim['D1mw']:.1f} | {sim['lines']:.1f} |",
+                f" | {sim['Ir']:.0f} | {sim['D1mr']:.1f} | {sim['D1mw']:.1f} | {sim['lines']:.1f} "
+                f"| {sim[CODE_LINES]:.1f} |",
                 "",
                 f"Added ns per pair (alloc_free.c, median of {args.runs} runs): "
-                f"caches warm {times['warm']:+d}, 1 MiB evicted before every call {times['evicted']:+d}.",
+                f"caches warm {times['warm']:+d}, 1 MiB evicted before every call {times['evicted']:+d};"
+                f" alloc_free.c's calibration, 12 cold data lines of its own per pair after the same"
+                f" eviction, {times['evicted_calibration']:+d}.",
                 "",
             ]
         )

@@ -54,7 +54,8 @@ STUB_BUILD = BENCH_BUILD / "stub"
 STUB_UUID = "GPU-5a5a5a5a-0000-0000-0000-000000000001"  # stub_driver.c's uuid_bytes
 RUNS = 5
 KEYS = ("launch_ns", "alloc_ns", "free_ns", "info_ns", "graph_ns")
-MEASURES = (*KEYS, "info_direct_ns", "pair_added_ns")
+MEASURES = (*KEYS, "info_direct_ns", "pair_added_ns", "cold_lines_ns")
+COLD_LINES = 12  # alloc_free.c's calibration: lines read per pair, 2 * (1 + CHASE_LINES)
 ROUNDS = {"simulated": 200, "stub": 3000, "real": 1000}  # alloc_free rounds per run
 
 
@@ -344,6 +345,8 @@ def write(
         "functions in one process, 10 000 allocations live through the shim; per run the median",
         "over the rounds of the pair through the shim less the pair direct, then the median over",
         "the runs. Without the shim both rounds call the driver: that row is the method's noise.",
+        "",
+        *_calibration(medians),
     ]
     if not instructions:
         lines += ["", "Instructions added per call: not counted (a real driver, or no valgrind)."]
@@ -359,6 +362,19 @@ def write(
         cells = [f"{counts[k]:.0f}" if k in counts else "-" for k in HOOKED]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _calibration(medians: dict[str, dict[str, int]]) -> list[str]:
+    """What a cold line cost while the pair was measured (alloc_free.c's third kind of round):
+    the shim's figure is only comparable across runs against it."""
+    cost = statistics.median(r["cold_lines_ns"] for r in medians.values())
+    return [
+        "Calibration, in the same processes: the driver's own pair, each call then reading",
+        f"{COLD_LINES // 2} lines of the benchmark's own one after another, added {cost:+.0f} ns per pair",
+        f"({COLD_LINES} lines, {cost / COLD_LINES:.0f} ns a line; median over the configurations): what",
+        "about as many cold lines as the shim touches per pair (cache_lines.md) cost after the",
+        "driver's work, on this machine at that time.",
+    ]
 
 
 def _rows(results: dict[str, dict[str, int]]) -> list[str]:
