@@ -229,7 +229,17 @@ def quota(memory_gi: int) -> dict[str, str]:
     return {"nvidia.com/gpu": "100", queue_bed.GPU_MEMORY: f"{memory_gi}Gi", queue_bed.GPU_CORES: "10000"}
 
 
-def submit(bed: GangBed, namespace: str, name: str, memory_gi: int, priority: str, pin: list[str]) -> str:
+def submit(
+    bed: GangBed,
+    namespace: str,
+    name: str,
+    memory_gi: int,
+    priority: str | None,
+    pin: list[str],
+    **template: Any,
+) -> str:
+    """Submit a Job of one pod of ``memory_gi`` on the GPUs ``pin`` names (``template``: more of
+    gpu_job's keywords, such as a node_selector); returns its Workload."""
     job = queue_bed.gpu_job(
         name,
         "q",
@@ -239,6 +249,7 @@ def submit(bed: GangBed, namespace: str, name: str, memory_gi: int, priority: st
         image=PROBE_IMAGE,
         command=UNTIL_DONE,
         annotations={"nvidia.com/use-gpuuuid": ",".join(pin)},
+        **template,
     )
     client.BatchV1Api(bed.api).create_namespaced_job(namespace, client.V1Job.model_validate(job))
     return str(queue_bed.workload_of_job(bed.api, namespace, name)["metadata"]["name"])
@@ -377,21 +388,6 @@ def test_the_lender_reclaims_its_quota_by_preempting_the_borrower(
 # -- a hostile tenant ------------------------------------------------------------------------------
 
 
-def neighbour_job(bed: GangBed, namespace: str, name: str, uuids: list[str]) -> str:
-    """Submit a Job of one 40 GiB pod on ``uuids``; returns its Workload."""
-    job = queue_bed.gpu_job(
-        name,
-        "q",
-        1,
-        40 * 1024,
-        image=PROBE_IMAGE,
-        command=SLEEP,
-        annotations={"nvidia.com/use-gpuuuid": ",".join(uuids)},
-    )
-    client.BatchV1Api(bed.api).create_namespaced_job(namespace, client.V1Job.model_validate(job))
-    return str(queue_bed.workload_of_job(bed.api, namespace, name)["metadata"]["name"])
-
-
 def test_pods_a_tenant_keeps_from_being_placed_hold_their_share_but_not_their_node(
     bed: GangBed, team: Any, free_gpus: list[str]
 ) -> None:
@@ -412,25 +408,12 @@ def test_pods_a_tenant_keeps_from_being_placed_hold_their_share_but_not_their_no
         "no-such-host": {"node_selector": {"kubernetes.io/hostname": "nowhere"}},
         "gated": {"scheduling_gates": ["tessera.test/hold"]},
     }
-    batch = client.BatchV1Api(bed.api)
-    for name, never in tricks.items():
-        job = queue_bed.gpu_job(
-            name,
-            "q",
-            1,
-            40 * 1024,
-            image=PROBE_IMAGE,
-            command=SLEEP,
-            annotations={"nvidia.com/use-gpuuuid": ",".join(free_gpus)},
-            **never,
-        )
-        batch.create_namespaced_job(hostile, client.V1Job.model_validate(job))
-    squats = {n: str(queue_bed.workload_of_job(bed.api, hostile, n)["metadata"]["name"]) for n in tricks}
+    squats = {name: submit(bed, hostile, name, 40, None, free_gpus, **how) for name, how in tricks.items()}
     history = queue_bed.CheckHistory(bed.api, neighbour, CHECK)
     try:
         for name, workload in squats.items():
             poll_until(lambda w=workload: admitted(bed, hostile, w), 120, f"{name} admitted")  # type: ignore[misc]
-        first = neighbour_job(bed, neighbour, "first", free_gpus)
+        first = submit(bed, neighbour, "first", 40, None, free_gpus)
         poll_until(
             lambda: admitted(bed, neighbour, first),
             ARRIVAL_WINDOW_SECONDS + 120,
@@ -450,7 +433,7 @@ def test_pods_a_tenant_keeps_from_being_placed_hold_their_share_but_not_their_no
     assert pins["no-such-host"] == {}, "a template that names a hostname is left as it is"
 
     # The squatters' shares are still theirs: a second neighbour is told there is no room ...
-    second = neighbour_job(bed, neighbour, "second", free_gpus)
+    second = submit(bed, neighbour, "second", 40, None, free_gpus)
     message = poll_until(
         lambda: queue_bed.fit_refusal(bed.api, neighbour, second, CHECK), 60, "the second neighbour refused"
     )
