@@ -20,12 +20,10 @@ cachegrind count, without the timing noise.
 
 Code lines too: the instruction cache is simulated at 1 KiB (16 lines), so that nearly every line
 of the shim's code a call runs through is fetched anew, which counts about the lines its
-instructions span per pair. A driver whose work evicts the shim's data evicts those lines as well
-(this machine's L2 holds code and data alike), and there are several times more of them: timed
-against alloc_free.c's calibration (12 cold data lines of its own: +60-120 ns per pair in the
-same runs where the shim's pair cost +700-1000 ns on the simulated driver and after 1 MiB evicted
-on the stub, 2026-12-02), the shim's data lines explain a small part of its cost and its code
-lines the rest. Writes cache_lines.{md,json}.
+instructions span per pair. A driver whose work evicts the shim's data can evict those lines as
+well, and there are several times more of them; the timed run also reports alloc_free.c's
+calibration (as many cold data lines of its own per pair), so that what the shim's data lines
+can explain of its cost is read in the same run (docs/shim.md). Writes cache_lines.{md,json}.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from benchmarks.run_info import RunInfo
 from benchmarks.shim.overhead import (
     ALLOC_FREE_SOURCE,
     BENCH_BUILD,
+    COLD_LINES,
     MEASURED,
     RESULTS,
     STUB_UUID,
@@ -136,7 +135,7 @@ def lines_per_pair(env: dict[str, str], tmp: Path, evict_kib: int) -> dict[str, 
 
 def timed(env: dict[str, str], runs: int) -> dict[str, int]:
     """Median over runs of alloc_free's added ns per pair, without and with 1 MiB evicted, and of
-    its calibration with 1 MiB evicted (12 cold data lines of its own per pair)."""
+    its calibration with 1 MiB evicted (COLD_LINES cold data lines of its own per pair)."""
     seen: dict[str, list[int]] = {"warm": [], "evicted": [], "evicted_calibration": []}
     for _ in range(runs):
         for name, args in (("warm", ["3000", "0"]), ("evicted", ["100", "1024"])):
@@ -224,8 +223,8 @@ def main() -> None:
                 "",
                 f"Added ns per pair (alloc_free.c, median of {args.runs} runs): "
                 f"caches warm {times['warm']:+d}, 1 MiB evicted before every call {times['evicted']:+d};"
-                f" alloc_free.c's calibration, 12 cold data lines of its own per pair after the same"
-                f" eviction, {times['evicted_calibration']:+d}.",
+                f" alloc_free.c's calibration, {COLD_LINES} cold data lines of its own per pair after"
+                f" the same eviction, {times['evicted_calibration']:+d}.",
                 "",
             ]
         )

@@ -108,6 +108,8 @@ def bench_once(env: dict[str, str], n: int, rounds: int) -> dict[str, int]:
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
         found.update({key: int(value) for key, value in values(done.stdout).items()})
+    if found["cold_lines"] != COLD_LINES:
+        raise RuntimeError(f"alloc_free.c reads {found['cold_lines']} calibration lines, not {COLD_LINES}")
     return {key: found["added_ns" if key == "pair_added_ns" else key] for key in MEASURES}
 
 
