@@ -2,7 +2,8 @@
 live, cuMemGetInfo_v2, and the launch of a one-node CUDA graph, against the same program with no
 shim; the capped configuration gives the cost of launches and graph launches under a compute
 cap. Alloc+free is also measured inside one process against the driver's own functions
-(alloc_free.c), which is what the target is set on. Writes overhead.{md,json} into
+(alloc_free.c), which is what the target is set on, and so is a floor under it (floor_shim.c:
+the least any per-allocation memory limit does) in the same runs. Writes overhead.{md,json} into
 benchmarks/shim/results/ (or --out DIR).
 
     .venv/bin/python benchmarks/shim/overhead.py [--driver-dir DIR | --stub] [--out DIR] [--runs N]
@@ -48,9 +49,12 @@ from testbed.shim_harness import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STUB_SOURCE = Path(__file__).resolve().parent / "stub_driver.c"
+FLOOR_SOURCE = Path(__file__).resolve().parent / "floor_shim.c"
 ALLOC_FREE_SOURCE = Path(__file__).resolve().parent / "alloc_free.c"
 BENCH_BUILD = REPO / "build" / "shim" / "bench"
 STUB_BUILD = BENCH_BUILD / "stub"
+FLOOR_BUILD = BENCH_BUILD / "floor"
+FLOOR = "floor: a counter and a pointer table, nothing else (floor_shim.c)"
 STUB_UUID = "GPU-5a5a5a5a-0000-0000-0000-000000000001"  # stub_driver.c's uuid_bytes
 RUNS = 5
 KEYS = ("launch_ns", "alloc_ns", "free_ns", "info_ns", "graph_ns")
@@ -77,6 +81,7 @@ MEASURED = [
     "tests/shim/programs",
     "benchmarks/shim/alloc_free.c",
     "benchmarks/shim/stub_driver.c",
+    "benchmarks/shim/floor_shim.c",
 ]
 
 
@@ -95,6 +100,33 @@ def build_stub() -> Path:
     soname = ["-Wl,-soname,libcuda.so.1", "-Wl,--no-undefined"]
     _compile(STUB_SOURCE, STUB_BUILD / "libcuda.so.1", "-fPIC", "-shared", "-fvisibility=hidden", *soname)
     return STUB_BUILD
+
+
+def floor_env(directory: Path, base: dict[str, str], real_cuda: Path) -> dict[str, str]:
+    """``base`` with floor_shim.c preloaded in ``directory``, its libcuda-real.so.1 alias
+    pointing at ``real_cuda`` (laid out as the shim's installation is)."""
+    alias_stub = FLOOR_BUILD / "libcuda-real.so.1"
+    alias_stub.parent.mkdir(parents=True, exist_ok=True)
+    stub_source = FLOOR_BUILD / "alias.c"
+    stub_source.write_text("/* the DT_NEEDED name of the driver: see floor_shim.c */\n")
+    _compile(stub_source, alias_stub, "-fPIC", "-shared", "-Wl,-soname,libcuda-real.so.1")
+    library = FLOOR_BUILD / "libtessera-floor.so"
+    _compile(
+        FLOOR_SOURCE,
+        library,
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        "-Wl,-soname,libcuda.so.1",
+        "-Wl,--enable-new-dtags,-rpath,$ORIGIN",
+        "-Wl,--no-as-needed",
+        str(alias_stub),
+        "-ldl",
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(library, directory / library.name)
+    (directory / "libcuda-real.so.1").symlink_to(real_cuda)
+    return {**base, "LD_PRELOAD": str(directory / library.name)}
 
 
 def bench_once(env: dict[str, str], n: int, rounds: int) -> dict[str, int]:
@@ -251,6 +283,7 @@ def main() -> None:
                 "shim, no limits": unlimited.env(),
                 "shim, memory limit, uncapped": limited.env(),
                 "shim, memory limit, capped at 50 %": capped.env(),
+                FLOOR: floor_env(root / "floor", env, cuda),
             },
             args.launches,
             args.runs,
@@ -347,6 +380,9 @@ def write(
         "functions in one process, 10 000 allocations live through the shim; per run the median",
         "over the rounds of the pair through the shim less the pair direct, then the median over",
         "the runs. Without the shim both rounds call the driver: that row is the method's noise.",
+        "The floor row preloads floor_shim.c instead of the shim: one counter against a limit and",
+        "a pointer table under one lock, the least any per-allocation limit does. The shim's",
+        "figure less the floor's is what the shim's guarantees add at that time on this machine.",
         "",
         *_calibration(medians),
     ]
