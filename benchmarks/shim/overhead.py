@@ -382,7 +382,7 @@ def write(
         "the runs. Without the shim both rounds call the driver: that row is the method's noise.",
         "The floor row preloads floor_shim.c instead of the shim: one counter against a limit and",
         "a pointer table under one lock, the least any per-allocation limit does. The shim's",
-        "figure less the floor's is what the shim's guarantees add at that time on this machine.",
+        "figure less the floor's is what the shim adds above that, at that time on this machine.",
         "",
         *_calibration(medians),
     ]
