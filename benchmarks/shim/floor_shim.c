@@ -4,10 +4,10 @@
  * counter against a limit (one atomic add, taken back if over) and records pointer -> bytes in
  * an open-addressing table under one lock; a free looks the pointer up, removes it, calls the
  * driver and gives the bytes back. No usage shared between processes, no per-device limits, no
- * contexts, no ordering of racing frees, no record kept of a free the driver refuses: what the shim does beyond this is what its guarantees
- * cost. overhead.py measures it in the same runs as the shim, so that the shim's figure on a
- * machine whose cache misses cost more from one hour to the next is read against what this
- * floor costs at that moment (docs/shim.md).
+ * contexts, no ordering of racing frees, no record kept of a free the driver refuses. overhead.py
+ * measures it in the same runs as the shim, so that the shim's figure, on a machine where the
+ * same code reads two or three times more from one hour to the next, is read against what the
+ * least accounting costs at that moment (docs/shim.md).
  *
  * Built with soname libcuda.so.1 and a DT_NEEDED entry for libcuda-real.so.1 (the driver), as
  * the shim is: preloaded, it is what a program's dlopen("libcuda.so.1") finds, and every other
