@@ -142,36 +142,34 @@ class Claim:
         self,
         *args: str,
         env: Mapping[str, str] | None = None,
-        mount_limits: bool = True,
+        tenant: str = "",
+        mount_claim: bool = True,
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """Run a test program as a prepared container runs it: in a mount namespace of its own
-        where the claim's limits file, usage region and shim sit at the fixed container paths
-        (read-only bind mounts, as prepare's CDI spec makes them), the shim preloaded from there.
-        The environment is ``env`` over the node's alone: neither variable naming the claim's
-        files is set unless ``env`` sets it. ``mount_limits=False`` leaves the limits file out.
-        Needs root (mount namespaces); callers skip without it."""
-        from tessera.driver.claim_files import CONTAINER_LIMITS, CONTAINER_REGION, CONTAINER_SHIM_DIR
+        where the claim's folder (the installation's parent: shim, limits file, usage region) is
+        mounted read-only at /run/tessera and its usage region read-write over its own file there,
+        as prepare's CDI spec mounts them, the shim preloaded from there. ``tenant``: shell lines
+        run inside first, as the container's root would (their failures do not stop the run).
+        ``mount_claim=False`` leaves /run/tessera an ordinary folder of the container. The
+        environment is ``env`` over the node's alone: neither variable naming the claim's files is
+        set unless ``env`` sets it. Needs root (mount namespaces); callers skip without it."""
+        from tessera.driver.claim_files import CONTAINER_DIR, CONTAINER_REGION, CONTAINER_SHIM_DIR
         from tessera.shim.format import LOG_ENV
         from tessera.shim.install import CUDA_LIBRARY, NVML_LIBRARY
 
-        assert self.limits is not None and self.region is not None
-        steps = [
-            f"mount -t tmpfs tmpfs {CONTAINER_LIMITS.parent.parent}",
-            f"mkdir -p {CONTAINER_LIMITS.parent}",
-            f"mount -t tmpfs tmpfs {CONTAINER_SHIM_DIR.parent.parent}",
-            f"mkdir -p {CONTAINER_SHIM_DIR}",
-            f"mount --bind -o ro {shlex.quote(str(self.install_dir))} {CONTAINER_SHIM_DIR}",
-            f"touch {CONTAINER_REGION}",
-            f"mount --bind {shlex.quote(str(self.region))} {CONTAINER_REGION}",
-        ]
-        if mount_limits:
-            steps += [
-                f"touch {CONTAINER_LIMITS}",
-                f"mount --bind -o ro {shlex.quote(str(self.limits))} {CONTAINER_LIMITS}",
+        assert self.region is not None
+        folder = shlex.quote(str(self.install_dir.parent))
+        mounts = [f"mount -t tmpfs tmpfs {CONTAINER_DIR.parent}", f"mkdir -p {CONTAINER_DIR}"]
+        if mount_claim:
+            mounts += [
+                f"mount --bind -o ro {folder} {CONTAINER_DIR}",
+                f"mount --bind {shlex.quote(str(self.region))} {CONTAINER_REGION}",
             ]
         preload = ":".join(str(CONTAINER_SHIM_DIR / name) for name in (CUDA_LIBRARY, NVML_LIBRARY))
-        steps.append(f'LD_PRELOAD={preload} exec "$@"')
+        script = "\n".join(
+            ["set -e", *mounts, "set +e", tenant, f'LD_PRELOAD="${{LD_PRELOAD:-{preload}}}" exec "$@"']
+        )
         process_env = {**self.base_env, LOG_ENV: self.log_level, **(env or {})}
         return subprocess.run(
             [
@@ -180,8 +178,8 @@ class Claim:
                 "--propagation",
                 "private",
                 "sh",
-                "-ec",
-                " && ".join(steps),
+                "-c",
+                script,
                 "sh",
                 str(self.programs / args[0]),
                 *args[1:],

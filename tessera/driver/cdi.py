@@ -4,8 +4,9 @@ One transient spec file per claim in the CDI directory, named as CDI names trans
 (``<vendor>-<class>_<claim UID>.json``), written atomically and removed on unprepare. Each share is
 one CDI device whose name carries the claim UID, the GPU and the scheduler's shareID, so a claim
 holding two shares of one GPU gets two distinct devices (kubernetes#134519). What every share of
-the claim needs (the shim, /etc/ld.so.preload, the limits file, the usage region, its GPUs'
-priority boards, the environment) sits in the spec-wide edits, applied once whichever of the claim's
+the claim needs (the claim's folder - shim, limits file, usage region - mounted whole at
+/run/tessera, /etc/ld.so.preload, its GPUs' priority boards, the environment) sits in the
+spec-wide edits, applied once whichever of the claim's
 devices a container names. A claim with enforcement off (whole GPUs, share_config.py) gets its GPUs
 and the driver's libraries, nothing of the shim.
 
@@ -23,10 +24,10 @@ from typing import Any
 
 from tessera.driver.claim_files import (
     CONTAINER_BOARDS,
+    CONTAINER_DIR,
     CONTAINER_LIMITS,
     CONTAINER_PRELOAD,
     CONTAINER_REGION,
-    CONTAINER_SHIM_DIR,
     ClaimFiles,
 )
 from tessera.driver.config import CDI_CLASS, CDI_KIND, CDI_VENDOR
@@ -84,11 +85,12 @@ def spec(
         f"NVIDIA_VISIBLE_DEVICES={visible}",
         *(f"{k}={v}" for k, v in extra_env),
     ]
+    # The folder first: CDI orders mounts by depth, and the ones inside it cover the empty files
+    # claim_files.write left for them.
     shim_mounts = [
-        _mount(files.shim, CONTAINER_SHIM_DIR, read_only=True),
-        _mount(files.preload, CONTAINER_PRELOAD, read_only=True),
-        _mount(files.limits, CONTAINER_LIMITS, read_only=True),
+        _mount(files.directory, CONTAINER_DIR, read_only=True),
         _mount(files.region, CONTAINER_REGION, read_only=False),
+        _mount(files.preload, CONTAINER_PRELOAD, read_only=True),
         *(_mount(board, CONTAINER_BOARDS / board.name, read_only=not writable) for board, writable in boards),
     ]
     driver_preload = [_mount(files.preload, CONTAINER_PRELOAD, read_only=True)]

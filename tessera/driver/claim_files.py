@@ -24,9 +24,12 @@ from tessera.shim import format as shim_format
 from tessera.shim.install import Installation, install
 
 CONTAINER_DIR = PurePosixPath("/run/tessera")
+"""Where the claim's folder is mounted, read-only, whole: one mount point, which a tenant cannot
+rename, holds everything the shim and the loader depend on (the shim reads its limits only after
+the kernel confirms they are this mount's, tessera/shim/src/limits_source.h)."""
 CONTAINER_LIMITS = CONTAINER_DIR / "limits"
 CONTAINER_REGION = CONTAINER_DIR / "usage"
-CONTAINER_SHIM_DIR = PurePosixPath("/usr/local/tessera/shim")
+CONTAINER_SHIM_DIR = CONTAINER_DIR / "shim"
 CONTAINER_PRELOAD = PurePosixPath("/etc/ld.so.preload")
 CONTAINER_BOARDS = CONTAINER_DIR / "priority"
 
@@ -90,12 +93,16 @@ def write(
     container_cuda: PurePosixPath,
     container_nvml: PurePosixPath,
     enforced: bool = True,
+    nested: Sequence[PurePosixPath] = (),
 ) -> None:
     """Write (or rewrite, identically) the claim's folder. The usage region is created only if
     missing: a retried prepare must not reset what running processes have recorded. Not
     ``enforced``: the identity, and an ld.so.preload that loads the driver's libraries where the
     container sees them - what the shim's own DT_NEEDED would have loaded - so that a program's
-    ``dlopen("libcuda.so.1")`` finds them wherever the driver's mounts put them."""
+    ``dlopen("libcuda.so.1")`` finds them wherever the driver's mounts put them. ``nested``: the
+    container paths under :data:`CONTAINER_DIR` that other mounts of the claim's spec cover (the
+    priority boards, the driver's libraries); the folder is mounted read-only, so the runtime
+    cannot create their mount points in it, and each gets an empty file here."""
     write_identity(files, namespace, name, uid)
     if not enforced:
         write_atomically(files.preload, f"{container_cuda}\n{container_nvml}\n", mode=0o444)
@@ -105,6 +112,10 @@ def write(
     installation: Installation = install(files.shim, Path(container_cuda), Path(container_nvml))
     preload = [CONTAINER_SHIM_DIR / installation.cuda.name, CONTAINER_SHIM_DIR / installation.nvml.name]
     write_atomically(files.preload, "".join(f"{p}\n" for p in preload), mode=0o444)
+    for container_path in nested:
+        point = files.directory / container_path.relative_to(CONTAINER_DIR)
+        point.parent.mkdir(parents=True, exist_ok=True)
+        point.touch(mode=0o444, exist_ok=True)
 
 
 def write_identity(files: ClaimFiles, namespace: str, name: str, uid: str) -> None:

@@ -17,11 +17,14 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from tessera.driver.claim_files import CONTAINER_DIR
 from tessera.driver.config import DRIVER_LIBRARIES, DriverSource
 
 log = logging.getLogger(__name__)
 
-OWN_LIBRARY_DIR = PurePosixPath("/usr/local/tessera/driver")
+OWN_LIBRARY_DIR = CONTAINER_DIR / "driver"
+"""Inside the claim's mount, which a tenant cannot rename: the shim's aliases point here, and a
+renamed folder would leave the shim unloadable."""
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 

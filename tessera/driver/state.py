@@ -235,6 +235,14 @@ class DeviceState:
             GpuLimit(gpus[g.device].uuid, g.memory_bytes, g.cores, settings.priorities[g.device])
             for g in allocation.limits(shares)
         ]
+        boards = (
+            [
+                (claim_files.board(self._config.state_dir, g.uuid), g.priority == share_config.PRIORITY_HIGH)
+                for g in limits
+            ]
+            if settings.enforced
+            else []
+        )
         claim_files.write(
             files,
             namespace,
@@ -244,14 +252,10 @@ class DeviceState:
             self._driver.container_cuda,
             self._driver.container_nvml,
             enforced=settings.enforced,
-        )
-        boards = (
-            [
-                (claim_files.board(self._config.state_dir, g.uuid), g.priority == share_config.PRIORITY_HIGH)
-                for g in limits
-            ]
-            if settings.enforced
-            else []
+            nested=[
+                *(claim_files.CONTAINER_BOARDS / board.name for board, _ in boards),
+                *(p for p in self._driver.libraries if p.is_relative_to(claim_files.CONTAINER_DIR)),
+            ],
         )
         cdi_devices = [
             cdi.CdiDevice(

@@ -55,6 +55,7 @@ CUDA_SOURCES = [
     "real.c",
     "ptrtable.c",
     "keylock.c",
+    "mounts.c",
     "limits_source.c",
     "shim_state.c",
     "memory.c",
@@ -66,7 +67,7 @@ CUDA_SOURCES = [
     "cuda_launch_hooks.c",
     "procaddr.c",
 ]
-NVML_SOURCES = [*FORMAT_SOURCES, "log.c", "limits_source.c", "nvml_hooks.c"]
+NVML_SOURCES = [*FORMAT_SOURCES, "log.c", "mounts.c", "limits_source.c", "nvml_hooks.c"]
 
 CUDA_LIBRARY = "libtessera-cuda.so"
 NVML_LIBRARY = "libtessera-nvml.so"

@@ -248,8 +248,8 @@ def test_three_shares_of_one_gpu_each_see_and_get_exactly_their_claim(
         assert consumed == {"memory": gib * GiB, "cores": int(cores)}
     preload = wait_done(kube, namespace, "a").split("== preload", 1)[1].split(DONE)[0].split()
     assert preload == [
-        "/usr/local/tessera/shim/libtessera-cuda.so",
-        "/usr/local/tessera/shim/libtessera-nvml.so",
+        "/run/tessera/shim/libtessera-cuda.so",
+        "/run/tessera/shim/libtessera-nvml.so",
     ]
 
 

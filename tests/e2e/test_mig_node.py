@@ -212,7 +212,7 @@ def test_a_mig_pod_sees_only_its_instance_while_a_share_keeps_running_on_the_oth
     claim_uid = claim_of(kube, namespace, "mig", "tessera-probe")["metadata"]["uid"]
     spec_file = mig_node.node.paths.cdi_dir / f"k8s.gpu.tessera.dev-claim_{claim_uid}.json"
     mounted = [m["containerPath"] for m in json.loads(spec_file.read_text())["containerEdits"]["mounts"]]
-    assert not [m for m in mounted if m.startswith("/usr/local/tessera/shim") or m.startswith("/run/tessera")]
+    assert not [m for m in mounted if m.startswith("/run/tessera")]
 
     share = sections(wait_done(kube, namespace, "share"))
     assert int(share["info"]["total"]) == 20 * GiB and share["over"]["rc"] == "2", share

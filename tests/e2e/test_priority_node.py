@@ -149,7 +149,7 @@ def test_enforcement_off_on_a_whole_gpu_runs_cuda_without_the_shim(
     script = (
         "echo '== info'; shim_probe info; "
         "echo '== preload'; cat /etc/ld.so.preload; "
-        "echo '== shim'; for p in /usr/local/tessera/shim /run/tessera/limits /run/tessera/usage; "
+        "echo '== shim'; for p in /run/tessera/shim /run/tessera/limits /run/tessera/usage; "
         "do if [ -e $p ]; then echo present=$p; fi; done; "
         f"echo '{DONE}'; exec sleep 3600"
     )

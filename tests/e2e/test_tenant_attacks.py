@@ -63,7 +63,7 @@ FORGED_MEMORY, FORGED_CORES = 8 * GiB, 100
 # below the ~100 % an uncapped program gets.
 SHARE_TOLERANCE = 1.5
 # Where prepare mounts the driver's own libcuda in a container (docs/driver.md, driverSource own).
-REAL_LIBCUDA = "/usr/local/tessera/driver/libcuda.so.1"
+REAL_LIBCUDA = "/run/tessera/driver/libcuda.so.1"
 # Far past the claim, so its excess clears the shipped alert's allowance of 512 MiB per process.
 BYPASS_BYTES = 8 * GiB
 KEEP_RUNNING = "exec sleep 36000"

@@ -145,7 +145,7 @@ def test_enforcement_off_on_a_whole_gpu_prepares_it_without_the_shim_and_priorit
     spec = json.loads((driver_node.cdi_dir / f"k8s.gpu.tessera.dev-claim_{whole[2]}.json").read_text())
     edits = spec["containerEdits"]
     mounted = {m["containerPath"] for m in edits["mounts"]}
-    assert not mounted & {"/usr/local/tessera/shim", "/run/tessera/limits", "/run/tessera/usage"}
+    assert not mounted & {"/run/tessera", "/run/tessera/usage"}
     assert not any(e.startswith("TESSERA_") for e in edits["env"])
     assert any(e.startswith("CUDA_VISIBLE_DEVICES=GPU-") for e in edits["env"])
     folder = driver_node.state_dir / "claims" / whole[2]

@@ -57,13 +57,16 @@ extern "C" {
 #define TESSERA_REGION_ENV "TESSERA_USAGE_REGION"
 #define TESSERA_LOG_ENV "TESSERA_SHIM_LOG"
 
-/* Where prepare puts a claim's files inside a container (bind mounts the container cannot remove
- * or redirect). Where the limits file is present, or the shim was loaded from the shim folder, the
- * shim takes its limits and usage region from here and ignores the two variables above; those
- * only name files for processes outside prepared containers (limits_source.h). */
-#define TESSERA_CONTAINER_LIMITS "/run/tessera/limits"
-#define TESSERA_CONTAINER_REGION "/run/tessera/usage"
-#define TESSERA_CONTAINER_SHIM_DIR "/usr/local/tessera/shim"
+/* Where prepare puts a claim's files inside a container: the node's claim folder is one read-only
+ * bind mount at TESSERA_CONTAINER_DIR (a mount point cannot be renamed), with the usage region a
+ * read-write bind mount over its own file inside it. Where the limits file is present, or the shim
+ * was loaded from the shim folder, the shim takes its limits and usage region from here - after
+ * checking with the kernel that they are that mount's (limits_source.h) - and ignores the two
+ * variables above; those only name files for processes outside prepared containers. */
+#define TESSERA_CONTAINER_DIR "/run/tessera"
+#define TESSERA_CONTAINER_LIMITS TESSERA_CONTAINER_DIR "/limits"
+#define TESSERA_CONTAINER_REGION TESSERA_CONTAINER_DIR "/usage"
+#define TESSERA_CONTAINER_SHIM_DIR TESSERA_CONTAINER_DIR "/shim"
 
 #define TESSERA_LIMITS_VERSION 1
 #define TESSERA_LIMITS_MAX_BYTES 65536
@@ -247,7 +250,7 @@ int tessera_region_read(const char *path, struct tessera_region_view *out, char 
  * ends TESSERA_BOARD_LINGER_NS after that - so a dead high-priority process holds nobody back
  * for longer than their sum, and a live one only while it keeps writing.
  */
-#define TESSERA_CONTAINER_PRIORITY_DIR "/run/tessera/priority"
+#define TESSERA_CONTAINER_PRIORITY_DIR TESSERA_CONTAINER_DIR "/priority"
 #define TESSERA_PRIORITY_ENV "TESSERA_PRIORITY_DIR"
 #define TESSERA_BOARD_MAGIC "TSRPRI1" /* 8 bytes with the NUL */
 #define TESSERA_BOARD_VERSION 1

@@ -70,7 +70,10 @@ static void init(void)
     const char *rpath = source.region_path;
     if (rpath == NULL)
         return; /* usage is private to each CUDA process: nothing to show */
-    if (tessera_region_open(rpath, &region, err, sizeof err) != 0)
+    int opened = tessera_region_open(rpath, &region, err, sizeof err);
+    tessera_limits_source_explain(&source, err, sizeof err);
+    tessera_limits_source_release(&source);
+    if (opened != 0)
         stop_process(err);
     for (uint32_t i = 0; i < limits.count; i++) {
         limit_gpu[i] = tessera_region_gpu(region.map, limits.gpus[i].uuid);

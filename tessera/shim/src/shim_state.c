@@ -131,13 +131,15 @@ static void do_init(void)
     shim.limited = true;
     shim.prepared = source.origin == TESSERA_LIMITS_PREPARED;
     const char *named = getenv(TESSERA_LIMITS_ENV);
-    if (shim.prepared && named != NULL && strcmp(named, source.limits_path) != 0)
+    if (shim.prepared && named != NULL && strcmp(named, TESSERA_CONTAINER_LIMITS) != 0)
         SHIM_WARN("ignoring %s=%s: a prepared container's limits are at %s", TESSERA_LIMITS_ENV,
-                  named, source.limits_path);
+                  named, TESSERA_CONTAINER_LIMITS);
     const char *region = source.region_path;
     if (region != NULL) {
-        if (tessera_region_open(region, &shim.region, err, sizeof err) != 0)
+        if (tessera_region_open(region, &shim.region, err, sizeof err) != 0) {
+            tessera_limits_source_explain(&source, err, sizeof err);
             stop_process(err);
+        }
     } else {
         SHIM_WARN("%s is not set: limits apply to each process on its own", TESSERA_REGION_ENV);
         if (tessera_region_open_private(&shim.region, err, sizeof err) != 0)
@@ -154,7 +156,11 @@ static void do_init(void)
             shim.compute_capped = true;
     }
     shim.prioritised = shim_priority_open(&shim.limits, source.priority_dir, shim.prepared);
-    summary(source.limits_path, region);
+    tessera_limits_source_release(&source);
+    if (shim.prepared)
+        summary(TESSERA_CONTAINER_LIMITS, TESSERA_CONTAINER_REGION);
+    else
+        summary(source.limits_path, region);
     __atomic_store_n(&shim_launch_passthrough, shim.compute_capped || shim.prioritised ? 0 : 1,
                      __ATOMIC_RELEASE);
 }

@@ -19,7 +19,7 @@ def make_spec(tmp_path: Path) -> dict[str, Any]:
         devices,
         files,
         ["GPU-A"],
-        {PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
+        {PurePosixPath("/run/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
         [Path("/dev/nvidiactl")],
         [("SIMGPU_CONFIG", "/sim.conf")],
         [Path("/sim")],
@@ -32,15 +32,25 @@ def test_two_shares_of_one_gpu_are_two_distinct_cdi_devices(tmp_path: Path) -> N
     assert cdi.CdiDevice(names[0], "GPU-A").qualified_name == "k8s.gpu.tessera.dev/claim=u1-gpu-a-s1"
 
 
-def test_the_limits_file_is_read_only_and_the_usage_region_writable_in_the_container(tmp_path: Path) -> None:
-    mounts = {m["containerPath"]: m for m in make_spec(tmp_path)["containerEdits"]["mounts"]}
-    assert mounts["/run/tessera/limits"]["hostPath"] == str(tmp_path / "claims/u1/limits")
-    assert "ro" in mounts["/run/tessera/limits"]["options"]
-    assert "rw" in mounts["/run/tessera/usage"]["options"]
-    assert "ro" in mounts["/etc/ld.so.preload"]["options"]
-    assert "ro" in mounts["/usr/local/tessera/shim"]["options"]
-    assert mounts["/usr/local/tessera/driver/libcuda.so.1"]["hostPath"] == "/host/libcuda.so.1"
-    assert "rw" in mounts["/sim"]["options"]
+def test_the_claims_folder_is_one_read_only_mount_and_the_usage_region_a_writable_one_inside_it(
+    tmp_path: Path,
+) -> None:
+    """The claim's folder (shim, limits file) is mounted whole and read-only at /run/tessera - one
+    mount point, which nothing in the container can rename - with the usage region and the driver's
+    libraries mounted over their own files inside it, after it."""
+    mounts = make_spec(tmp_path)["containerEdits"]["mounts"]
+    by_path = {m["containerPath"]: m for m in mounts}
+    assert by_path["/run/tessera"]["hostPath"] == str(tmp_path / "claims/u1")
+    assert "ro" in by_path["/run/tessera"]["options"]
+    assert by_path["/run/tessera/usage"]["hostPath"] == str(tmp_path / "claims/u1/usage")
+    assert "rw" in by_path["/run/tessera/usage"]["options"]
+    assert "ro" in by_path["/etc/ld.so.preload"]["options"]
+    assert by_path["/run/tessera/driver/libcuda.so.1"]["hostPath"] == "/host/libcuda.so.1"
+    assert "rw" in by_path["/sim"]["options"]
+    order = [m["containerPath"] for m in mounts]
+    assert order.index("/run/tessera") < order.index("/run/tessera/usage")
+    assert order.index("/run/tessera") < order.index("/run/tessera/driver/libcuda.so.1")
+    assert not {"/run/tessera/limits", "/run/tessera/shim"} & set(by_path), "inside the folder's mount"
 
 
 def test_the_environment_names_the_limits_region_and_the_claims_gpus_by_uuid(tmp_path: Path) -> None:

@@ -38,10 +38,10 @@ def test_without_the_toolkit_auto_mounts_the_libraries_itself(tmp_path: Path) ->
     driver = resolve(DriverSource(mode="auto", host_library_dir=lib, device_dir=tmp_path / "dev"), [tmp_path])
     assert driver.toolkit_ids(["GPU-1"]) == []
     assert driver.libraries == {
-        PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"): lib / "libcuda.so.1",
-        PurePosixPath("/usr/local/tessera/driver/libnvidia-ml.so.1"): lib / "libnvidia-ml.so.1",
+        PurePosixPath("/run/tessera/driver/libcuda.so.1"): lib / "libcuda.so.1",
+        PurePosixPath("/run/tessera/driver/libnvidia-ml.so.1"): lib / "libnvidia-ml.so.1",
     }
-    assert driver.container_nvml == PurePosixPath("/usr/local/tessera/driver/libnvidia-ml.so.1")
+    assert driver.container_nvml == PurePosixPath("/run/tessera/driver/libnvidia-ml.so.1")
 
 
 def test_own_mounts_add_the_control_and_gpu_device_nodes_that_exist(tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ WHOLE = gpu(1)
 SMALL_NAME = devices.mig_device_name(SMALL)
 OWN_DRIVER = ContainerDriver(
     None,
-    {PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
-    PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"),
-    PurePosixPath("/usr/local/tessera/driver/libnvidia-ml.so.1"),
+    {PurePosixPath("/run/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
+    PurePosixPath("/run/tessera/driver/libcuda.so.1"),
+    PurePosixPath("/run/tessera/driver/libnvidia-ml.so.1"),
     (),
     Path("/nonexistent-dev"),
     loader_libraries={PurePosixPath("/usr/lib/x86_64-linux-gnu/libcuda.so.1"): Path("/host/libcuda.so.1")},

@@ -24,9 +24,9 @@ GPUS = [gpu(0), gpu(1)]
 A, B = device_name(GPUS[0]), device_name(GPUS[1])
 OWN_DRIVER = ContainerDriver(
     None,
-    {PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
-    PurePosixPath("/usr/local/tessera/driver/libcuda.so.1"),
-    PurePosixPath("/usr/local/tessera/driver/libnvidia-ml.so.1"),
+    {PurePosixPath("/run/tessera/driver/libcuda.so.1"): Path("/host/libcuda.so.1")},
+    PurePosixPath("/run/tessera/driver/libcuda.so.1"),
+    PurePosixPath("/run/tessera/driver/libnvidia-ml.so.1"),
     (),
     Path("/nonexistent-dev"),
 )
@@ -63,18 +63,23 @@ def test_prepare_writes_the_limits_region_shim_preload_and_spec_of_the_claim(con
     ]
     assert (folder / "limits").stat().st_mode & 0o777 == 0o444
     assert shim_format.read_region(folder / "usage").processes == []
-    assert os.readlink(folder / "shim" / "libcuda-real.so.1") == "/usr/local/tessera/driver/libcuda.so.1"
-    assert (
-        os.readlink(folder / "shim" / "libnvidia-ml-real.so.1")
-        == "/usr/local/tessera/driver/libnvidia-ml.so.1"
-    )
+    assert os.readlink(folder / "shim" / "libcuda-real.so.1") == "/run/tessera/driver/libcuda.so.1"
+    assert os.readlink(folder / "shim" / "libnvidia-ml-real.so.1") == "/run/tessera/driver/libnvidia-ml.so.1"
     assert (folder / "ld.so.preload").read_text().split() == [
-        "/usr/local/tessera/shim/libtessera-cuda.so",
-        "/usr/local/tessera/shim/libtessera-nvml.so",
+        "/run/tessera/shim/libtessera-cuda.so",
+        "/run/tessera/shim/libtessera-nvml.so",
     ]
     spec = json.loads((config.cdi_dir / "k8s.gpu.tessera.dev-claim_uid-1.json").read_text())
     assert len(spec["devices"]) == 3
     assert f"CUDA_VISIBLE_DEVICES={GPUS[0].uuid},{GPUS[1].uuid}" in spec["containerEdits"]["env"]
+    # The folder is mounted read-only, so every mount the spec makes inside it has its empty file.
+    inside = [
+        m["containerPath"].removeprefix("/run/tessera/")
+        for m in spec["containerEdits"]["mounts"]
+        if m["containerPath"].startswith("/run/tessera/")
+    ]
+    assert "driver/libcuda.so.1" in inside and f"priority/{GPUS[0].uuid}" in inside
+    assert [p for p in inside if not (folder / p).is_file()] == []
 
 
 def test_preparing_again_returns_the_same_devices_and_keeps_the_usage_region(config: DriverConfig) -> None:

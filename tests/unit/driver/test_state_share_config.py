@@ -78,14 +78,14 @@ def test_enforcement_off_on_a_whole_gpu_gets_the_gpu_without_the_shim(config: Dr
     assert f"CUDA_VISIBLE_DEVICES={GPUS[0].uuid}" in env
     assert not any(e.startswith(("TESSERA_LIMITS_FILE=", "TESSERA_USAGE_REGION=")) for e in env)
     paths = set(mounts(spec))
-    assert not paths & {"/usr/local/tessera/shim", "/run/tessera/limits", "/run/tessera/usage"}
+    assert not paths & {"/run/tessera", "/run/tessera/usage"}
     assert not any(p.startswith("/run/tessera/priority") for p in paths)
     folder = config.claims_dir / "whole"
     assert sorted(p.name for p in folder.iterdir()) == ["claim.json", "ld.so.preload"]
     # The driver's own libraries, where the container sees them: no shim in between.
     assert (folder / "ld.so.preload").read_text().split() == [
-        "/usr/local/tessera/driver/libcuda.so.1",
-        "/usr/local/tessera/driver/libnvidia-ml.so.1",
+        "/run/tessera/driver/libcuda.so.1",
+        "/run/tessera/driver/libnvidia-ml.so.1",
     ]
     assert mounts(spec)["/etc/ld.so.preload"][0] == "ro"
 
