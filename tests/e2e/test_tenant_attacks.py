@@ -31,6 +31,7 @@ from simgpu.config import make_gpus
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS, METRICS_PORT
 from tessera.quantity import GiB, MiB
+from tessera.shim.format import EXIT_BAD_LIMITS
 from testbed import chart_bed as charts
 from testbed.chart_bed import GPU_MEMORY, GPUS_PER_NODE, ChartBed, scrape
 from testbed.cluster import LocalCluster
@@ -51,6 +52,8 @@ from tests.e2e.test_driver_node import DONE, wait_done
 pytestmark = pytest.mark.e2e
 
 ATTACK_IMAGE = "tessera.local/tenant-attack:v1"
+# What a root tenant's shell has besides the test bed's tools: file and mount tricks.
+ATTACK_TOOLS = ("mv", "cp", "mkdir", "rm", "chmod", "mount", "umount", "unshare")
 ATTACK_SCRIPT = Path(__file__).with_name("programs") / "webhook_attack.py"
 ATTACKER, ATTACKER_CORES = "tenant", 25
 ATTACKER_MIB = 2000
@@ -90,10 +93,10 @@ HELD = (USED, DRIVER_MEMORY)
 
 @pytest.fixture(scope="module")
 def attack_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tools, shim_probe and tenant_attack: CUDA programs that load libcuda.so.1 as
-    applications do."""
+    """The tools, the file and mount tools of ATTACK_TOOLS, shim_probe and tenant_attack: CUDA
+    programs that load libcuda.so.1 as applications do."""
     programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
-    files = {f"/bin/{name}": host_program(name) for name in TOOLS_PROGRAMS}
+    files = {f"/bin/{name}": host_program(name) for name in (*TOOLS_PROGRAMS, *ATTACK_TOOLS)}
     for program in ("shim_probe", "tenant_attack"):
         files[f"/bin/{program}"] = programs / program
     return build_image(
@@ -404,6 +407,72 @@ def test_nothing_in_the_container_lifts_its_limits(
     with capsys.disabled():
         print("\nwhat the tenant got past its 1024 MiB: " + "; ".join(report))
     assert not broken, "limits lifted from inside the container:\n" + "\n".join(broken)
+
+
+# -- the claim's folder ----------------------------------------------------------------------------
+
+
+def renaming_script(tenants: Tenants) -> str:
+    """Rename the claim's folder; then move its parent aside and fill a folder of the tenant's own
+    in its place (a copy of the shim and of the driver libraries it loads, a usage region, and a
+    limits file giving the tenant 8 GiB and the whole GPU), run the greedy allocator and the duty
+    program, and put everything back."""
+    own = f"{FORGED_MEMORY} {FORGED_CORES}"
+    return "\n".join(
+        [
+            "echo '== rename-claim'; mv /run/tessera /run/tessera.old 2>/tmp/mv.err; echo moved=$?",
+            "echo \"why=$(tr ' =' '_:' < /tmp/mv.err)\"",
+            "echo '== rename-parent'; mv /run /run.old 2>/tmp/mv.err; echo moved=$?",
+            "echo \"why=$(tr ' =' '_:' < /tmp/mv.err)\"",
+            "if [ -d /run.old ]; then",
+            "  mkdir -p /run/tessera",
+            "  cp -r /run.old/tessera/shim /run.old/tessera/driver /run/tessera/",
+            "  cp /run.old/tessera/usage /run/tessera/usage",
+            f"  tenant_attack limits /run/tessera/limits $CUDA_VISIBLE_DEVICES {own}",
+            "fi",
+            "echo '== grab own-folder'",
+            f"tenant_attack grab 0 {CHUNK} 2 2>&1; echo exit=$?",
+            "echo '== duty own-folder'",
+            "shim_probe duty 2000000 3 4 2>&1; echo exit=$?",
+            "if [ -d /run.old ]; then rm -rf /run; mv /run.old /run; fi",
+            "echo '== end'; ls /run/tessera/limits /run/tessera/shim",
+        ]
+    )
+
+
+def test_renaming_the_claims_folder_or_filling_one_of_its_own_does_not_lift_the_limits(
+    tenants: Tenants, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mv /run/tessera /run/tessera.old` fails (the claim's folder is a mount point). Moving its
+    parent aside and filling a folder of the tenant's own at the same path - a copy of the shim,
+    the tenant's own limits (8 GiB, 100 %) - gets no memory past the claim and no kernel time
+    past the cap: every CUDA process stops with exit status 78, saying the folder is not the
+    claim's mount (or the parent cannot be moved either). The neighbour gets its whole claim in
+    every round meanwhile."""
+    before = tenants.neighbour_rounds()
+    seen = sections(tenants.run(renaming_script(tenants)))
+    assert "end" in seen, seen
+    broken: list[str] = []
+    assert seen["rename-claim"].get("moved") not in (None, "127"), f"no mv in the tenant's image: {seen}"
+    if seen["rename-claim"].get("moved") == "0":
+        broken.append("the claim's folder /run/tessera was renamed")
+    parent_moved = seen["rename-parent"].get("moved") == "0"
+    grab, duty = seen["grab own-folder"], seen["duty own-folder"]
+    if int(grab.get("obtained", 0)) > ATTACKER_MIB * MiB:
+        broken.append(f"with a folder of its own the tenant took {int(grab['obtained']) // MiB} MiB")
+    if float(duty.get("share", 0)) > ATTACKER_CORES * SHARE_TOLERANCE:
+        broken.append(f"with a folder of its own the tenant's kernels took {duty['share']} % of the GPU")
+    if parent_moved:
+        for what, run in (("greedy allocator", grab), ("duty program", duty)):
+            if run.get("exit") != str(EXIT_BAD_LIMITS):
+                broken.append(f"the {what} ran under a folder of the tenant's own (exit {run.get('exit')})")
+    broken += neighbour_harm(tenants, before, "the folder attacks")
+    with capsys.disabled():
+        print(
+            f"\nrenaming /run/tessera: {seen['rename-claim']}; /run: {seen['rename-parent']}; "
+            f"own folder: grab exit {grab.get('exit')}, duty exit {duty.get('exit')}"
+        )
+    assert not broken, "\n".join(broken)
 
 
 # -- around the shim -------------------------------------------------------------------------------
