@@ -67,7 +67,7 @@ static void child_after_fork(void)
     shim_pools_child_after_fork();
     shim_compute_child_after_fork();
     if (shim.region.map != NULL)
-        tessera_region_after_fork_child(&shim.region);
+        tessera_region_after_fork_child(&shim.region); /* failing, it leaves region.fd -1 */
     /* The parent's contexts are not the child's; the ordinal map stays valid. */
     for (int i = 0; i < SHIM_MAX_DEVICES; i++)
         shim.devices[i].primary = NULL;
@@ -344,8 +344,11 @@ bool shim_slot(void)
     if (SHIM_LIKELY(shim.region.slot >= 0))
         return true;
     pthread_mutex_lock(&slot_mu);
-    if (shim.region.slot < 0 && shim.region.map != NULL &&
-        tessera_region_claim_slot(&shim.region) < 0)
+    if (shim.region.slot < 0 && shim.region.map != NULL && shim.region.fd < 0)
+        SHIM_ERROR("this process, forked, could not open the usage region again: it takes no "
+                   "memory on GPUs with a memory limit");
+    else if (shim.region.slot < 0 && shim.region.map != NULL &&
+             tessera_region_claim_slot(&shim.region) < 0)
         SHIM_ERROR("all %d process slots of the usage region are held by live processes",
                    TESSERA_REGION_SLOTS);
     pthread_mutex_unlock(&slot_mu);
