@@ -363,14 +363,14 @@ static uint64_t coarse_now_ns(void)
 
 void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interval_ns)
 {
-    if (h->fd < 0)
-        return; /* cannot sweep: leave the interval's sweep to a process that can */
     uint64_t now = coarse_now_ns();
     uint64_t last = LOAD(&h->map->last_reap_ns);
     /* A sweep stamped by the precise clock, which runs up to a tick ahead, is recent too; one
      * stamped further ahead than an interval (before a reboot) is not. */
     if (now - last < interval_ns || last - now < interval_ns)
         return;
+    if (h->fd < 0)
+        return; /* cannot sweep: leave the interval's sweep to a process that can */
     /* One process per interval does the sweep. */
     if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_SEQ_CST))
