@@ -15,7 +15,7 @@ import textwrap
 from simgpu.config import GiB
 from simgpu.node import read_line
 from tessera.shim.format import read_region
-from testbed.shim_harness import Claim, ClaimFactory, values
+from testbed.shim_harness import Claim, ClaimFactory, ClaimProcess, values
 
 LIMIT = 8 * GiB
 HELD = 5 * GiB
@@ -23,39 +23,7 @@ OOM = "2"  # CUDA_ERROR_OUT_OF_MEMORY
 # NVML sweeps at a memory-info call once the last sweep is 0.1 s old: readings this far apart
 # each sweep.
 GAP_MS = 150
-
-
-class Process:
-    """A running ``shim_slots`` under a claim (tests/shim/programs/shim_slots.c)."""
-
-    def __init__(self, claim: Claim) -> None:
-        self.claim = claim
-        self.popen = claim.start("shim_slots")
-        self.pid = int(values(read_line(self.popen, "ready"))["pid"])
-
-    def ask(self, command: str) -> dict[str, str]:
-        assert self.popen.stdin is not None and self.popen.stdout is not None
-        self.popen.stdin.write(command + "\n")
-        self.popen.stdin.flush()
-        line = self.popen.stdout.readline()
-        if not line:
-            stderr = self.popen.stderr.read() if self.popen.stderr else ""
-            raise AssertionError(f"{command!r}: the process ended: {stderr}")
-        return values(line)
-
-    def nvml_used(self, command: str = f"nvml 3 {GAP_MS}") -> list[int]:
-        """Every reading of NVML's used memory (v1 then v2) over ``command``."""
-        answer = self.ask(command)
-        return [int(v) for key in ("used", "used_v2") for v in answer[key].split(",")]
-
-    def holding(self, nbytes: int) -> Process:
-        assert self.ask("cuda")["rc"] == "0"
-        assert self.ask(f"alloc {nbytes}")["rc"] == "0"
-        return self
-
-    def kill(self) -> None:
-        self.popen.kill()
-        self.popen.wait()
+READINGS = f"nvml 3 {GAP_MS}"
 
 
 def big_claim(make_claim: ClaimFactory) -> Claim:
@@ -74,9 +42,9 @@ def test_nvml_readings_leave_the_callers_own_memory_counted(make_claim: ClaimFac
     0.15 s apart (each reading sweeps for dead processes): every reading says 5 GiB used, the
     whole 8 GiB is then refused with CUDA_ERROR_OUT_OF_MEMORY and the 3 GiB left still fit."""
     claim = big_claim(make_claim)
-    holder = Process(claim).holding(HELD)
+    holder = ClaimProcess(claim).holding(HELD)
     try:
-        assert holder.nvml_used() == [HELD] * 6
+        assert holder.nvml_used(READINGS) == [HELD] * 6
         assert charges(claim) == {holder.pid: HELD}
         assert holder.ask(f"alloc {LIMIT}")["rc"] == OOM
         assert holder.ask(f"alloc {LIMIT - HELD}")["rc"] == "0"
@@ -91,10 +59,10 @@ def test_nvml_readings_in_one_process_leave_its_memory_counted_for_the_others(
     process of the claim is refused the whole 8 GiB (its failed reservation sweeps too) and gets
     the 3 GiB left."""
     claim = big_claim(make_claim)
-    holder = Process(claim).holding(HELD)
-    other = Process(claim)
+    holder = ClaimProcess(claim).holding(HELD)
+    other = ClaimProcess(claim)
     try:
-        assert holder.nvml_used() == [HELD] * 6
+        assert holder.nvml_used(READINGS) == [HELD] * 6
         assert other.ask("cuda")["rc"] == "0"
         assert other.ask(f"alloc {LIMIT}")["rc"] == OOM
         assert other.ask(f"alloc {LIMIT - HELD}")["rc"] == "0"
@@ -109,14 +77,14 @@ def test_closing_another_descriptor_of_the_region_keeps_the_slot(make_claim: Cla
     the usage would): its slot stays its own - the exporter still sees it live, another process's
     sweep leaves it, and that process is refused the whole limit."""
     claim = big_claim(make_claim)
-    holder = Process(claim).holding(HELD)
-    other = Process(claim)
+    holder = ClaimProcess(claim).holding(HELD)
+    other = ClaimProcess(claim)
     try:
         assert holder.ask("touch")["rc"] == "0"
         assert charges(claim) == {holder.pid: HELD}
         assert other.ask("cuda")["rc"] == "0"
         assert other.ask(f"alloc {LIMIT}")["rc"] == OOM
-        assert holder.nvml_used() == [HELD] * 6
+        assert holder.nvml_used(READINGS) == [HELD] * 6
     finally:
         holder.kill()
         other.kill()
@@ -128,7 +96,7 @@ def test_forked_processes_each_own_a_slot(make_claim: ClaimFactory) -> None:
     of its own with its own charge, both see the claim's 3 GiB through NVML readings 0.15 s apart,
     and what they hold together is enforced (6 GiB more refused, 5 GiB granted)."""
     claim = big_claim(make_claim)
-    parent = Process(claim)
+    parent = ClaimProcess(claim)
     try:
         assert parent.ask("procaddr")["rc"] == "0"
         assert parent.ask("nvml 1 0")["used"] == "0"
@@ -154,7 +122,7 @@ def test_a_child_that_cannot_open_the_region_again_takes_no_memory(make_claim: C
     refused (with a message saying why), while NVML still shows it the claim's usage and the
     parent's slot and charge stay the parent's."""
     claim = big_claim(make_claim)
-    parent = Process(claim)
+    parent = ClaimProcess(claim)
     try:
         assert parent.ask("procaddr")["rc"] == "0"
         child = int(parent.ask("fork starved")["pid"])
@@ -176,7 +144,7 @@ def test_a_dead_parent_gives_its_memory_back_while_its_child_lives(make_claim: C
     and is SIGKILLed: the child living on keeps none of the parent's charge - the parent's slot is
     seen dead and another process of the claim gets the whole limit."""
     claim = big_claim(make_claim)
-    parent = Process(claim).holding(HELD)
+    parent = ClaimProcess(claim).holding(HELD)
     try:
         child = int(parent.ask("fork")["pid"])
         assert parent.nvml_used(f"child nvml 2 {GAP_MS}") == [HELD] * 4
@@ -184,7 +152,7 @@ def test_a_dead_parent_gives_its_memory_back_while_its_child_lives(make_claim: C
         parent.popen.send_signal(signal.SIGKILL)
         parent.popen.wait()
         assert charges(claim) == {}
-        other = Process(claim)
+        other = ClaimProcess(claim)
         try:
             assert other.ask("cuda")["rc"] == "0"
             assert other.ask(f"alloc {LIMIT}")["rc"] == "0"
