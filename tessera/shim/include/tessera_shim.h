@@ -74,6 +74,11 @@ extern "C" {
 #define TESSERA_UUID_MAX 80 /* including the NUL; NVML's UUID buffer is 80 (v2: 96) */
 #define TESSERA_NO_MEMORY_LIMIT UINT64_MAX
 
+/* How long an allocation the claim's limit has room for waits, retrying, when the driver refuses
+ * it with CUDA_ERROR_OUT_OF_MEMORY (a process that takes GPU memory around the shim has taken the
+ * GPU's free memory; the node stops such processes within a few seconds) before it fails. */
+#define TESSERA_OOM_WAIT_NS 5000000000ULL /* 5 s */
+
 /* Exit status of a process stopped because its limits file is unreadable or malformed. */
 #define TESSERA_EXIT_BAD_LIMITS 78
 
