@@ -163,6 +163,22 @@ def test_a_dead_parent_gives_its_memory_back_while_its_child_lives(make_claim: C
         os.kill(child, signal.SIGKILL)
 
 
+def test_an_exec_leaves_the_old_image_charge_behind(make_claim: ClaimFactory) -> None:
+    """A process holding 5 GiB execs a new program (its memory goes with the old image): the old
+    image's slot is seen dead at once, and the new image, a process of the claim with the same
+    pid, gets the whole limit."""
+    claim = big_claim(make_claim)
+    process = ClaimProcess(claim).holding(HELD)
+    try:
+        assert process.ask("exec")["pid"] == str(process.pid)
+        assert charges(claim) == {}
+        assert process.ask("cuda")["rc"] == "0"
+        assert process.ask(f"alloc {LIMIT}")["rc"] == "0"
+        assert charges(claim) == {process.pid: LIMIT}
+    finally:
+        process.kill()
+
+
 # NVIDIA's clients: cuda-bindings for the driver API, nvidia-ml-py (pynvml) for NVML, each loading
 # libcuda.so.1 / libnvidia-ml.so.1 its own way; under the claim's environment those are the shim.
 HOLDER = textwrap.dedent(
