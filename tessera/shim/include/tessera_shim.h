@@ -191,8 +191,10 @@ void tessera_region_close(struct tessera_region_handle *h);
 /* The region GPU index for `uuid`, adding it to the table if absent. -1 if the table is full. */
 int tessera_region_gpu(struct tessera_region *r, const char *uuid);
 
-/* Take a free (or dead process's) slot for this process. Returns the slot or -1 if all are held
- * by live processes. */
+/* Take a free (or dead process's) slot for this process. Returns the slot, -1 if all are held by
+ * live processes, or -2 if the handle has no descriptor of the region (`fd` closed by the
+ * application, its number maybe naming another file now, or a forked child that could not open
+ * the region again). */
 int tessera_region_claim_slot(struct tessera_region_handle *h);
 
 /*
@@ -212,7 +214,9 @@ uint64_t tessera_region_used(const struct tessera_region *r, int gpu);
 
 /* Sweep: every ACTIVE slot whose owner has died (its lock is free) has its usage zeroed and
  * becomes FREE. Returns how many were reaped. Safe to call from any process of the claim,
- * including one that holds no slot (the exporter reads with tessera_region_read and never sweeps). */
+ * including one that holds no slot (the exporter reads with tessera_region_read and never sweeps).
+ * Sweeps nothing if the handle's descriptor no longer names the region (see
+ * tessera_region_claim_slot): through another file every lock would succeed. */
 int tessera_region_reap(struct tessera_region_handle *h);
 
 /* Reap if the last sweep (by any process) was more than `interval_ns` ago. */

@@ -186,6 +186,25 @@ int tessera_region_gpu(struct tessera_region *r, const char *uuid)
     return -1;
 }
 
+/* Whether `fd` names a usage region whose header is the one mapped at `map`. An application may
+ * close descriptors it did not open (a daemon closes all) and the number come back naming another
+ * file: every lock a sweep took through it would succeed and free every live slot, and a forked
+ * child would map that file in the region's place. So the descriptor is checked before each use
+ * (a sweep runs at most every 100 ms): a regular file of the region's size, reading back the
+ * header that is mapped. */
+static bool names_region(int fd, const struct tessera_region *map)
+{
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != sizeof *map)
+        return false;
+    char head[offsetof(struct tessera_region, slot_hwm)]; /* magic to max_slots: never change */
+    ssize_t got;
+    do
+        got = pread(fd, head, sizeof head, 0);
+    while (got < 0 && errno == EINTR);
+    return got == (ssize_t)sizeof head && memcmp(head, map, sizeof head) == 0;
+}
+
 /* F_OFD_SETLK on one byte: 0 = got it, 1 = held through another open file description, -1 =
  * error (no descriptor, say). */
 static int lock_byte(int fd, int slot, short type)
@@ -233,8 +252,8 @@ static void zero_usage(struct tessera_region_slot *s)
 int tessera_region_claim_slot(struct tessera_region_handle *h)
 {
     struct tessera_region *r = h->map;
-    if (h->fd < 0)
-        return -1;
+    if (!names_region(h->fd, r))
+        return -2;
     /* Held until h->slot names the slot: a reaping thread of ours may otherwise hold byte i, or
      * take it (same description: no conflict) between our lock and the slot becoming ours. */
     pthread_mutex_lock(&reap_mu);
@@ -328,7 +347,7 @@ int tessera_region_reap(struct tessera_region_handle *h)
 {
     struct tessera_region *r = h->map;
     int reaped = 0;
-    if (h->fd < 0)
+    if (!names_region(h->fd, r))
         return 0;
     pthread_mutex_lock(&reap_mu);
     uint32_t hwm = LOAD(&r->slot_hwm);
@@ -369,7 +388,7 @@ void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interva
      * stamped further ahead than an interval (before a reboot) is not. */
     if (now - last < interval_ns || last - now < interval_ns)
         return;
-    if (h->fd < 0)
+    if (!names_region(h->fd, h->map))
         return; /* cannot sweep: leave the interval's sweep to a process that can */
     /* One process per interval does the sweep. */
     if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
@@ -395,6 +414,10 @@ static int own_description(struct tessera_region_handle *h)
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return -1;
+    if (!names_region(fd, h->map)) { /* the number names another file now: map nothing of it */
+        close(fd);
+        return -1;
+    }
     void *map = mmap(h->map, sizeof *h->map, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
     if (map == MAP_FAILED) {
         close(fd);
@@ -415,8 +438,10 @@ int tessera_region_after_fork_child(struct tessera_region_handle *h)
     if (h->map == NULL || h->fd < 0 || own_description(h) == 0)
         return 0;
     /* Sharing the parent's description, this process could take the parent's slot (or any
-     * other it holds) without a conflict: it takes no slot and sweeps nothing. */
-    close(h->fd);
+     * other it holds) without a conflict: it takes no slot and sweeps nothing. A number that
+     * names another file now is the application's to close, not ours. */
+    if (names_region(h->fd, h->map))
+        close(h->fd);
     h->fd = -1;
     return -1;
 }

@@ -344,13 +344,16 @@ bool shim_slot(void)
     if (SHIM_LIKELY(shim.region.slot >= 0))
         return true;
     pthread_mutex_lock(&slot_mu);
-    if (shim.region.slot < 0 && shim.region.map != NULL && shim.region.fd < 0)
-        SHIM_ERROR("this process, forked, could not open the usage region again: it takes no "
-                   "memory on GPUs with a memory limit");
-    else if (shim.region.slot < 0 && shim.region.map != NULL &&
-             tessera_region_claim_slot(&shim.region) < 0)
+    int got = shim.region.slot < 0 && shim.region.map != NULL
+                  ? tessera_region_claim_slot(&shim.region)
+                  : 0;
+    if (got == -1)
         SHIM_ERROR("all %d process slots of the usage region are held by live processes",
                    TESSERA_REGION_SLOTS);
+    else if (got == -2)
+        SHIM_ERROR("the usage region's descriptor is gone (closed by the application, or not "
+                   "opened again after a fork): this process takes no memory on GPUs with a "
+                   "memory limit");
     pthread_mutex_unlock(&slot_mu);
     return shim.region.slot >= 0;
 }

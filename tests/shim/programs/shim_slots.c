@@ -14,6 +14,9 @@
  *   nvml N GAP_MS     nvmlDeviceGetMemoryInfo and _v2, N readings each, GAP_MS apart
  *                                                                       -> used=A,B.. used_v2=A,B..
  *   touch             open the usage region file ($TESSERA_USAGE_REGION) and close it -> rc=0
+ *   reuse             close every descriptor of the usage region (the shim's own included, as a
+ *                     daemon closing all does) and open scratch files read-write under the same
+ *                     numbers                                           -> closed=N
  *   fork [starved]    fork; the child serves "child CMD" lines, its answers on the same stdout,
  *                     and exits when its parent does (unless paused). starved: with no
  *                     descriptor free while the fork handlers run      -> pid=CHILD
@@ -26,6 +29,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "simgpu_test.h"
@@ -116,6 +120,32 @@ static void nvml_readings(int count, int gap_ms)
     answer("used=%s used_v2=%s", v1, v2);
 }
 
+/* Close the descriptors naming the usage region file and give each number to a new read-write
+ * scratch file (unlinked at once). Returns how many there were. */
+static int reuse_region_descriptors(void)
+{
+    const char *region = getenv("TESSERA_USAGE_REGION");
+    struct stat want;
+    if (region == NULL || stat(region, &want) != 0)
+        return -1;
+    int closed = 0;
+    for (int fd = 3; fd < 1024; fd++) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 || st.st_dev != want.st_dev || st.st_ino != want.st_ino)
+            continue;
+        char scratch[] = "/tmp/shim_slots.XXXXXX";
+        int other = mkostemp(scratch, O_CLOEXEC);
+        if (other < 0)
+            return -1;
+        unlink(scratch);
+        if (dup3(other, fd, O_CLOEXEC) < 0) /* closes the region's descriptor, takes its number */
+            return -1;
+        close(other);
+        closed++;
+    }
+    return closed;
+}
+
 static void serve(int in);
 
 /* Take every descriptor the soft limit (lowered to FILL) leaves, so that nothing run at the
@@ -193,6 +223,8 @@ static void run_command(char *line)
         const char *path = getenv("TESSERA_USAGE_REGION");
         int fd = path != NULL ? open(path, O_RDONLY | O_CLOEXEC) : -1;
         answer("rc=%d", fd >= 0 && close(fd) == 0 ? 0 : -1);
+    } else if (strcmp(line, "reuse") == 0) {
+        answer("closed=%d", reuse_region_descriptors());
     } else if (strcmp(line, "fork") == 0) {
         do_fork(arg != NULL && strcmp(arg, "starved") == 0);
     } else if (strcmp(line, "child") == 0 && arg != NULL && to_child >= 0) {
