@@ -41,7 +41,7 @@ struct alloc_call {
     size_t bytesize;
 };
 
-static CUresult call_alloc(void *p)
+static __attribute__((cold)) CUresult call_alloc(void *p)
 {
     struct alloc_call *a = p;
     return shim.calls.cuMemAlloc_v2(a->dptr, a->bytesize);
@@ -79,7 +79,7 @@ struct pitch_call {
     unsigned int element;
 };
 
-static CUresult call_pitch(void *p)
+static __attribute__((cold)) CUresult call_pitch(void *p)
 {
     struct pitch_call *a = p;
     return shim_real.cuMemAllocPitch_v2(a->dptr, a->pitch, a->width, a->height, a->element);
@@ -120,7 +120,7 @@ struct managed_call {
     unsigned int flags;
 };
 
-static CUresult call_managed(void *p)
+static __attribute__((cold)) CUresult call_managed(void *p)
 {
     struct managed_call *a = p;
     return shim_real.cuMemAllocManaged(a->dptr, a->bytesize, a->flags);
@@ -310,7 +310,7 @@ struct create_call {
     unsigned long long flags;
 };
 
-static CUresult call_create(void *p)
+static __attribute__((cold)) CUresult call_create(void *p)
 {
     struct create_call *a = p;
     return shim_real.cuMemCreate(a->handle, a->size, a->prop, a->flags);
@@ -495,7 +495,7 @@ struct array_call {
     const CUDA_ARRAY3D_DESCRIPTOR *desc3;
 };
 
-static CUresult call_array(void *p)
+static __attribute__((cold)) CUresult call_array(void *p)
 {
     struct array_call *a = p;
     return a->desc2 != NULL ? shim_real.cuArrayCreate_v2(a->array, a->desc2)

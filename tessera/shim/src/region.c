@@ -380,6 +380,18 @@ static uint64_t coarse_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* A sweep is due (the last was stamped `last`): one process per interval does it. Out of line, so
+ * that the check every allocation makes keeps a small frame. */
+static __attribute__((noinline)) void sweep_due(struct tessera_region_handle *h, uint64_t now,
+                                                uint64_t last)
+{
+    if (!names_region(h->fd, h->map))
+        return; /* cannot sweep: leave the interval's sweep to a process that can */
+    if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST))
+        tessera_region_reap(h);
+}
+
 void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interval_ns)
 {
     uint64_t now = coarse_now_ns();
@@ -388,12 +400,7 @@ void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interva
      * stamped further ahead than an interval (before a reboot) is not. */
     if (now - last < interval_ns || last - now < interval_ns)
         return;
-    if (!names_region(h->fd, h->map))
-        return; /* cannot sweep: leave the interval's sweep to a process that can */
-    /* One process per interval does the sweep. */
-    if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST))
-        tessera_region_reap(h);
+    sweep_due(h, now, last);
 }
 
 /* Replace the description the child shares with its parent by one of its own, over the same
