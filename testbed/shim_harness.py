@@ -73,6 +73,7 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
         "shim_probe": (["-ldl", "-lpthread"], []),
         "shim_stress": (["-ldl", "-lpthread"], []),
         "shim_share": (["-ldl"], []),
+        "shim_slots": (["-ldl"], []),
         "tenant_attack": (["-ldl"], []),
         "shim_linked": ([f"-L{cuda_link_dir}", "-lcuda", "-ldl"], []),
         "libfakecu.so": ([], ["-shared", "-fPIC"]),
@@ -81,6 +82,7 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
         "shim_probe": "shim_probe.c",
         "shim_stress": "shim_stress.c",
         "shim_share": "shim_share.c",
+        "shim_slots": "shim_slots.c",
         "tenant_attack": "tenant_attack.c",
         "shim_linked": "shim_linked.c",
         "libfakecu.so": "fake_cu.c",
@@ -199,6 +201,44 @@ class Claim:
 
 ClaimFactory = Callable[..., Claim]
 """The tests' ``make_claim`` fixture."""
+
+
+class ClaimProcess:
+    """A running ``shim_slots`` under a claim (tests/shim/programs/shim_slots.c): a process of the
+    claim that makes the calls it is told to, one command at a time, and lives until killed."""
+
+    def __init__(self, claim: Claim) -> None:
+        from simgpu.node import read_line
+
+        self.popen = claim.start("shim_slots")
+        self.pid = int(values(read_line(self.popen, "ready"))["pid"])
+
+    def ask(self, command: str) -> dict[str, str]:
+        """Send ``command``; its answer's ``key=value`` pairs."""
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self.popen.stdin.write(command + "\n")
+        self.popen.stdin.flush()
+        line = self.popen.stdout.readline()
+        if not line:
+            stderr = self.popen.stderr.read() if self.popen.stderr else ""
+            raise AssertionError(f"{command!r}: the process ended: {stderr}")
+        return values(line)
+
+    def nvml_used(self, command: str) -> list[int]:
+        """Every reading of NVML's used memory (v1, then v2) that ``command`` (an ``nvml``
+        command, maybe a ``child`` one) took."""
+        answer = self.ask(command)
+        return [int(v) for key in ("used", "used_v2") for v in answer[key].split(",")]
+
+    def holding(self, nbytes: int) -> ClaimProcess:
+        """Start CUDA and allocate ``nbytes``, asserting both succeed."""
+        assert self.ask("cuda")["rc"] == "0"
+        assert self.ask(f"alloc {nbytes}")["rc"] == "0"
+        return self
+
+    def kill(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
 
 
 def values(output: str) -> dict[str, str]:

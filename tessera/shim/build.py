@@ -85,6 +85,7 @@ ffibuilder.cdef(
     #define TESSERA_LIMITS_MAX_BYTES 65536
     #define TESSERA_LIMITS_VERSION 1
     #define TESSERA_EXIT_BAD_LIMITS 78
+    #define TESSERA_OOM_WAIT_NS ...
     #define TESSERA_SLOT_ACTIVE 1
     #define TESSERA_GPU_READY 2
 

@@ -216,7 +216,7 @@ def read_region(path: Path, include_dead: bool = False) -> RegionSnapshot:
     pread, never a mapping, never a write), so whatever the claim's containers do to the file can
     only make this call raise :class:`RegionError` for that claim.
 
-    The claim's usage counts live processes only: a slot whose owner has died (its record lock is
+    The claim's usage counts live processes only: a slot whose owner has died (its slot lock is
     free) is left out, as the shim's own next sweep would free it. ``include_dead`` keeps such
     slots, to see the region exactly as the processes left it. FileNotFoundError if ``path`` does
     not exist; :class:`RegionError` for anything that is not a well-formed region."""

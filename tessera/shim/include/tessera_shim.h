@@ -35,10 +35,13 @@
  *
  *  - gpus[]: UUID table, claimed entry by entry with compare-and-swap on `state` the first time a
  *    process of the claim touches that GPU; then the compute controller's shared state for it.
- *  - slots[]: one per live process. A process owns slot i while it holds a POSIX record lock
- *    (F_SETLK, write) on byte TESSERA_REGION_LOCK_BASE + i of the region file; the kernel drops
- *    that lock when the process dies in any way, so "lock free but slot ACTIVE" means dead, without
- *    pid polling and immune to pid reuse. pid and start time are informational (for the exporter).
+ *  - slots[]: one per live process. A process owns slot i while it holds an open file description
+ *    lock (F_OFD_SETLK, write) on byte TESSERA_REGION_LOCK_BASE + i of the region file, taken
+ *    through the description its CUDA half opened; the kernel drops that lock when the process
+ *    dies in any way, so "lock free but slot ACTIVE" means dead, without pid polling and immune to
+ *    pid reuse. A description's lock, not a process's (F_SETLK): the process's other descriptions
+ *    of the file (its NVML half's, a tool's) conflict with it and closing them leaves it alone.
+ *    pid and start time are informational (for the exporter).
  *  - used[g] in a slot is the bytes that process holds on region GPU g; the claim's usage is the
  *    sum over ACTIVE slots. A reservation adds to its own slot first and then checks the sum, so two
  *    processes racing for the last bytes can both fail but can never both succeed past the limit.
@@ -73,6 +76,11 @@ extern "C" {
 #define TESSERA_MAX_GPUS 16
 #define TESSERA_UUID_MAX 80 /* including the NUL; NVML's UUID buffer is 80 (v2: 96) */
 #define TESSERA_NO_MEMORY_LIMIT UINT64_MAX
+
+/* How long an allocation the claim's limit has room for waits, retrying, when the driver refuses
+ * it with CUDA_ERROR_OUT_OF_MEMORY (a process that takes GPU memory around the shim has taken the
+ * GPU's free memory; the node stops such processes within a few seconds) before it fails. */
+#define TESSERA_OOM_WAIT_NS 5000000000ULL /* 5 s */
 
 /* Exit status of a process stopped because its limits file is unreadable or malformed. */
 #define TESSERA_EXIT_BAD_LIMITS 78
@@ -158,8 +166,9 @@ struct tessera_region {
     struct tessera_region_slot slots[TESSERA_REGION_SLOTS];
 };
 
-/* An open region: the mapping, its file (whose record locks are this process's slot ownership:
- * never close `fd` while holding a slot) and the slot this process holds (-1: none). */
+/* An open region: the mapping, its file (an open file description of its own, whose lock is this
+ * process's slot ownership; -1 once a forked child could not open one of its own) and the slot
+ * this process holds (-1: none). */
 struct tessera_region_handle {
     struct tessera_region *map;
     int fd;
@@ -185,8 +194,10 @@ void tessera_region_close(struct tessera_region_handle *h);
 /* The region GPU index for `uuid`, adding it to the table if absent. -1 if the table is full. */
 int tessera_region_gpu(struct tessera_region *r, const char *uuid);
 
-/* Take a free (or dead process's) slot for this process. Returns the slot or -1 if all are held
- * by live processes. */
+/* Take a free (or dead process's) slot for this process. Returns the slot, -1 if all are held by
+ * live processes, or -2 if the handle has no descriptor of the region (`fd` closed by the
+ * application, its number maybe naming another file now, or a forked child that could not open
+ * the region again). */
 int tessera_region_claim_slot(struct tessera_region_handle *h);
 
 /*
@@ -204,16 +215,23 @@ void tessera_region_release(struct tessera_region_handle *h, int gpu, uint64_t b
 /* The claim's usage on region GPU `gpu`: the sum over active slots. */
 uint64_t tessera_region_used(const struct tessera_region *r, int gpu);
 
-/* Sweep: every ACTIVE slot whose owner has died (its record lock is free) has its usage zeroed and
+/* Sweep: every ACTIVE slot whose owner has died (its lock is free) has its usage zeroed and
  * becomes FREE. Returns how many were reaped. Safe to call from any process of the claim,
- * including one that holds no slot (the exporter reads with tessera_region_read and never sweeps). */
+ * including one that holds no slot (the exporter reads with tessera_region_read and never sweeps).
+ * Sweeps nothing if the handle's descriptor no longer names the region (see
+ * tessera_region_claim_slot): through another file every lock would succeed. */
 int tessera_region_reap(struct tessera_region_handle *h);
 
 /* Reap if the last sweep (by any process) was more than `interval_ns` ago. */
 void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interval_ns);
 
-/* In a forked child: the parent's slot is not the child's (record locks are not inherited). */
-void tessera_region_after_fork_child(struct tessera_region_handle *h);
+/* In a forked child: the parent's slot is not the child's, and the child opens the region again
+ * (same file, same address) so that it shares no open file description with its parent - through
+ * a shared one it could take its parent's slot without a conflict, and keep its parent's lock
+ * alive after the parent died. Returns 0; -1 if it cannot (no descriptor left, no /proc): the
+ * handle then has no descriptor, and this process takes no slot (its allocations on limited GPUs
+ * are refused) and sweeps nothing. */
+int tessera_region_after_fork_child(struct tessera_region_handle *h);
 
 /* Mark this process's slot as holding nothing (at exit); the slot stays owned until death. */
 void tessera_region_drop_usage(struct tessera_region_handle *h);

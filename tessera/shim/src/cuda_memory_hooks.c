@@ -1,9 +1,10 @@
 /*
  * CUDA entry points that take, give back or report device memory. Allocations reserve their
- * bytes in the usage region before the real call and return them if it fails; frees look the
- * pointer up in the O(1) table, remove it before the real call (so a concurrent allocation that
- * gets the same address cannot be confused with it) and give the bytes back only if the driver
- * freed. keylock.h orders frees of one key, and stale frees with allocations in flight, so that
+ * bytes in the usage region before the real call and return them if it fails (after trying
+ * again for a while when the GPU had no memory for what the claim has room for:
+ * shim_charge_retry); frees look the pointer up in the O(1) table, remove it before the real call
+ * (so a concurrent allocation that gets the same address cannot be confused with it) and give the
+ * bytes back only if the driver freed. keylock.h orders frees of one key, and stale frees with allocations in flight, so that
  * the refund follows the driver's answer whichever of several racing calls gets it. Pointers the
  * shim did not charge (allocated while unlimited, imported, ...) pass through.
  */
@@ -33,6 +34,27 @@ static inline uint64_t key_of(CUdeviceptr p)
 
 /* ------------------------------------------------------------------ allocation ---------- */
 
+/* Each allocation's real call again, for shim_charge_retry: its arguments and a function that
+ * makes the call with them. */
+struct alloc_call {
+    CUdeviceptr *dptr;
+    size_t bytesize;
+};
+
+static __attribute__((cold)) CUresult call_alloc(void *p)
+{
+    struct alloc_call *a = p;
+    return shim.calls.cuMemAlloc_v2(a->dptr, a->bytesize);
+}
+
+/* Out of line: its argument block is not in the frame of every allocation. */
+static __attribute__((noinline, cold)) CUresult alloc_again(struct shim_charge *c,
+                                                            CUdeviceptr *dptr, size_t bytesize)
+{
+    struct alloc_call a = {dptr, bytesize};
+    return shim_charge_retry(c, call_alloc, &a);
+}
+
 SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     struct shim_charge c;
@@ -40,11 +62,27 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim.calls.cuMemAlloc_v2(dptr, bytesize);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+        rc = alloc_again(&c, dptr, bytesize);
     if (rc == CUDA_SUCCESS)
         shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
     else
         shim_charge_abort(&c);
     return rc;
+}
+
+struct pitch_call {
+    CUdeviceptr *dptr;
+    size_t *pitch;
+    size_t width;
+    size_t height;
+    unsigned int element;
+};
+
+static __attribute__((cold)) CUresult call_pitch(void *p)
+{
+    struct pitch_call *a = p;
+    return shim_real.cuMemAllocPitch_v2(a->dptr, a->pitch, a->width, a->height, a->element);
 }
 
 SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widthInBytes,
@@ -58,6 +96,10 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim_real.cuMemAllocPitch_v2(dptr, pitch, widthInBytes, height, elementSizeBytes);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY)) {
+        struct pitch_call a = {dptr, pitch, widthInBytes, height, elementSizeBytes};
+        rc = shim_charge_retry(&c, call_pitch, &a);
+    }
     if (rc != CUDA_SUCCESS) {
         shim_charge_abort(&c);
         return rc;
@@ -72,6 +114,18 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     return rc;
 }
 
+struct managed_call {
+    CUdeviceptr *dptr;
+    size_t bytesize;
+    unsigned int flags;
+};
+
+static __attribute__((cold)) CUresult call_managed(void *p)
+{
+    struct managed_call *a = p;
+    return shim_real.cuMemAllocManaged(a->dptr, a->bytesize, a->flags);
+}
+
 /* Managed memory can live on the device, so all of it counts against the limit. */
 SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
@@ -81,6 +135,10 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim_real.cuMemAllocManaged(dptr, bytesize, flags);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY)) {
+        struct managed_call a = {dptr, bytesize, flags};
+        rc = shim_charge_retry(&c, call_managed, &a);
+    }
     if (rc == CUDA_SUCCESS)
         shim_charge_commit(&c, SHIM_KIND_DEVICE, key_of(*dptr));
     else
@@ -132,6 +190,8 @@ static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *d
     if (!charge_growth(&c, &pool, bytesize))
         return CUDA_ERROR_OUT_OF_MEMORY;
     rc = call(arg);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY))
+        rc = shim_charge_retry(&c, call, arg);
     if (rc != CUDA_SUCCESS) {
         shim_charge_abort(&c);
         return rc;
@@ -243,6 +303,19 @@ SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
  * it names the record only while valid. */
 static uint64_t next_vmm_id = 1;
 
+struct create_call {
+    CUmemGenericAllocationHandle *handle;
+    size_t size;
+    const CUmemAllocationProp *prop;
+    unsigned long long flags;
+};
+
+static __attribute__((cold)) CUresult call_create(void *p)
+{
+    struct create_call *a = p;
+    return shim_real.cuMemCreate(a->handle, a->size, a->prop, a->flags);
+}
+
 SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -255,6 +328,10 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim_real.cuMemCreate(handle, size, prop, flags);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY)) {
+        struct create_call a = {handle, size, prop, flags};
+        rc = shim_charge_retry(&c, call_create, &a);
+    }
     if (rc != CUDA_SUCCESS) {
         shim_charge_abort(&c);
         return rc;
@@ -411,6 +488,20 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsi
     return n * format_bytes(f) * (channels ? channels : 1);
 }
 
+/* One of the two array creations: desc2 (cuArrayCreate_v2) or desc3 (cuArray3DCreate_v2). */
+struct array_call {
+    CUarray *array;
+    const CUDA_ARRAY_DESCRIPTOR *desc2;
+    const CUDA_ARRAY3D_DESCRIPTOR *desc3;
+};
+
+static __attribute__((cold)) CUresult call_array(void *p)
+{
+    struct array_call *a = p;
+    return a->desc2 != NULL ? shim_real.cuArrayCreate_v2(a->array, a->desc2)
+                            : shim_real.cuArray3DCreate_v2(a->array, a->desc3);
+}
+
 SHIM_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     REAL_OR_NOT_FOUND(cuArrayCreate_v2);
@@ -422,6 +513,10 @@ SHIM_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTO
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim_real.cuArrayCreate_v2(array, desc);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY)) {
+        struct array_call a = {array, desc, NULL};
+        rc = shim_charge_retry(&c, call_array, &a);
+    }
     if (rc == CUDA_SUCCESS)
         shim_charge_commit(&c, SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)*array);
     else
@@ -441,6 +536,10 @@ SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCR
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = shim_real.cuArray3DCreate_v2(array, desc);
+    if (SHIM_UNLIKELY(rc == CUDA_ERROR_OUT_OF_MEMORY)) {
+        struct array_call a = {array, NULL, desc};
+        rc = shim_charge_retry(&c, call_array, &a);
+    }
     if (rc == CUDA_SUCCESS)
         shim_charge_commit(&c, SHIM_KIND_ARRAY, (uint64_t)(uintptr_t)*array);
     else

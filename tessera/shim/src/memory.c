@@ -1,6 +1,9 @@
 /* Device-memory accounting (memory.h). */
 #include "memory.h"
 
+#include <errno.h>
+#include <time.h>
+
 #include "keylock.h"
 #include "log.h"
 #include "pools.h"
@@ -52,6 +55,53 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
     shim_gate_enter();
     c->gated = true;
     return CUDA_SUCCESS;
+}
+
+/* Pauses between tries: half the time waited so far, from 1 ms up to 50 ms, so that a short
+ * squeeze costs little delay and a long one few calls. */
+#define RETRY_PAUSE_MIN_NS 1000000ULL
+#define RETRY_PAUSE_MAX_NS 50000000ULL
+
+__attribute__((noinline, cold)) CUresult shim_charge_retry(struct shim_charge *c,
+                                                          CUresult (*call)(void *), void *arg)
+{
+    if (c->gpu < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    SHIM_WARN("CUDA device %d has no memory free for %llu bytes that the claim has room for "
+              "(it holds %llu of %llu): memory taken around the shim; trying again for up to "
+              "%llu ms",
+              c->device, (unsigned long long)c->bytes,
+              (unsigned long long)tessera_region_used(shim.region.map, c->gpu),
+              (unsigned long long)c->limit, TESSERA_OOM_WAIT_NS / 1000000ULL);
+    uint64_t refused_at = tessera_now_ns();
+    for (;;) {
+        uint64_t waited = tessera_now_ns() - refused_at;
+        if (waited >= TESSERA_OOM_WAIT_NS)
+            break;
+        uint64_t pause = waited / 2;
+        pause = pause < RETRY_PAUSE_MIN_NS   ? RETRY_PAUSE_MIN_NS
+                : pause > RETRY_PAUSE_MAX_NS ? RETRY_PAUSE_MAX_NS
+                                             : pause;
+        if (pause > TESSERA_OOM_WAIT_NS - waited)
+            pause = TESSERA_OOM_WAIT_NS - waited;
+        /* Out of the allocation gate while asleep: a free of an unknown pointer closes it, and
+         * every other allocation of the process would wait behind that free for this one.
+         * Nothing the driver handed out is unrecorded meanwhile. */
+        if (c->gated)
+            shim_gate_leave();
+        struct timespec ts = {(time_t)(pause / 1000000000ULL), (long)(pause % 1000000000ULL)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        if (c->gated)
+            shim_gate_enter();
+        CUresult rc = call(arg);
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY)
+            return rc;
+    }
+    SHIM_WARN("CUDA device %d still has no memory free for %llu bytes after %llu ms: "
+              "CUDA_ERROR_OUT_OF_MEMORY",
+              c->device, (unsigned long long)c->bytes, TESSERA_OOM_WAIT_NS / 1000000ULL);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static void leave_gate(struct shim_charge *c)

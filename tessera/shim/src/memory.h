@@ -43,6 +43,14 @@ void shim_charge_hand_over(struct shim_charge *c, uint64_t bytes);
  * given back. */
 void shim_charge_commit(struct shim_charge *c, enum shim_kind kind, uint64_t key);
 
+/* The real call, `call(arg)`, failed with CUDA_ERROR_OUT_OF_MEMORY: make it again, pausing between
+ * tries, while it fails so and for at most TESSERA_OOM_WAIT_NS; returns its last answer. Only for
+ * a reservation the claim's limit had room for (the GPU's memory was taken around the shim, by a
+ * process the node stops within seconds); for an allocation nothing was charged for, returns
+ * CUDA_ERROR_OUT_OF_MEMORY at once. Out of line and cold: the allocation's fast path pays only
+ * the comparison that leads here. Abort the charge if it still failed. */
+CUresult shim_charge_retry(struct shim_charge *c, CUresult (*call)(void *), void *arg);
+
 /* The real call failed: give the reservation back. */
 void shim_charge_abort(struct shim_charge *c);
 

@@ -49,6 +49,14 @@ static void stop_process(const char *why)
     _exit(TESSERA_EXIT_BAD_LIMITS);
 }
 
+/* A forked child opens the region again: sweeping through its parent's open file description,
+ * its locks would be its parent's (region.c). */
+static void child_after_fork(void)
+{
+    if (region.map != NULL)
+        tessera_region_after_fork_child(&region);
+}
+
 static void init(void)
 {
     shim_log_init();
@@ -75,6 +83,7 @@ static void init(void)
     tessera_limits_source_release(&source);
     if (opened != 0)
         stop_process(err);
+    pthread_atfork(NULL, NULL, child_after_fork);
     for (uint32_t i = 0; i < limits.count; i++) {
         limit_gpu[i] = tessera_region_gpu(region.map, limits.gpus[i].uuid);
         if (limit_gpu[i] < 0)

@@ -2,7 +2,19 @@
  * The usage region: a file shared (MAP_SHARED) by every process of a claim, holding each
  * process's device-memory usage per GPU and the compute controller's shared state. Layout and
  * protocol: tessera_shim.h. No lock lives in the region: counters change with atomic
- * instructions and slot ownership is a POSIX record lock the kernel drops when its owner dies.
+ * instructions and slot ownership is an open file description lock (F_OFD_SETLK) the kernel drops
+ * when its owner dies.
+ *
+ * Why a description's lock and not a process's (F_SETLK): a process has two halves that open the
+ * region each through a descriptor of its own (the CUDA half, which owns the slot, and the NVML
+ * half, which only sweeps), and may open the file for other reasons (a tool reading its usage).
+ * A POSIX record lock belongs to the process: the NVML half's sweep "got" the lock of the CUDA
+ * half's own slot without a conflict, freed the slot and unlocked the CUDA half's lock with its
+ * own; closing any descriptor of the file dropped it too. A description's lock conflicts with
+ * every other description, of this process or another, and is dropped only when the description
+ * itself goes: when its descriptor is closed and its mapping unmapped, or its process dies.
+ * A forked child shares its parent's description (through the descriptor and the MAP_SHARED
+ * mapping), so it opens one of its own at once (tessera_region_after_fork_child).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,8 +40,9 @@ _Static_assert(offsetof(struct tessera_region, gpus) == 64, "header layout is pa
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 
-/* Reaping takes other slots' record locks; two threads of one process must not interleave (a
- * record lock belongs to the process, so one thread's unlock would end the other's hold). */
+/* Reaping takes other slots' locks through the handle's description, which the process's threads
+ * share: a claiming thread and a reaping one must not interleave on one byte (the second would
+ * "get" the lock the first holds, and one's unlock would end the other's hold). */
 static pthread_mutex_t reap_mu = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t tessera_now_ns(void)
@@ -173,12 +186,34 @@ int tessera_region_gpu(struct tessera_region *r, const char *uuid)
     return -1;
 }
 
-/* F_SETLK on one byte: 0 = got it, 1 = held by another process, -1 = error. */
+/* Whether `fd` names a usage region whose header is the one mapped at `map`. An application may
+ * close descriptors it did not open (a daemon closes all) and the number come back naming another
+ * file: every lock a sweep took through it would succeed and free every live slot, and a forked
+ * child would map that file in the region's place. So the descriptor is checked before each use
+ * (a sweep runs at most every 100 ms): a regular file of the region's size, reading back the
+ * header that is mapped. */
+static bool names_region(int fd, const struct tessera_region *map)
+{
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != sizeof *map)
+        return false;
+    char head[offsetof(struct tessera_region, slot_hwm)]; /* magic to max_slots: never change */
+    ssize_t got;
+    do
+        got = pread(fd, head, sizeof head, 0);
+    while (got < 0 && errno == EINTR);
+    return got == (ssize_t)sizeof head && memcmp(head, map, sizeof head) == 0;
+}
+
+/* F_OFD_SETLK on one byte: 0 = got it, 1 = held through another open file description, -1 =
+ * error (no descriptor, say). */
 static int lock_byte(int fd, int slot, short type)
 {
     struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
-                       .l_start = TESSERA_REGION_LOCK_BASE + slot, .l_len = 1};
-    while (fcntl(fd, F_SETLK, &fl) != 0) {
+                       .l_start = TESSERA_REGION_LOCK_BASE + slot, .l_len = 1, .l_pid = 0};
+    if (fd < 0)
+        return -1;
+    while (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
         if (errno == EINTR)
             continue;
         return (errno == EAGAIN || errno == EACCES) ? 1 : -1;
@@ -217,11 +252,13 @@ static void zero_usage(struct tessera_region_slot *s)
 int tessera_region_claim_slot(struct tessera_region_handle *h)
 {
     struct tessera_region *r = h->map;
+    if (!names_region(h->fd, r))
+        return -2;
+    /* Held until h->slot names the slot: a reaping thread of ours may otherwise hold byte i, or
+     * take it (same description: no conflict) between our lock and the slot becoming ours. */
+    pthread_mutex_lock(&reap_mu);
     for (int i = 0; i < TESSERA_REGION_SLOTS; i++) {
-        pthread_mutex_lock(&reap_mu); /* a reaping thread of ours may hold byte i */
-        int got = lock_byte(h->fd, i, F_WRLCK);
-        pthread_mutex_unlock(&reap_mu);
-        if (got != 0)
+        if (lock_byte(h->fd, i, F_WRLCK) != 0)
             continue;
         struct tessera_region_slot *s = &r->slots[i];
         zero_usage(s); /* left ACTIVE by a dead process nobody reaped yet */
@@ -234,8 +271,10 @@ int tessera_region_claim_slot(struct tessera_region_handle *h)
                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
             ;
         h->slot = i;
+        pthread_mutex_unlock(&reap_mu);
         return i;
     }
+    pthread_mutex_unlock(&reap_mu);
     return -1;
 }
 
@@ -252,8 +291,8 @@ uint64_t tessera_region_used(const struct tessera_region *r, int gpu)
     return total;
 }
 
-/* Subtract with a floor of zero: a slot reaped by mistake (its owner closed our descriptor and
- * so dropped its own lock) must never wrap around. */
+/* Subtract with a floor of zero: a slot zeroed under its owner (a tenant writing the shared
+ * file) must never wrap around. */
 static void sub_saturating(uint64_t *p, uint64_t bytes)
 {
     uint64_t old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
@@ -308,6 +347,8 @@ int tessera_region_reap(struct tessera_region_handle *h)
 {
     struct tessera_region *r = h->map;
     int reaped = 0;
+    if (!names_region(h->fd, r))
+        return 0;
     pthread_mutex_lock(&reap_mu);
     uint32_t hwm = LOAD(&r->slot_hwm);
     if (hwm > TESSERA_REGION_SLOTS)
@@ -339,6 +380,18 @@ static uint64_t coarse_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* A sweep is due (the last was stamped `last`): one process per interval does it. Out of line, so
+ * that the check every allocation makes keeps a small frame. */
+static __attribute__((noinline)) void sweep_due(struct tessera_region_handle *h, uint64_t now,
+                                                uint64_t last)
+{
+    if (!names_region(h->fd, h->map))
+        return; /* cannot sweep: leave the interval's sweep to a process that can */
+    if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST))
+        tessera_region_reap(h);
+}
+
 void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interval_ns)
 {
     uint64_t now = coarse_now_ns();
@@ -347,17 +400,57 @@ void tessera_region_maybe_reap(struct tessera_region_handle *h, uint64_t interva
      * stamped further ahead than an interval (before a reboot) is not. */
     if (now - last < interval_ns || last - now < interval_ns)
         return;
-    /* One process per interval does the sweep. */
-    if (__atomic_compare_exchange_n(&h->map->last_reap_ns, &last, now, false, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST))
-        tessera_region_reap(h);
+    sweep_due(h, now, last);
 }
 
-void tessera_region_after_fork_child(struct tessera_region_handle *h)
+/* Replace the description the child shares with its parent by one of its own, over the same
+ * file (reopened through /proc, so the very inode, a private region's anonymous file included)
+ * and at the same address, so pointers into the map stay valid. Only system calls: the child of
+ * a multithreaded parent may run nothing else before exec. */
+static int own_description(struct tessera_region_handle *h)
+{
+    char path[32] = "/proc/self/fd/";
+    char digits[12];
+    int n = 0;
+    for (unsigned v = (unsigned)h->fd; n == 0 || v > 0; v /= 10)
+        digits[n++] = (char)('0' + v % 10);
+    size_t at = strlen(path);
+    while (n > 0)
+        path[at++] = digits[--n];
+    path[at] = '\0';
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (!names_region(fd, h->map)) { /* the number names another file now: map nothing of it */
+        close(fd);
+        return -1;
+    }
+    void *map = mmap(h->map, sizeof *h->map, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    /* The mapping no longer holds the parent's description; neither does the descriptor once
+     * it is this one under the same number. */
+    int rc = dup3(fd, h->fd, O_CLOEXEC) < 0 ? -1 : 0;
+    close(fd);
+    return rc;
+}
+
+int tessera_region_after_fork_child(struct tessera_region_handle *h)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     reap_mu = fresh;
-    h->slot = -1; /* record locks are not inherited: the parent's slot is not ours */
+    h->slot = -1; /* the parent's slot stays the parent's */
+    if (h->map == NULL || h->fd < 0 || own_description(h) == 0)
+        return 0;
+    /* Sharing the parent's description, this process could take the parent's slot (or any
+     * other it holds) without a conflict: it takes no slot and sweeps nothing. A number that
+     * names another file now is the application's to close, not ours. */
+    if (names_region(h->fd, h->map))
+        close(h->fd);
+    h->fd = -1;
+    return -1;
 }
 
 void tessera_region_drop_usage(struct tessera_region_handle *h)

@@ -19,9 +19,10 @@
 #include "fail.h"
 #include "tessera_shim.h"
 
-/* 1 if another process holds the record lock on slot i's byte (its owner is alive), 0 if not,
- * -1 if the kernel cannot say. F_OFD_GETLK reports traditional (F_SETLK) locks of any process,
- * and asking with a read lock needs only a descriptor open for reading. */
+/* 1 if some process holds the lock on slot i's byte (its owner is alive), 0 if not, -1 if the
+ * kernel cannot say. F_OFD_GETLK reports the lock of any other open file description (the shim's
+ * F_OFD_SETLK) and traditional F_SETLK locks alike, and asking with a read lock needs only a
+ * descriptor open for reading. */
 static int slot_owned(int fd, uint32_t slot)
 {
     struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET,

@@ -67,7 +67,7 @@ static void child_after_fork(void)
     shim_pools_child_after_fork();
     shim_compute_child_after_fork();
     if (shim.region.map != NULL)
-        tessera_region_after_fork_child(&shim.region);
+        tessera_region_after_fork_child(&shim.region); /* failing, it leaves region.fd -1 */
     /* The parent's contexts are not the child's; the ordinal map stays valid. */
     for (int i = 0; i < SHIM_MAX_DEVICES; i++)
         shim.devices[i].primary = NULL;
@@ -350,10 +350,16 @@ bool shim_slot(void)
     if (SHIM_LIKELY(shim.region.slot >= 0))
         return true;
     pthread_mutex_lock(&slot_mu);
-    if (shim.region.slot < 0 && shim.region.map != NULL &&
-        tessera_region_claim_slot(&shim.region) < 0)
+    int got = shim.region.slot < 0 && shim.region.map != NULL
+                  ? tessera_region_claim_slot(&shim.region)
+                  : 0;
+    if (got == -1)
         SHIM_ERROR("all %d process slots of the usage region are held by live processes",
                    TESSERA_REGION_SLOTS);
+    else if (got == -2)
+        SHIM_ERROR("the usage region's descriptor is gone (closed by the application, or not "
+                   "opened again after a fork): this process takes no memory on GPUs with a "
+                   "memory limit");
     pthread_mutex_unlock(&slot_mu);
     return shim.region.slot >= 0;
 }
