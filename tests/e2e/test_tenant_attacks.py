@@ -60,6 +60,8 @@ ATTACKER_MIB = 2000
 NEIGHBOUR, NEIGHBOUR_MIB = "neighbour", 4096
 HOLDER_MIB = 1024
 CHUNK = 256 * MiB
+OUT_OF_MEMORY = "2"
+"""CUDA_ERROR_OUT_OF_MEMORY, as the test programs print it."""
 # The tenant's own limits file: its GPU with 8 GiB and 100 cores.
 FORGED_MEMORY, FORGED_CORES = 8 * GiB, 100
 # Measured shares are an upper bound under load; a generous tolerance over the 25 % cap, far
@@ -97,7 +99,7 @@ def attack_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     programs that load libcuda.so.1 as applications do."""
     programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     files = {f"/bin/{name}": host_program(name) for name in (*TOOLS_PROGRAMS, *ATTACK_TOOLS)}
-    for program in ("shim_probe", "tenant_attack"):
+    for program in ("shim_probe", "tenant_attack", "shim_slots"):
         files[f"/bin/{program}"] = programs / program
     return build_image(
         ImageSpec(ATTACK_IMAGE, files, command=("/bin/sh",)), tmp_path_factory.mktemp("images")
@@ -473,6 +475,49 @@ def test_renaming_the_claims_folder_or_filling_one_of_its_own_does_not_lift_the_
             f"own folder: grab exit {grab.get('exit')}, duty exit {duty.get('exit')}"
         )
     assert not broken, "\n".join(broken)
+
+
+# -- NVML in the process that holds memory ---------------------------------------------------------
+
+
+def test_reading_nvml_memory_info_in_the_holding_process_keeps_its_memory_counted(tenants: Tenants) -> None:
+    """A process of the tenant holding 1024 MiB of its 2000 MiB claim reads NVML's memory info (v1
+    and v2) three times, 0.15 s apart - which once made its own CUDA charge disappear - and then
+    asks for the whole claim: every reading says 1024 MiB used, the whole claim is refused
+    (CUDA_ERROR_OUT_OF_MEMORY) and the 976 MiB left still fit. A second process of the claim,
+    started after the readings, is refused the whole claim too. The neighbour gets its whole claim
+    in every round meanwhile."""
+    before = tenants.neighbour_rounds()
+    held, limit = HOLDER_MIB * MiB, ATTACKER_MIB * MiB
+    script = "\n".join(
+        [
+            "echo '== holder'",
+            f"printf 'cuda\\nalloc {held}\\nnvml 3 150\\nalloc {limit}\\nalloc {limit - held}\\n"
+            "pause\\n' > /tmp/holder.in",
+            "(cat /tmp/holder.in; sleep 30) </dev/null 2>/dev/null | shim_slots > /tmp/holder.out 2>&1 &",
+            "echo $! > /tmp/holder.pid",
+            "i=0; while ! grep -q paused /tmp/holder.out && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+            "cat /tmp/holder.out",
+            "echo '== other'",
+            f"printf 'cuda\\nalloc {limit}\\n' | shim_slots 2>&1",
+            "kill $(cat /tmp/holder.pid) 2>/dev/null; echo '== end'",
+        ]
+    )
+    out = tenants.run(script)
+    holder = [words(line) for line in out.split("== holder", 1)[1].split("== other", 1)[0].splitlines()]
+    replies = [w for w in holder if w]
+    readings = next((w for w in replies if "used" in w), None)
+    assert readings is not None, f"the holder made no NVML reading:\n{out}"
+    used = [int(v) for v in readings["used"].split(",") + readings["used_v2"].split(",")]
+    allocations = [w["rc"] for w in replies if "rc" in w]
+    assert used == [held] * 6, f"NVML readings in the holding process: {used}\n{out}"
+    assert allocations == ["0", "0", OUT_OF_MEMORY, "0"], f"cuda, hold, whole claim, the rest: {out}"
+    other = [
+        w["rc"] for w in map(words, out.split("== other", 1)[1].split("== end")[0].splitlines()) if "rc" in w
+    ]
+    assert other == ["0", OUT_OF_MEMORY], f"a second process of the claim asking the whole claim: {out}"
+    harm = neighbour_harm(tenants, before, "the NVML readings")
+    assert not harm, "\n".join(harm)
 
 
 # -- around the shim -------------------------------------------------------------------------------
