@@ -93,32 +93,50 @@ def configured_share(
     return namespace, name, str(body["metadata"]["uid"])
 
 
-def test_a_bad_share_config_enforcement_off_on_a_partial_share_and_ungranted_priority_0_are_refused(
+def test_a_bad_share_config_and_enforcement_off_on_a_partial_share_are_refused_with_a_sentence(
     driver_node: DriverNode, kube: client.ApiClient, namespace: str
 ) -> None:
-    """Each refusal is one sentence in the kubelet's answer and the claim's Ready condition; priority
-    0 in a namespace the daemon was not told to grant is one of them (a claim written by hand never
-    passes the webhook), and nothing of any of them is written on the node."""
     node = driver_node.node_name
     bad = configured_share(kube, namespace, node, "bad", "1Gi", "10", priority=7)
     half = configured_share(kube, namespace, node, "partial", "40Gi", "100", enforcement="off")
+    kubelet = KubeletClient(driver_node.dra_socket)
+    try:
+        response = kubelet.prepare([bad, half])
+    finally:
+        kubelet.close()
+    expected = {
+        bad[2]: f"ResourceClaim {namespace}/bad: the ShareConfig in its configuration has priority 7; "
+        "it must be 0 (high) or 1 (low)",
+        half[2]: f"ResourceClaim {namespace}/partial asks for enforcement off (request gpu), which is "
+        "allowed only on a whole GPU, but it holds 40960 MiB of 81920 MiB and 100 of 100 cores of ",
+    }
+    refused_with_a_sentence(kube, driver_node, response, expected, [bad, half])
+
+
+def test_priority_0_in_a_namespace_not_granted_it_is_refused_with_a_sentence_and_granted_in_one(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    """A claim written by hand never passes the webhook: the daemon, told the chart's list, refuses
+    priority 0 outside it with a sentence naming the namespace and the chart value, and prepares it
+    in a namespace on the list."""
+    node = driver_node.node_name
     with made_namespace(kube) as other:
-        high = configured_share(kube, other, node, "high", "1Gi", "10", priority=0)
+        refused = configured_share(kube, other, node, "high", "1Gi", "10", priority=0)
+        granted = configured_share(kube, namespace, node, "high", "1Gi", "10", priority=0)
         kubelet = KubeletClient(driver_node.dra_socket)
         try:
-            response = kubelet.prepare([bad, half, high])
+            response = kubelet.prepare([refused, granted])
         finally:
             kubelet.close()
         expected = {
-            bad[2]: f"ResourceClaim {namespace}/bad: the ShareConfig in its configuration has priority 7; "
-            "it must be 0 (high) or 1 (low)",
-            half[2]: f"ResourceClaim {namespace}/partial asks for enforcement off (request gpu), which is "
-            "allowed only on a whole GPU, but it holds 40960 MiB of 81920 MiB and 100 of 100 cores of ",
-            high[2]: f"ResourceClaim {other}/high: priority 0 (high), asked by request gpu, is granted "
+            refused[2]: f"ResourceClaim {other}/high: priority 0 (high), asked by request gpu, is granted "
             "only to namespaces an administrator lists in the chart value webhook.highPriorityNamespaces, "
             f'and namespace "{other}" is not listed',
         }
-        refused_with_a_sentence(kube, driver_node, response, expected, [bad, half, high])
+        refused_with_a_sentence(kube, driver_node, response, expected, [refused])
+    assert response.claims[granted[2]].error == ""
+    (limit,) = shim_format.read_limits(driver_node.state_dir / "claims" / granted[2] / "limits") or []
+    assert limit.priority == shim_format.PRIORITY_HIGH
 
 
 def refused_with_a_sentence(
