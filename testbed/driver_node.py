@@ -266,13 +266,14 @@ class DriverNode:
 
 @contextlib.contextmanager
 def published_driver_node(
-    cluster: LocalCluster, kube: client.ApiClient, node_name: str, gpus: int
+    cluster: LocalCluster, kube: client.ApiClient, node_name: str, gpus: int, extra_args: Sequence[str] = ()
 ) -> Iterator[DriverNode]:
-    """The daemon on ``node_name`` (a kubelet-less node) with ``gpus`` simulated 80 GiB GPUs, its
-    slice published; cleaned up on exit. What most driver tests start from."""
+    """The daemon on ``node_name`` (a kubelet-less node) with ``gpus`` simulated 80 GiB GPUs and
+    ``extra_args`` on its command line, its slice published; cleaned up on exit. What most driver
+    tests start from."""
     ensure_device_class(kube)
     node = DriverNode(cluster, node_name, gpus=gpus)
-    node.start()
+    node.start(extra_args=extra_args)
     try:
         node.wait_published()
         yield node

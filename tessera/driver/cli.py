@@ -83,6 +83,14 @@ def parser() -> argparse.ArgumentParser:
         "extra host path mounted read-write at the same path in prepared containers",
         "PATH",
     )
+    repeated(
+        p,
+        "--high-priority-namespace",
+        "TESSERA_HIGH_PRIORITY_NAMESPACES",
+        "namespace whose claims may ask ShareConfig priority 0 (high), which holds back low-priority "
+        "neighbours on the GPU; a claim elsewhere asking it is refused at prepare",
+        "NAMESPACE",
+    )
     switch(
         p,
         "--watch-claims",
@@ -154,6 +162,7 @@ def config_from(args: argparse.Namespace) -> DriverConfig:
         ),
         container_env=tuple(env),
         container_mounts=tuple(Path(m) for m in args.container_mount),
+        high_priority_namespaces=frozenset(args.high_priority_namespace),
         watch_claims=args.watch_claims,
         boot_id_file=Path(args.boot_id_file),
         health_interval=args.health_interval,

@@ -59,6 +59,9 @@ class DriverConfig:
     """Extra environment for every prepared container (the simulated driver's SIMGPU_CONFIG)."""
     container_mounts: tuple[Path, ...] = ()
     """Extra host paths bind-mounted read-write at the same path (the simulated driver's state)."""
+    high_priority_namespaces: frozenset[str] = frozenset()
+    """Namespaces whose claims may ask priority 0 (the chart's webhook.highPriorityNamespaces);
+    a claim asking it elsewhere is refused at prepare (share_config.py)."""
     watch_claims: bool = True
     """Keep a watch-fed cache of ResourceClaims allocated here (prepare then rarely waits for the
     API); off, every prepare reads its claim with one GET and the daemon holds no cluster-wide watch,

@@ -6,22 +6,24 @@ The webhook writes non-default settings as a ``ShareConfig`` in the claim's ``sp
 ``status.allocation.devices.config`` (the class's first, then the claim's), which is what this
 module reads, so what is prepared is what was allocated. Any namespace user can write a
 ResourceClaim by hand, so the parse is strict and bounded: an unknown apiVersion, kind or key, a
-value of the wrong type or out of range refuses the claim with one sentence, and
-``enforcement: "off"`` is honoured only on a whole GPU (:func:`settings`).
+value of the wrong type or out of range refuses the claim with one sentence,
+``enforcement: "off"`` is honoured only on a whole GPU, and priority 0 only in a namespace the
+administrator granted it (:func:`settings`; tessera/priority_grant.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tessera.driver.allocation import AllocationError, GpuLimit, Share, claim_ref, limits
 from tessera.driver.devices import CORES_TOTAL
+from tessera.priority_grant import HIGH_PRIORITY, granted, refusal
 
 API_VERSION = "gpu.tessera.dev/v1"
 KIND = "ShareConfig"
-PRIORITY_HIGH = 0
+PRIORITY_HIGH = HIGH_PRIORITY
 PRIORITY_LOW = 1
 """HAMi's default, and ours."""
 ENFORCEMENT_ON = "on"
@@ -104,13 +106,26 @@ def configs(claim: Mapping[str, Any], driver: str, requests: Sequence[str]) -> d
 
 
 def settings(
-    claim: Mapping[str, Any], driver: str, shares: Sequence[Share], capacity: Mapping[str, int]
+    claim: Mapping[str, Any],
+    driver: str,
+    shares: Sequence[Share],
+    capacity: Mapping[str, int],
+    high_priority_namespaces: Collection[str] = frozenset(),
 ) -> ClaimSettings:
     """The claim's priorities and whether the shim enforces its limits. ``capacity`` is each
-    device's published memory (bytes). Enforcement off on any request needs every GPU of the claim
-    whole (all its memory and all its cores), since all the claim's containers get the same
-    spec; otherwise AllocationError says what it holds."""
+    device's published memory (bytes). Priority 0 on any request needs the claim's namespace in
+    ``high_priority_namespaces`` (the webhook checks pods written for HAMi; a claim written by hand
+    reaches only this check). Enforcement off on any request needs every GPU of the claim whole
+    (all its memory and all its cores), since all the claim's containers get the same spec;
+    otherwise AllocationError says what it holds."""
     per_request = configs(claim, driver, sorted({s.request for s in shares}))
+    high = [r for r, c in per_request.items() if c.priority == PRIORITY_HIGH]
+    namespace = str((claim.get("metadata") or {}).get("namespace", ""))
+    if high and not granted(namespace, high_priority_namespaces):
+        raise AllocationError(
+            f"ResourceClaim {claim_ref(claim)}: priority 0 (high), asked by request {high[0]}, "
+            + refusal(namespace)
+        )
     priorities: dict[str, int] = {}
     for share in shares:
         priority = per_request[share.request].priority

@@ -106,7 +106,9 @@ class DeviceState:
         capacity = {
             gpu_name: int(device(gpu)["capacity"][MEMORY_CAPACITY]["value"]) for gpu_name, gpu in gpus.items()
         }
-        settings = share_config.settings(claim, self._config.driver_name, shares, capacity)
+        settings = share_config.settings(
+            claim, self._config.driver_name, shares, capacity, self._config.high_priority_namespaces
+        )
         devices = self._devices(uid, shares, gpus)
         if not self._in_two_phases(
             uid,

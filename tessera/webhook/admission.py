@@ -1,6 +1,11 @@
 """The decision for one AdmissionReview request: allow untouched, deny with a sentence, or patch with
 the templates to create; pure, so every rule is a table-driven unit test.
 
+Beside the conversion, two decisions are the administrator's (:class:`AdmissionPolicy`, from the
+chart): which namespaces may ask priority 0 (tessera/priority_grant.py), and what happens to a
+container whose share the shim enforces but whose seccomp profile would let it unshare its way past
+the shim (tessera/webhook/seccomp.py).
+
 Re-invocation is safe by construction: a converted pod no longer names any HAMi resource, so a
 second pass finds nothing to do.
 """
@@ -25,12 +30,14 @@ from tessera.names import (
     HAMI_MIG_PREFIX,
     HAMI_NOUSE_TYPE,
     HAMI_NOUSE_UUID,
+    HAMI_PRIORITY,
     HAMI_USE_TYPE,
     HAMI_USE_UUID,
     HAMI_VGPU_MODE,
 )
+from tessera.priority_grant import HIGH_PRIORITY, granted, refusal
 from tessera.quantity import quote
-from tessera.webhook import review
+from tessera.webhook import review, seccomp
 from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
@@ -41,6 +48,19 @@ from tessera.webhook.validation import check_against_fleet
 
 SHARE_MODE = "hami-core"
 """The one ``nvidia.com/vgpu-mode`` Tessera has: shares enforced in the container (HAMi-core's way)."""
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """What the administrator decided, through the chart: the namespaces whose pods may ask
+    ``nvidia.com/priority: 0``, and the seccomp mode (one of :data:`seccomp.MODES`) for containers
+    whose share the shim enforces. The defaults are the chart's: no namespace, ``enforce``."""
+
+    high_priority_namespaces: frozenset[str] = frozenset()
+    seccomp: str = seccomp.ENFORCE
+
+
+DEFAULT_POLICY = AdmissionPolicy()
 
 
 @dataclass
@@ -98,7 +118,7 @@ def _selection_warning(selection: Selection, fleet: Fleet) -> str | None:
     )[:MAX_WARNING]
 
 
-def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
+def admit(request: ReviewRequest, fleet: Fleet, policy: AdmissionPolicy = DEFAULT_POLICY) -> Decision:
     uid = request["uid"]
     pod = request.get("object")
     if request.get("operation") != "CREATE" or request.get("kind", {}).get("kind") != "Pod" or not pod:
@@ -112,6 +132,7 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
         selection = selection_for(annotations)
         converted: list[Converted] = []
         templates: dict[str, dict[str, Any]] = {}
+        shimmed: list[seccomp.ShimContainer] = []
         shares = False
         for list_name, index, container, where in containers(spec):
             mig = read_mig(where, container)
@@ -125,8 +146,12 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
                     )
             elif gpu is not None:
                 check_against_fleet(where, gpu, fleet)
+                if gpu.priority == HIGH_PRIORITY and not granted(namespace, policy.high_priority_namespaces):
+                    raise Refusal(f"{where}: {HAMI_PRIORITY} 0 (high) {refusal(namespace)}.")
                 template = claim_template(namespace, where, gpu, fleet)
                 shares = True
+                if gpu.enforce:
+                    shimmed.append(seccomp.ShimContainer(list_name, index, container, where))
             else:
                 continue
             warnings += env_warnings(where, container, gpu)
@@ -134,11 +159,12 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
             templates.setdefault(name, template)
             converted.append(Converted(list_name, index, container, name))
         if converted:
-            refusal = _mode_refusal(annotations, shares)
-            if refusal:
-                raise Refusal(refusal)
-    except (Refusal, AnnotationError, RecordError) as refusal:
-        return Decision(review.deny(uid, str(refusal)), "denied")
+            mode_refusal = _mode_refusal(annotations, shares)
+            if mode_refusal:
+                raise Refusal(mode_refusal)
+        confinement, confinement_warnings = seccomp.review(spec, shimmed, policy.seccomp)
+    except (Refusal, AnnotationError, RecordError) as refused:
+        return Decision(review.deny(uid, str(refused)), "denied")
     if not converted:
         return Decision(review.allow(uid), "untouched")
     taken = {entry.get("name") for entry in spec.get("resourceClaims") or []}
@@ -148,6 +174,6 @@ def admit(request: ReviewRequest, fleet: Fleet) -> Decision:
             return Decision(review.deny(uid, message), "denied")
     selection_warning = _selection_warning(selection, fleet) if shares else None
     warnings += [selection_warning] if selection_warning else []
-    warnings += policy_warnings(annotations) + annotation_warnings(annotations)
-    response = review.patch(uid, pod_patch(pod, converted), bounded(warnings))
+    warnings += confinement_warnings + policy_warnings(annotations) + annotation_warnings(annotations)
+    response = review.patch(uid, pod_patch(pod, converted) + confinement, bounded(warnings))
     return Decision(response, "converted", list(templates.values()))

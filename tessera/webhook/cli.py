@@ -19,6 +19,8 @@ from tessera.command import Stoppable
 from tessera.kube import api_client
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
+from tessera.webhook import seccomp
+from tessera.webhook.admission import AdmissionPolicy
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.client_ca import ClientCaSecret
 from tessera.webhook.secret_tls import Policy, SecretCertificates
@@ -194,6 +196,25 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--high-priority-namespaces",
+        env + "HIGH_PRIORITY_NAMESPACES",
+        [],
+        "comma-separated namespaces whose pods may ask nvidia.com/priority 0 (high), which holds back "
+        "low-priority neighbours on the GPU; a pod elsewhere asking it is refused",
+        _list,
+    )
+    setting(
+        p,
+        "--seccomp",
+        env + "SECCOMP",
+        seccomp.ENFORCE,
+        "containers whose GPU share the shim enforces, without a RuntimeDefault or Localhost seccomp "
+        "profile (so able to unshare past the shim): enforce gives those without one RuntimeDefault "
+        "and refuses Unconfined, warn only warns, off does nothing",
+        choices=seccomp.MODES,
+    )
+    setting(
+        p,
         "--template-ttl",
         env + "TEMPLATE_TTL",
         300.0,
@@ -205,6 +226,14 @@ def parser() -> argparse.ArgumentParser:
     )
     command.log_flags(p, env)
     return p
+
+
+def admission_policy(args: argparse.Namespace) -> AdmissionPolicy:
+    """The administrator's decisions at admission; a --seccomp from the environment is checked
+    here, since argparse checks choices only on the command line."""
+    if args.seccomp not in seccomp.MODES:
+        raise command.UsageError(f"--seccomp must be one of {', '.join(seccomp.MODES)}, not {args.seccomp!r}")
+    return AdmissionPolicy(frozenset(args.high_priority_namespaces), args.seccomp)
 
 
 def client_policy(args: argparse.Namespace) -> ClientPolicy | None:
@@ -314,6 +343,7 @@ class Webhook(Stoppable):
                 f"--shutdown-delay must be 0 or more seconds, not {args.shutdown_delay:g}"
             )
         self._args = args
+        self._policy = admission_policy(args)
         self._api = api_client(args.kubeconfig)
         self._client_secret = client_ca_secret(args, self._api)
         self._clients = client_policy(args)
@@ -327,7 +357,7 @@ class Webhook(Stoppable):
         args = self._args
         self._cache.start()
         self._templates.start()
-        app = WebhookApp(lambda: self._cache.fleet, self._templates, ready=self._cache.synced.is_set)
+        app = WebhookApp(lambda: self._cache.fleet, self._templates, self._cache.synced.is_set, self._policy)
         metrics_port = None if args.metrics_port < 0 else args.metrics_port
         self._server = WebhookServer(
             app, self._certificates, args.bind_address, args.port, metrics_port, self._clients

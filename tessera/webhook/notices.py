@@ -1,6 +1,6 @@
 """Warnings for HAMi inputs Tessera reads but does not act on, or acts on differently: a
-container's HAMi-core environment variables, a privileged GPU container (HAMi refuses it), and the
-pod's other ``hami.io/`` annotations; pure.
+container's HAMi-core environment variables, a privileged GPU container (HAMi refuses it), the
+pod's other ``hami.io/`` annotations and ``nvidia.com/priority`` written as an annotation; pure.
 
 The shim reads none of HAMi-core's variables (its limits come from the claim, through files the
 driver writes), so a variable a HAMi user sets to change a limit changes nothing, and the user is
@@ -17,6 +17,7 @@ from tessera.names import (
     HAMI_DISABLE_CONTROL,
     HAMI_GPU_POLICY,
     HAMI_NODE_POLICY,
+    HAMI_PRIORITY,
     HAMI_SCORING_WEIGHTS,
 )
 from tessera.quantity import quote
@@ -88,12 +89,19 @@ def env_warnings(where: str, container: Mapping[str, Any], share: GpuRequest | N
 
 def annotation_warnings(annotations: Mapping[str, str]) -> list[str]:
     """One warning per ``hami.io/`` annotation Tessera does not read (HAMi's scheduler writes most
-    of them, on its own pods): nothing here acts on it."""
-    return [
+    of them, on its own pods): nothing here acts on it. And one for ``nvidia.com/priority`` as an
+    annotation, which users write expecting it to act as the resource of that name does."""
+    warnings = [
         f"annotation {quote(key)} is HAMi's and Tessera does not read it; it changes nothing."
         for key in annotations
         if key.startswith(HAMI_PREFIX) and key not in READ_ANNOTATIONS
     ]
+    if HAMI_PRIORITY in annotations:
+        warnings.append(
+            f"annotation {HAMI_PRIORITY} is not read; the container resource {HAMI_PRIORITY} (in "
+            "resources.limits, 0 high or 1 low) is the one honoured."
+        )
+    return warnings
 
 
 def bounded(warnings: list[str]) -> list[str]:

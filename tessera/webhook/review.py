@@ -116,6 +116,8 @@ def check_request(request: dict[str, Any]) -> None:
     spec = pod.get("spec")
     _expect(spec, dict, "pod spec")
     spec = spec or {}
+    _expect(spec.get("os"), dict, "pod spec.os")
+    _check_security(spec, "pod spec")
     _expect(spec.get("resourceClaims"), list, "pod spec.resourceClaims")
     for entry in spec.get("resourceClaims") or []:
         _expect(entry, dict, "pod spec.resourceClaims entry", optional=False)
@@ -124,6 +126,7 @@ def check_request(request: dict[str, Any]) -> None:
         for container in spec.get(list_name) or []:
             _expect(container, dict, f"pod spec.{list_name} entry", optional=False)
             _expect(container.get("name"), str, f"pod spec.{list_name} entry's name")
+            _check_security(container, f"pod spec.{list_name} entry's")
             resources = container.get("resources")
             _expect(resources, dict, f"pod spec.{list_name} entry's resources")
             for section in ("limits", "requests"):
@@ -132,6 +135,16 @@ def check_request(request: dict[str, Any]) -> None:
                 for name, value in (values or {}).items():
                     _expect(value, (str, int), f"quantity {quote(name)}", optional=False)
             _expect((resources or {}).get("claims"), list, f"pod spec.{list_name} entry's resources.claims")
+
+
+def _check_security(holder: dict[str, Any], what: str) -> None:
+    """The ``securityContext.seccompProfile.type`` of a pod spec or a container, as far as present,
+    is the shape the seccomp decision reads (tessera/webhook/seccomp.py)."""
+    security = holder.get("securityContext")
+    _expect(security, dict, f"{what} securityContext")
+    profile = (security or {}).get("seccompProfile")
+    _expect(profile, dict, f"{what} securityContext.seccompProfile")
+    _expect((profile or {}).get("type"), str, f"{what} securityContext.seccompProfile.type")
 
 
 def _wrap(response: ReviewResponse) -> AdmissionReview:

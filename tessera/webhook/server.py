@@ -56,7 +56,7 @@ from tessera.gpu_request import Refusal
 from tessera.quantity import KiB, MiB
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.webhook import review
-from tessera.webhook.admission import admit
+from tessera.webhook.admission import DEFAULT_POLICY, AdmissionPolicy, admit
 from tessera.webhook.authentication import ClientPolicy
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.metrics import WebhookMetrics
@@ -101,14 +101,20 @@ class Templates(Protocol):
 
 
 class WebhookApp:
-    """Everything a request needs, apart from sockets: the fleet, the template store, metrics."""
+    """Everything a request needs, apart from sockets: the fleet, the template store, the
+    administrator's policy, metrics."""
 
     def __init__(
-        self, fleet: Callable[[], Fleet], templates: Templates, ready: Callable[[], bool] = lambda: True
+        self,
+        fleet: Callable[[], Fleet],
+        templates: Templates,
+        ready: Callable[[], bool] = lambda: True,
+        policy: AdmissionPolicy = DEFAULT_POLICY,
     ) -> None:
         self.fleet = fleet
         self.templates = templates
         self.ready = ready
+        self.policy = policy
         self.metrics = WebhookMetrics()
         self.draining = threading.Event()
         """Set on SIGTERM, before ``closing``: not ready, still serving, each answer closes its connection."""
@@ -133,7 +139,7 @@ class WebhookApp:
                 outcome = "malformed"
                 return 400, str(error).encode()
             try:
-                decision = admit(request, self.fleet())
+                decision = admit(request, self.fleet(), self.policy)
                 if decision.templates and not request.get("dryRun"):
                     for template in decision.templates:
                         if self.templates.ensure(template):

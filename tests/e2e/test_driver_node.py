@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,11 @@ def one_gpu_node(
     node_factory: NodeFactory,
     probe_image: Path,
     before_start: Callable[[DriverNode], None] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[GpuNode]:
-    """One real node with 2 simulated 80 GiB GPUs and the daemon registered and published; the
-    daemon cleaned up on exit. ``before_start`` may change the simulated GPUs (MIG mode, say)
-    before the daemon first reads them."""
+    """One real node with 2 simulated 80 GiB GPUs and the daemon (``extra_args`` on its command
+    line) registered and published; the daemon cleaned up on exit. ``before_start`` may change the
+    simulated GPUs (MIG mode, say) before the daemon first reads them."""
     ensure_device_class(kube)
     (node,) = node_factory.start(1, extra_images=[probe_image])
     driver = DriverNode(
@@ -77,7 +78,7 @@ def one_gpu_node(
     if before_start is not None:
         before_start(driver)
     try:
-        driver.start()
+        driver.start(extra_args=extra_args)
         driver.wait_ready()
         yield GpuNode(node, driver)
     finally:

@@ -24,6 +24,7 @@ from tessera.shim import format as shim_format
 from testbed.cluster import LocalCluster
 from testbed.node import NodeFactory
 from testbed.pod_state import generated_claim_name, sections
+from tests.conftest import made_namespace
 from tests.e2e.test_driver_node import DONE, PROBE_IMAGE, GpuNode, one_gpu_node, probe_image, wait_done
 
 pytestmark = pytest.mark.e2e
@@ -32,11 +33,23 @@ __all__ = ["probe_image"]
 
 
 @pytest.fixture(scope="module")
+def granted_namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A namespace the daemon grants priority 0, as the chart's webhook.highPriorityNamespaces does."""
+    with made_namespace(kube) as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
 def gpu_node(
-    cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, probe_image: Path
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    node_factory: NodeFactory,
+    probe_image: Path,
+    granted_namespace: str,
 ) -> Iterator[GpuNode]:
     """One real node with 2 simulated 80 GiB GPUs and the daemon registered and published."""
-    with one_gpu_node(cluster, kube, node_factory, probe_image) as node:
+    grant = [f"--high-priority-namespace={granted_namespace}"]
+    with one_gpu_node(cluster, kube, node_factory, probe_image, extra_args=grant) as node:
         yield node
 
 
@@ -109,8 +122,9 @@ def board_script(uuid: str, then: str) -> str:
 
 
 def test_only_the_high_priority_pod_writes_the_board_and_the_low_one_is_held_while_it_runs(
-    gpu_node: GpuNode, kube: client.ApiClient, namespace: str
+    gpu_node: GpuNode, kube: client.ApiClient, granted_namespace: str
 ) -> None:
+    namespace = granted_namespace
     uuid = gpu_node.gpu_uuid(0)
     # The high-priority pod keeps the GPU busy in the background for longer than the low one runs.
     # (The byte its append check adds lies past the board's 64 bytes, which still read as a board.)

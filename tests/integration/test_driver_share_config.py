@@ -1,8 +1,9 @@
 """A claim's ShareConfig (priority, enforcement) through the real control plane and the real daemon:
 the scheduler copies the claim's opaque configuration into its allocation and the daemon acts on
-it at prepare - a malformed one, or enforcement off on part of a GPU, refuses the claim with one
-sentence (the kubelet's answer, which it puts in the pod's events), enforcement off on a whole GPU
-prepares it without the shim, and priority reaches the limits file and the GPU's board mount.
+it at prepare - a malformed one, enforcement off on part of a GPU, or priority 0 in a namespace the
+administrator did not grant it, refuses the claim with one sentence (the kubelet's answer, which it
+puts in the pod's events), enforcement off on a whole GPU prepares it without the shim, and priority
+reaches the limits file and the GPU's board mount.
 
 The refusal's sentence is also the claim's own Ready condition: the claims are written through
 Tessera's client, which sends canonical JSON as the webhook does (tessera/kube.py says why that
@@ -29,16 +30,19 @@ from testbed.driver_node import DriverNode, published_driver_node
 from testbed.kubelet_client import ClaimRef, KubeletClient
 from testbed.pod_state import wait_until_bound
 from testbed.polling import poll_until
+from tests.conftest import made_namespace
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def driver_node(
-    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str], namespace: str
 ) -> Iterator[DriverNode]:
-    """The daemon on a fresh kubelet-less node with 2 simulated 80 GiB GPUs, published."""
-    with published_driver_node(cluster, kube, fake_node(), gpus=2) as node:
+    """The daemon on a fresh kubelet-less node with 2 simulated 80 GiB GPUs, published, granting
+    priority 0 to the test's namespace (as the chart's webhook.highPriorityNamespaces would)."""
+    grant = [f"--high-priority-namespace={namespace}"]
+    with published_driver_node(cluster, kube, fake_node(), gpus=2, extra_args=grant) as node:
         yield node
 
 
@@ -106,14 +110,52 @@ def test_a_bad_share_config_and_enforcement_off_on_a_partial_share_are_refused_w
         half[2]: f"ResourceClaim {namespace}/partial asks for enforcement off (request gpu), which is "
         "allowed only on a whole GPU, but it holds 40960 MiB of 81920 MiB and 100 of 100 cores of ",
     }
+    refused_with_a_sentence(kube, driver_node, response, expected, [bad, half])
+
+
+def test_priority_0_in_a_namespace_not_granted_it_is_refused_with_a_sentence_and_granted_in_one(
+    driver_node: DriverNode, kube: client.ApiClient, namespace: str
+) -> None:
+    """A claim written by hand never passes the webhook: the daemon, told the chart's list, refuses
+    priority 0 outside it with a sentence naming the namespace and the chart value, and prepares it
+    in a namespace on the list."""
+    node = driver_node.node_name
+    with made_namespace(kube) as other:
+        refused = configured_share(kube, other, node, "high", "1Gi", "10", priority=0)
+        granted = configured_share(kube, namespace, node, "high", "1Gi", "10", priority=0)
+        kubelet = KubeletClient(driver_node.dra_socket)
+        try:
+            response = kubelet.prepare([refused, granted])
+        finally:
+            kubelet.close()
+        expected = {
+            refused[2]: f"ResourceClaim {other}/high: priority 0 (high), asked by request gpu, is granted "
+            "only to namespaces an administrator lists in the chart value webhook.highPriorityNamespaces, "
+            f'and namespace "{other}" is not listed',
+        }
+        refused_with_a_sentence(kube, driver_node, response, expected, [refused])
+    assert response.claims[granted[2]].error == ""
+    (limit,) = shim_format.read_limits(driver_node.state_dir / "claims" / granted[2] / "limits") or []
+    assert limit.priority == shim_format.PRIORITY_HIGH
+
+
+def refused_with_a_sentence(
+    kube: client.ApiClient,
+    driver_node: DriverNode,
+    response: Any,
+    expected: dict[str, str],
+    claims: list[ClaimRef],
+) -> None:
+    """Each of ``claims`` was refused by the kubelet call with its ``expected`` sentence, has it as
+    its Ready condition, and left nothing on the node."""
     resource = client.ResourceV1Api(kube)
-    for claim in (bad, half):
+    for claim in claims:
         error = response.claims[claim[2]].error
         assert error.startswith(expected[claim[2]]), error
         assert not response.claims[claim[2]].devices
         assert not (driver_node.state_dir / "claims" / claim[2]).exists()
 
-        def ready_condition(name: str = claim[1]) -> dict[str, Any] | None:
+        def ready_condition(namespace: str = claim[0], name: str = claim[1]) -> dict[str, Any] | None:
             body = raw_json(resource.read_namespaced_resource_claim(name, namespace, _preload_content=False))
             for device in (body.get("status") or {}).get("devices") or []:
                 for condition in device.get("conditions") or []:

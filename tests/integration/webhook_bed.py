@@ -14,6 +14,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from tessera.webhook.admission import DEFAULT_POLICY, AdmissionPolicy
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
@@ -93,7 +94,9 @@ def configuration(name: str, url: str, release_namespace: str) -> dict[str, Any]
 
 
 class RunningWebhook:
-    """Server, slice cache and template store, plus the registered configuration; ``stop`` undoes all."""
+    """Server, slice cache and template store, plus the registered configuration; ``stop`` undoes all.
+    ``policy`` is what the chart's webhook.highPriorityNamespaces and webhook.seccomp would give it
+    (their defaults unless told)."""
 
     def __init__(
         self,
@@ -102,6 +105,7 @@ class RunningWebhook:
         release_namespace: str = "tessera",
         ca_lifetime: datetime.timedelta = datetime.timedelta(days=365),
         serving_lifetime: datetime.timedelta = datetime.timedelta(days=30),
+        policy: AdmissionPolicy = DEFAULT_POLICY,
     ) -> None:
         self.kube = kube
         self.name = unique_name("tessera-webhook")
@@ -115,7 +119,7 @@ class RunningWebhook:
         )
         self.templates = TemplateStore(self.api)
         self.templates.start()
-        self.app = WebhookApp(lambda: self.cache.fleet, self.templates, ready=self.cache.synced.is_set)
+        self.app = WebhookApp(lambda: self.cache.fleet, self.templates, self.cache.synced.is_set, policy)
         self.server = WebhookServer(
             self.app,
             self.certificates,

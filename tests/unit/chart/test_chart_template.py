@@ -105,8 +105,19 @@ def test_every_value_in_values_yaml_is_described_by_the_schema() -> None:
         ({"webhook": {"tls": {"source": "vault"}}}, "source"),
         ({"exporter": {"port": 0}}, "port"),
         ({"kubeletPlugin": {"hostPaths": {"cdiDir": "relative/cdi"}}}, "cdiDir"),
+        ({"webhook": {"seccomp": "strict"}}, "seccomp"),
+        ({"webhook": {"highPriorityNamespaces": ["team-a,team-b"]}}, "highPriorityNamespaces"),
     ],
-    ids=["unknown-key", "queue-unknown-key", "driver-source", "tls-source", "port-zero", "relative-path"],
+    ids=[
+        "unknown-key",
+        "queue-unknown-key",
+        "driver-source",
+        "tls-source",
+        "port-zero",
+        "relative-path",
+        "seccomp-mode",
+        "namespace-list-in-one-name",
+    ],
 )
 def test_the_schema_refuses_wrong_values(home: Path, values: dict[str, Any], message: str) -> None:
     assert message in refusal(home, values)
@@ -443,6 +454,30 @@ def test_the_webhook_is_highly_available(default: list[dict[str, Any]]) -> None:
     container = pod["containers"][0]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_by_default_no_namespace_is_granted_priority_0_and_seccomp_is_enforced(
+    default: list[dict[str, Any]],
+) -> None:
+    webhook = find(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert (arg_values(webhook)["high-priority-namespaces"], arg_values(webhook)["seccomp"]) == (
+        "",
+        "enforce",
+    )
+    assert not [a for a in plugin_container(default)["args"] if "high-priority" in a]
+
+
+def test_the_namespaces_granted_priority_0_reach_the_webhook_and_every_node_daemon(home: Path) -> None:
+    """A claim written by hand never passes the webhook: the daemon must know the same list."""
+    objects = render(
+        home / "granted", {"webhook": {"highPriorityNamespaces": ["inference", "batch"], "seccomp": "warn"}}
+    )
+    webhook = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert arg_values(webhook)["high-priority-namespaces"] == "inference,batch"
+    assert arg_values(webhook)["seccomp"] == "warn"
+    plugin_args = plugin_container(objects)["args"]
+    granted = [a for a in plugin_args if a.startswith("--high-priority-namespace=")]
+    assert granted == ["--high-priority-namespace=inference", "--high-priority-namespace=batch"]
 
 
 def test_the_webhook_configuration_is_the_shipped_file_pointed_at_the_release(home: Path) -> None:

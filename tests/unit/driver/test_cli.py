@@ -28,7 +28,9 @@ def test_environment_variables_configure_the_daemon(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("TESSERA_KUBELET_ROOT", "/k")
     monkeypatch.setenv("TESSERA_CONTAINER_ENV", "A=1,B=2")
     monkeypatch.setenv("TESSERA_NVML_TIMEOUT", "4.5")
+    monkeypatch.setenv("TESSERA_HIGH_PRIORITY_NAMESPACES", "inference, batch")
     config = cli.config_from(cli.parser().parse_args([]))
+    assert config.high_priority_namespaces == frozenset({"inference", "batch"})
     assert config.nvml_timeout == 4.5
     assert config.node_name == "gpu-7"
     assert str(config.registration_socket) == "/k/plugins_registry/gpu.tessera.dev-reg.sock"

@@ -1,5 +1,6 @@
 """A claim's ShareConfig (priority, enforcement) is read strictly from its allocation: every
-malformation refuses the claim with one sentence, and enforcement off only on whole GPUs."""
+malformation refuses the claim with one sentence, enforcement off only on whole GPUs, and priority 0
+only in the namespaces an administrator granted it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tests.unit.driver.driver_samples import claim, result
 
 DEVICES = ["gpu-a", "gpu-b"]
 CAPACITY = {"gpu-a": 80 * GiB, "gpu-b": 80 * GiB}
+GRANTED = frozenset({"ns"})
+"""The namespace of driver_samples.claim, granted priority 0 unless a test says otherwise."""
 
 
 def configured(*entries: dict[str, Any], results: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
@@ -33,8 +36,8 @@ def entry(
     return out
 
 
-def settle(body: dict[str, Any]) -> ClaimSettings:
-    return settings(body, DRIVER_NAME, shares(body, DRIVER_NAME, "node-a", DEVICES), CAPACITY)
+def settle(body: dict[str, Any], granted: frozenset[str] = GRANTED) -> ClaimSettings:
+    return settings(body, DRIVER_NAME, shares(body, DRIVER_NAME, "node-a", DEVICES), CAPACITY, granted)
 
 
 def test_no_configuration_is_low_priority_and_enforced() -> None:
@@ -56,6 +59,30 @@ def test_later_entries_override_earlier_keys_and_other_drivers_are_ignored() -> 
         {"opaque": {"driver": "net.example.com", "parameters": {"anything": ["goes"]}}},
     )
     assert configs(body, DRIVER_NAME, ["gpu"]) == {"gpu": ShareConfig(priority=1, enforcement="on")}
+
+
+@pytest.mark.parametrize("granted", [frozenset(), frozenset({"other", "ns-2"})], ids=["none", "others"])
+def test_priority_0_outside_the_granted_namespaces_is_refused_naming_the_namespace_and_the_value(
+    granted: frozenset[str],
+) -> None:
+    """A claim written by hand never passes the webhook: the daemon is the last line, and its
+    sentence names the namespace and the chart value that grants priority 0."""
+    with pytest.raises(AllocationError) as refused:
+        settle(configured(entry(["gpu"], priority=0)), granted)
+    assert str(refused.value) == (
+        "ResourceClaim ns/c1: priority 0 (high), asked by request gpu, is granted only to namespaces "
+        'an administrator lists in the chart value webhook.highPriorityNamespaces, and namespace "ns" '
+        "is not listed"
+    )
+
+
+def test_outside_the_granted_namespaces_priority_1_prepares_and_an_overridden_0_is_not_asked() -> None:
+    """Only the priority a request ends up with counts: 1 over a class's 0 is low, and allowed."""
+    assert settle(configured(entry(priority=1)), frozenset()).priorities == {"gpu-a": 1}
+    body = configured(entry(source="FromClass", priority=0), entry(priority=1))
+    assert settle(body, frozenset()).priorities == {"gpu-a": 1}
+    with pytest.raises(AllocationError, match="asked by request gpu"):
+        settle(configured(entry(source="FromClass", priority=0)), frozenset())
 
 
 def test_a_gpu_shared_by_two_requests_takes_the_higher_priority() -> None:

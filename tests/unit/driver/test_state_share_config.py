@@ -1,9 +1,11 @@
 """Prepare carries a claim's ShareConfig onto the node: priority into its limits and its GPUs'
 priority boards (writable only for high priority), enforcement off as a spec without the shim,
-and a bad configuration as a refusal that writes nothing."""
+and a bad configuration, or priority 0 in a namespace not granted it, as a refusal that writes
+nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,12 @@ from tests.unit.driver.test_state import GPUS, OWN_DRIVER, A, B, node_result
 
 @pytest.fixture
 def config(tmp_path: Path) -> DriverConfig:
-    return DriverConfig(node_name="node-a", cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state")
+    return DriverConfig(
+        node_name="node-a",
+        cdi_dir=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        high_priority_namespaces=frozenset({"ns"}),  # driver_samples.claim's namespace
+    )
 
 
 def configured(body: dict[str, Any], **keys: Any) -> dict[str, Any]:
@@ -92,12 +99,31 @@ def test_enforcement_off_on_a_whole_gpu_gets_the_gpu_without_the_shim(config: Dr
 
 def test_a_refused_configuration_writes_nothing(config: DriverConfig) -> None:
     state = DeviceState(config, GPUS, OWN_DRIVER, "boot-1")
-    for uid, body in (
-        ("partial", configured(claim(node_result(A, "40Gi", "100", "s1"), uid="partial"), enforcement="off")),
-        ("bad", configured(claim(node_result(A, "1Gi", "10", "s1"), uid="bad"), priority=5)),
+    ungranted = DeviceState(
+        dataclasses.replace(config, high_priority_namespaces=frozenset({"other"})), GPUS, OWN_DRIVER, "boot-1"
+    )
+    for uid, body, daemon, reason in (
+        (
+            "partial",
+            configured(claim(node_result(A, "40Gi", "100", "s1"), uid="partial"), enforcement="off"),
+            state,
+            "allowed only on a whole GPU",
+        ),
+        (
+            "bad",
+            configured(claim(node_result(A, "1Gi", "10", "s1"), uid="bad"), priority=5),
+            state,
+            "priority 5",
+        ),
+        (
+            "high",
+            configured(claim(node_result(A, "1Gi", "10", "s1"), uid="high"), priority=0),
+            ungranted,
+            'namespace "ns" is not listed',
+        ),
     ):
-        with pytest.raises(AllocationError):
-            state.prepare(body)
+        with pytest.raises(AllocationError, match=reason):
+            daemon.prepare(body)
         assert not (config.claims_dir / uid).exists()
         assert not (config.cdi_dir / f"k8s.gpu.tessera.dev-claim_{uid}.json").exists()
-        assert uid not in state.records()
+        assert uid not in daemon.records()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tessera.webhook.cli import certificates_from, client_policy, parser
+from tessera import command
+from tessera.webhook.admission import AdmissionPolicy
+from tessera.webhook.cli import admission_policy, certificates_from, client_policy, parser
 from testbed.pki import CertificateAuthority
 
 
@@ -31,6 +33,8 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
         "--client-ca-file",
         "--client-names",
         "--allow-unauthenticated",
+        "--high-priority-namespaces",
+        "--seccomp",
     ):
         assert flag in shown.stdout
     assert "TESSERA_WEBHOOK_TLS_DIR" in shown.stdout
@@ -46,6 +50,23 @@ def test_environment_variables_set_the_defaults(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TESSERA_WEBHOOK_DNS_NAMES", "a.svc, b.svc")
     args = parser().parse_args([])
     assert (args.port, args.dns_names) == (9443, ["a.svc", "b.svc"])
+
+
+def test_the_admission_policy_grants_no_one_priority_0_and_enforces_seccomp_unless_told() -> None:
+    assert admission_policy(parser().parse_args([])) == AdmissionPolicy(frozenset(), "enforce")
+    args = parser().parse_args(["--high-priority-namespaces=inference,batch", "--seccomp=warn"])
+    assert admission_policy(args) == AdmissionPolicy(frozenset({"inference", "batch"}), "warn")
+
+
+def test_the_admission_policy_comes_from_the_environment_and_a_bad_mode_stops_the_webhook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TESSERA_WEBHOOK_HIGH_PRIORITY_NAMESPACES", "inference")
+    monkeypatch.setenv("TESSERA_WEBHOOK_SECCOMP", "off")
+    assert admission_policy(parser().parse_args([])) == AdmissionPolicy(frozenset({"inference"}), "off")
+    monkeypatch.setenv("TESSERA_WEBHOOK_SECCOMP", "strict")
+    with pytest.raises(command.UsageError, match="--seccomp must be one of enforce, warn, off, not 'strict'"):
+        admission_policy(parser().parse_args([]))
 
 
 def test_without_a_client_ca_the_webhook_refuses_to_start_unless_told_to_serve_anyone() -> None:

@@ -472,6 +472,23 @@ def test_connections_that_never_start_their_handshake_are_closed(running: Runnin
             'the review\'s pod annotation "nvidia.com/use-gputype" is not a string.',
         ),
         ({"object": {"metadata": "team"}}, "the review's pod metadata is not a JSON object."),
+        (
+            {"object": {"metadata": {"namespace": "team"}, "spec": {"securityContext": []}}},
+            "the review's pod spec securityContext is not a JSON object.",
+        ),
+        (
+            {"object": {"metadata": {"namespace": "team"}, "spec": {"os": "linux"}}},
+            "the review's pod spec.os is not a JSON object.",
+        ),
+        (
+            {
+                "object": {
+                    "metadata": {"namespace": "team"},
+                    "spec": {"containers": [{"securityContext": {"seccompProfile": {"type": 1}}}]},
+                }
+            },
+            "the review's pod spec.containers entry's securityContext.seccompProfile.type is not a string.",
+        ),
     ],
 )
 def test_malformed_reviews_get_400_with_a_sentence_and_create_nothing(
