@@ -4,7 +4,8 @@ the templates to create; pure, so every rule is a table-driven unit test.
 Beside the conversion, two decisions are the administrator's (:class:`AdmissionPolicy`, from the
 chart): which namespaces may ask priority 0 (tessera/priority_grant.py), and what happens to a
 container whose share the shim enforces but whose seccomp profile would let it unshare its way past
-the shim (tessera/webhook/seccomp.py).
+the shim (tessera/webhook/seccomp.py). Such a container may not mount a volume over the claim's files
+either (tessera/webhook/reserved_paths.py).
 
 Re-invocation is safe by construction: a converted pod no longer names any HAMi resource, so a
 second pass finds nothing to do.
@@ -37,7 +38,7 @@ from tessera.names import (
 )
 from tessera.priority_grant import HIGH_PRIORITY, granted, refusal
 from tessera.quantity import quote
-from tessera.webhook import review, seccomp
+from tessera.webhook import reserved_paths, review, seccomp
 from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.mutation import Converted, pod_patch
@@ -162,6 +163,7 @@ def admit(request: ReviewRequest, fleet: Fleet, policy: AdmissionPolicy = DEFAUL
             mode_refusal = _mode_refusal(annotations, shares)
             if mode_refusal:
                 raise Refusal(mode_refusal)
+        reserved_paths.review((item.where, item.container) for item in shimmed)
         confinement, confinement_warnings = seccomp.review(spec, shimmed, policy.seccomp)
     except (Refusal, AnnotationError, RecordError) as refused:
         return Decision(review.deny(uid, str(refused)), "denied")

@@ -203,3 +203,43 @@ def test_the_patched_pod_reviewed_again_is_left_alone() -> None:
     """Reinvocation after other webhooks: the converted pod names no HAMi resource any more."""
     result = patched_pod(pod(container("main", {G: 1, MEM: 1000})))
     assert decide(result).outcome == "untouched"
+
+
+# ---------------------------------------------------------------------------------- reserved paths
+
+
+@pytest.mark.parametrize(
+    "path", ["/run/tessera", "/run/tessera/limits", "/run/tessera/usage/", "/etc/ld.so.preload"]
+)
+def test_a_volume_over_the_claims_files_or_the_preload_is_refused_in_one_sentence(path: str) -> None:
+    """A pod volume there would land on the node's limits file, usage region or preload: the shim
+    would stop every CUDA program of the container, so the pod is refused when it is created."""
+    gpu = container("main", {G: 1, MEM: 1000})
+    gpu["volumeMounts"] = [{"name": "mine", "mountPath": path}]
+    assert denial(pod(gpu)) == (
+        f'container "main": volume "mine" is mounted at "{path}", where the node puts its GPU '
+        "share's limits and shim (/run/tessera and /etc/ld.so.preload are reserved); mount it elsewhere."
+    )
+
+
+@pytest.mark.parametrize("path", ["/run", "/run/tesseract", "/etc", "/data"])
+def test_volumes_beside_or_above_the_claims_files_are_left_alone(path: str) -> None:
+    """A volume above /run/tessera is mounted before the claim's folder, which lands on top of it."""
+    gpu = container("main", {G: 1, MEM: 1000})
+    gpu["volumeMounts"] = [{"name": "mine", "mountPath": path}]
+    assert patched_pod(pod(gpu))["spec"]["containers"][0]["volumeMounts"] == gpu["volumeMounts"]
+
+
+def test_a_container_without_the_shim_may_mount_anywhere() -> None:
+    """A MIG instance runs without the shim and the claim's folder: nothing there to cover."""
+    mig = container("main", {"nvidia.com/mig-1g.10gb": 1})
+    mig["volumeMounts"] = [{"name": "mine", "mountPath": "/run/tessera"}]
+    assert decide(pod(mig)).outcome == "converted"
+
+
+def test_the_reserved_paths_are_where_the_driver_mounts_the_claims_files() -> None:
+    from tessera.driver import claim_files
+    from tessera.webhook import reserved_paths
+
+    assert reserved_paths.CLAIM_FOLDER == claim_files.CONTAINER_DIR
+    assert reserved_paths.PRELOAD == claim_files.CONTAINER_PRELOAD
