@@ -66,9 +66,9 @@ def build_programs(out: Path, cuda_link_dir: Path) -> Path:
     """Compile the C test programs into ``out``; ``shim_linked`` links ``-lcuda`` from
     ``cuda_link_dir`` (build/simgpu, or the directory of NVIDIA's libcuda.so)."""
     out.mkdir(parents=True, exist_ok=True)
-    includes = [f"-I{REPO / 'include' / 'cuda-abi'}", f"-I{SIMGPU_TEST_HEADERS}"]
+    includes = [f"-I{REPO / 'include' / 'cuda-abi'}", f"-I{SIMGPU_TEST_HEADERS}", f"-I{SHIM / 'include'}"]
     flags = ["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", *includes]
-    headers = [REPO / "include" / "cuda-abi", SIMGPU_TEST_HEADERS / "simgpu_test.h"]
+    headers = [REPO / "include" / "cuda-abi", SIMGPU_TEST_HEADERS / "simgpu_test.h", SHIM / "include"]
     jobs = {
         "shim_probe": (["-ldl", "-lpthread"], []),
         "shim_stress": (["-ldl", "-lpthread"], []),

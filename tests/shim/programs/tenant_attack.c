@@ -12,18 +12,22 @@
  *   tenant_attack neighbour BYTES HOLD_MS GAP_MS   forever: allocate BYTES, hold them HOLD_MS,
  *                                             free, wait GAP_MS; one line per round
  *   tenant_attack limits PATH UUID BYTES CORES   write a limits file naming UUID, mode 0444
- *   tenant_attack region truncate|grow|scribble PATH   cut the file to 0 bytes, extend it by
- *                                             64 MiB, or overwrite every byte with garbage
+ *   tenant_attack region truncate|grow|scribble|zero PATH   cut the file to 0 bytes, extend it
+ *                                             by 64 MiB, overwrite every byte with garbage, or zero
+ *                                             every process's charge (a well-formed region that
+ *                                             says the claim holds nothing)
  *   tenant_attack link TARGET LINK            make TARGET's folders in this container and the
  *                                             symlink LINK -> TARGET (absolute links are resolved
  *                                             against the root of whoever follows them)
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "simgpu_test.h"
+#include "tessera_shim.h"
 
 static void *lib;
 
@@ -152,6 +156,14 @@ static int mode_region(int argc, char **argv)
             size_t n = (size_t)(st.st_size - at) < sizeof junk ? (size_t)(st.st_size - at)
                                                                   : sizeof junk;
             rc = pwrite(fd, junk, n, at) == (ssize_t)n ? 0 : -1;
+        }
+    } else if (strcmp(how, "zero") == 0) {
+        static const uint64_t none[TESSERA_MAX_GPUS];
+        for (int i = 0; i < TESSERA_REGION_SLOTS && rc == 0; i++) {
+            off_t at = (off_t)(offsetof(struct tessera_region, slots) +
+                               (size_t)i * sizeof(struct tessera_region_slot) +
+                               offsetof(struct tessera_region_slot, used));
+            rc = pwrite(fd, none, sizeof none, at) == (ssize_t)sizeof none ? 0 : -1;
         }
     } else {
         fprintf(stderr, "unknown region change %s\n", how);
