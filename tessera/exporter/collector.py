@@ -28,7 +28,6 @@ fails the scrape.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +36,13 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera.driver import claim_files
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.devices import device_name
 from tessera.driver.discovery import Gpu, GpuSample
-from tessera.exporter import cgroups
+from tessera.exporter import reading
 from tessera.exporter.containers import ContainerRef
 from tessera.exporter.metrics import DaemonMetrics
+from tessera.exporter.reading import Claim, ClaimReader
 from tessera.shim import format as shim_format
 
 log = logging.getLogger(__name__)
@@ -138,20 +137,6 @@ class Sources:
     clock: Callable[[], float] = field(default=time.monotonic)
 
 
-@dataclass(frozen=True)
-class _Claim:
-    namespace: str
-    name: str
-    uid: str
-    limits: list[shim_format.GpuLimit]
-    region: shim_format.RegionSnapshot | None
-    """None when the region is missing or malformed: the claim's usage is unknown, not 0."""
-
-
-_Fixed = tuple[tuple[str, str, str], list[shim_format.GpuLimit], Path]
-"""What never changes about a prepared claim: (namespace, name, UID), limits, region path."""
-
-
 class GpuCollector(Collector):
     """A prometheus_client collector: ``collect()`` reads everything afresh at each scrape."""
 
@@ -159,8 +144,7 @@ class GpuCollector(Collector):
         self._s = sources
         self._metrics = metrics
         self._by_uuid = {g.uuid: g for g in sources.gpus}
-        self._fixed: dict[str, _Fixed] = {}
-        """Claim UID -> (identity, limits, region path), read at the first scrape that finds it."""
+        self._reader = ClaimReader(sources.claims_dir, self._error)
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
         self._over: set[tuple[str, str]] = set()
@@ -186,7 +170,7 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ reading
 
     def _collect(self) -> list[Metric]:
-        claims = self._claims()
+        claims = self._reader.claims()
         samples = self._samples()
         families = {
             name: GaugeMetricFamily(
@@ -199,55 +183,6 @@ class GpuCollector(Collector):
         self._gpu_series(families, claims, samples)
         self._container_series(families, claims, samples)
         return list(families.values())
-
-    def _claims(self) -> list[_Claim]:
-        out = []
-        try:
-            with os.scandir(self._s.claims_dir) as entries:
-                present = {e.name for e in entries if e.is_dir() and not e.name.startswith(".")}
-        except FileNotFoundError:
-            present = set()
-        for uid in set(self._fixed) - present:  # unprepared: forget it
-            del self._fixed[uid]
-        for uid in sorted(present):
-            fixed = self._fixed.get(uid) or self._read_fixed(
-                uid, claim_files.claim_files(self._s.claims_dir, uid)
-            )
-            if fixed is None:
-                continue
-            (namespace, name, _), limits, region_path = fixed
-            region: shim_format.RegionSnapshot | None = None
-            try:
-                region = shim_format.read_region(region_path)
-            except FileNotFoundError:
-                # Prepare writes it after the limits (a container cannot remove its mount point);
-                # a folder gone since the listing is a claim unprepared now.
-                if not region_path.parent.exists():
-                    continue
-            except OSError as error:  # RegionError: whatever a tenant made of the file
-                self._error("region", "claim %s/%s (%s): %s", namespace, name, uid, error)
-            out.append(_Claim(namespace, name, uid, limits, region))
-        return out
-
-    def _read_fixed(self, uid: str, files: claim_files.ClaimFiles) -> _Fixed | None:
-        """A claim's identity and limits, read once: both are written at prepare from the claim's
-        allocation, which never changes, and a new claim is a new UID (a new folder)."""
-        identity = claim_files.read_identity(files)
-        if identity is None:
-            # A folder being written or removed right now: skip without calling it an error
-            # unless its files are there and unreadable.
-            if files.identity.exists():
-                self._error("claim", "claim %s: unreadable %s", uid, files.identity)
-            return None
-        try:
-            limits = shim_format.read_limits(files.limits)
-        except (shim_format.LimitsError, OSError) as error:
-            self._error("limits", "claim %s: %s", uid, error)
-            return None
-        if limits is None:
-            return None  # prepare has not written it yet
-        self._fixed[uid] = (identity, limits, files.region)
-        return self._fixed[uid]
 
     def _samples(self) -> dict[str, GpuSample]:
         out = {}
@@ -265,7 +200,7 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per GPU
 
     def _gpu_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
+        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
     ) -> None:
         problems = self._s.problems()
         memory: dict[str, int] = {}
@@ -312,9 +247,12 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per container
 
     def _container_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
+        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
     ) -> None:
-        owners = self._owners(samples)
+        owners = {
+            pid: placed.ref
+            for pid, placed in reading.owners(self._s.proc, _pids(samples), self._s.container).items()
+        }
         now = self._s.clock()
         seen: set[tuple[str, str]] = set()
         over: set[tuple[str, str]] = set()
@@ -402,7 +340,7 @@ class GpuCollector(Collector):
             del self._charged[key]
 
     def _report_over(
-        self, claim: _Claim, uuid: str, containers: Sequence[ContainerRef], held: int, limit: int
+        self, claim: Claim, uuid: str, containers: Sequence[ContainerRef], held: int, limit: int
     ) -> None:
         """Name the containers of a claim whose processes hold more than its limit: once, when it
         starts (the series carries it at every scrape)."""
@@ -464,19 +402,9 @@ class GpuCollector(Collector):
             return None
         return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9)))
 
-    def _owners(self, samples: Mapping[str, GpuSample]) -> dict[int, ContainerRef]:
-        """Every process NVML sampled or lists on a GPU -> the container it runs in, by its cgroup
-        (processes in no known container left out). Read at every scrape: a pid's cgroup is one
-        small file, and a cached answer could outlive the process that gave it."""
-        pids = {
-            pid
-            for s in samples.values()
-            for pid in (*(s.process_sm_percent or {}), *(s.compute_memory or {}))
-        }
-        out: dict[int, ContainerRef] = {}
-        for pid in pids:
-            found = cgroups.container_of(self._s.proc, pid)
-            ref = self._s.container(*found) if found is not None else None
-            if ref is not None:
-                out[pid] = ref
-        return out
+
+def _pids(samples: Mapping[str, GpuSample]) -> set[int]:
+    """Every process NVML sampled or lists on a GPU."""
+    return {
+        pid for s in samples.values() for pid in (*(s.process_sm_percent or {}), *(s.compute_memory or {}))
+    }
