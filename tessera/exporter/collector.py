@@ -135,6 +135,9 @@ class Sources:
     """(pod UID, runtime container ID) -> that container, from the pods' statuses."""
     proc: Path = Path("/proc")
     clock: Callable[[], float] = field(default=time.monotonic)
+    processes: Callable[[str], Mapping[int, int | None] | None] | None = None
+    """NVML's process list of a GPU UUID alone (``GpuSample.compute_memory``), for the bypass loop's
+    frequent checks; None: taken from ``sample``."""
 
 
 class GpuCollector(Collector):
