@@ -57,6 +57,7 @@ CONTAINER_MEMORY_DRIVER = "tessera_container_gpu_memory_driver_bytes"
 CONTAINER_MEMORY_EXCESS = "tessera_container_gpu_memory_excess_bytes"
 CONTAINER_COMPUTE_LIMIT = "tessera_container_gpu_compute_limit_ratio"
 CONTAINER_UTILIZATION = "tessera_container_gpu_utilization_ratio"
+CONTAINER_UTILIZATION_EXCESS = "tessera_container_gpu_utilization_excess_ratio"
 CONTAINER_PROCESSES = "tessera_container_gpu_processes"
 # Per GPU.
 GPU_MEMORY_TOTAL = "tessera_gpu_memory_total_bytes"
@@ -89,6 +90,10 @@ _HELP = {
     "over NVML's last sample window (NVML per-process samples of the processes of the containers "
     "using the claim, matched by cgroup); from the GPU time the shim charged between two scrapes "
     "where NVML gives no samples.",
+    CONTAINER_UTILIZATION_EXCESS: "Share of this GPU's time, 0-1, by which the claim's processes kept its SMs "
+    "busy past the claim's compute cap over NVML's last sample window, by the driver's own "
+    "per-process samples (compute taken around the shim, which caps only the launches it sees); 0 "
+    "within the cap. Only where NVML gives per-process samples.",
     CONTAINER_PROCESSES: "Live processes of the containers using the claim with a compute context on this "
     "GPU (NVML's list, matched to containers by cgroup); where NVML gives no list, the claim's "
     "processes holding memory on it in its usage region.",
@@ -276,7 +281,7 @@ class GpuCollector(Collector):
                 on_gpu = {pid: used for pid, used in (listed or {}).items() if pid in ours}
                 accounted.setdefault(limit.uuid, set()).update(on_gpu)
                 usage = {g.uuid: g for g in claim.region.gpus}.get(limit.uuid) if claim.region else None
-                utilization = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
+                utilization, sampled = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
                 # Every process holding memory on a GPU has a context there: NVML's list is the
                 # whole set where it is given; the region's slots holding memory where it is not.
                 if listed is not None:
@@ -316,6 +321,9 @@ class GpuCollector(Collector):
                         families[CONTAINER_PROCESSES].add_metric(labels, float(count))
                     if utilization is not None:
                         families[CONTAINER_UTILIZATION].add_metric(labels, utilization)
+                        if sampled:
+                            excess_ratio = max(0.0, utilization - compute_limit)
+                            families[CONTAINER_UTILIZATION_EXCESS].add_metric(labels, excess_ratio)
                     mine = [on_gpu[pid] for pid in on_gpu if owners[pid] == ref]
                     if listed is not None and None not in mine:
                         families[CONTAINER_MEMORY_DRIVER].add_metric(labels, float(sum(v or 0 for v in mine)))
@@ -392,18 +400,19 @@ class GpuCollector(Collector):
         ours: set[int],
         sample: GpuSample | None,
         now: float,
-    ) -> float | None:
+    ) -> tuple[float | None, bool]:
         """NVML's per-process samples of the claim's processes, summed; else the charged-time rate
-        since the last scrape (None on the first scrape that sees the claim)."""
+        since the last scrape (None on the first scrape that sees the claim). True with a figure
+        from the driver's samples: only those see compute taken around the shim."""
         charged = usage.charged_ns if usage else 0
         previous = self._charged.get((uid, uuid))
         self._charged[(uid, uuid)] = (charged, now)
         if sample is not None and sample.process_sm_percent is not None:
             percent = sum(util for pid, util in sample.process_sm_percent.items() if pid in ours)
-            return min(percent, 100) / 100
+            return min(percent, 100) / 100, True
         if previous is None or now <= previous[1] or usage is None:
-            return None
-        return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9)))
+            return None, False
+        return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9))), False
 
 
 def _pids(samples: Mapping[str, GpuSample]) -> set[int]:

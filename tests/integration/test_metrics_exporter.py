@@ -430,3 +430,57 @@ def test_promtool_fires_the_unaccounted_memory_alert_only_past_the_per_process_t
     )
     done = promtool("test", "rules", str(tests))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_fires_the_compute_over_cap_alert_only_past_the_tolerance_for_five_minutes(
+    tmp_path: Path,
+) -> None:
+    """The shipped rule evaluated by promtool's own rule tests: a claim's processes sampled 0.1 past
+    its cap stay within the tolerance; 0.3 past it fires once it has held for five minutes, naming
+    the container."""
+    labels = (
+        'namespace="team-a", pod="p", container="main", claim="c", node="n1", device_uuid="GPU-1", '
+        'device_index="0"'
+    )
+    tests = tmp_path / "compute-test.yaml"
+    tests.write_text(
+        textwrap.dedent(
+            f"""\
+            rule_files:
+              - {RULES_FILE}
+            evaluation_interval: 1m
+            tests:
+              - interval: 1m
+                input_series:
+                  - series: 'tessera_container_gpu_utilization_excess_ratio{{{labels}}}'
+                    values: '0.1x9 0.3x10'
+                alert_rule_test:
+                  - eval_time: 9m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts: []
+                  - eval_time: 14m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts: []
+                  - eval_time: 15m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts:
+                      - exp_labels:
+                          severity: warning
+                          namespace: team-a
+                          pod: p
+                          container: main
+                          claim: c
+                          node: n1
+                          device_uuid: GPU-1
+                          device_index: "0"
+                        exp_annotations:
+                          summary: Container team-a/p/main uses more GPU time than its compute cap
+                          description: >-
+                            The processes of claim c kept GPU 0 (GPU-1) of node n1 busy 30% of the
+                            time past the claim's compute cap, by the driver's per-process samples,
+                            for 5 minutes: compute taken around the shim.
+            """
+        )
+    )
+    done = promtool("test", "rules", str(tests))
+    assert done.returncode == 0, done.stdout + done.stderr
