@@ -138,6 +138,7 @@ class Exporter(Stoppable):
         self._nvml: Nvml | None = None
         self._server: MetricsServer | None = None
         self._health: HttpServer | None = None
+        self._checks: threading.Thread | None = None
 
     def start(self) -> None:
         self._nvml = nvml = Nvml()
@@ -180,7 +181,8 @@ class Exporter(Stoppable):
         loop = BypassLoop(replace(sources, processes=nvml.compute_memory), settings, metrics, events.emit)
         # Checks start once the pods are listed: before that no process belongs to a claim.
         threading.Thread(target=events.run, args=(self._stop,), name="pod-events", daemon=True).start()
-        threading.Thread(target=self._bypass, args=(index, loop), name="bypass", daemon=True).start()
+        self._checks = threading.Thread(target=self._bypass, args=(index, loop), name="bypass", daemon=True)
+        self._checks.start()
 
         self._server = MetricsServer(self._args.metrics_address, self._args.metrics_port, registry)
         self._server.start()
@@ -224,6 +226,9 @@ class Exporter(Stoppable):
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._checks is not None:  # a check in progress finishes before NVML closes
+            self._checks.join(timeout=5)
+            self._checks = None
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None

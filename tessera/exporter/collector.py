@@ -90,8 +90,8 @@ _HELP = {
     "over NVML's last sample window (NVML per-process samples of the processes of the containers "
     "using the claim, matched by cgroup); from the GPU time the shim charged between two scrapes "
     "where NVML gives no samples.",
-    CONTAINER_UTILIZATION_EXCESS: "Share of this GPU's time, 0-1, by which the claim's processes kept its SMs "
-    "busy past the claim's compute cap over NVML's last sample window, by the driver's own "
+    CONTAINER_UTILIZATION_EXCESS: "Share of this GPU's time, 0-1, by which the claim's processes kept its "
+    "SMs busy past the claim's compute cap over NVML's last sample window, by the driver's own "
     "per-process samples (compute taken around the shim, which caps only the launches it sees); 0 "
     "within the cap. Only where NVML gives per-process samples.",
     CONTAINER_PROCESSES: "Live processes of the containers using the claim with a compute context on this "
