@@ -76,6 +76,9 @@ class BypassLoop:
         self._reader = ClaimReader(sources.claims_dir, self._quiet_error)
         self._episodes = Episodes(settings.bound_s)
         self._by_uuid = {g.uuid: g for g in sources.gpus}
+        self._known: dict[int, tuple[int, tuple[str, str] | None, procs.Identity | None]] = {}
+        """Host pid -> (start time, its cgroup's pod UID and container ID, its identity), for the
+        processes NVML listed at the last check."""
 
     def run(self, stop: threading.Event) -> None:
         """Check every period until ``stop`` is set; a check that fails is logged and the next one
@@ -124,8 +127,7 @@ class BypassLoop:
     def _holdings(
         self, listed: Mapping[str, Mapping[int, int | None]], claims: list[reading.Claim]
     ) -> list[Holding]:
-        owners = reading.owners(self._s.proc, {pid for p in listed.values() for pid in p}, self._s.container)
-        identities: dict[int, procs.Identity | None] = {}
+        whom = self._whom({pid for p in listed.values() for pid in p})
         out = []
         for claim in claims:
             containers = set(self._s.containers(claim.namespace, claim.name))
@@ -135,17 +137,13 @@ class BypassLoop:
                     continue
                 processes = []
                 for pid, used in on_gpu.items():
-                    placed = owners.get(pid)
                     # A figure the driver does not give is not judged: unknown, not 0.
-                    if placed is None or placed.ref not in containers or used is None:
+                    if pid not in whom or whom[pid][0].ref not in containers or used is None:
                         continue
-                    if pid not in identities:
-                        identities[pid] = procs.identity(self._s.proc, pid)
-                    found = identities[pid]
-                    if found is not None:  # None: it has exited
-                        processes.append(
-                            Process(pid, found.start_time, found.ns_pid, found.command, placed, used)
-                        )
+                    placed, found = whom[pid]
+                    processes.append(
+                        Process(pid, found.start_time, found.ns_pid, found.command, placed, used)
+                    )
                 out.append(
                     Holding(
                         claim.namespace,
@@ -157,6 +155,31 @@ class BypassLoop:
                         claim.region.processes if claim.region is not None else None,
                     )
                 )
+        return out
+
+    def _whom(self, pids: set[int]) -> dict[int, tuple[Placed, procs.Identity]]:
+        """Listed processes that run in a known container -> where, and who they are. What cannot
+        change in a process's life - its cgroup's pod and container (set before it runs, and
+        checked again before any signal), its namespace pid - is read once per process (a pid and
+        its start time), so a check reads one /proc file per listed process; the container is
+        looked up afresh each time, as pods come and go."""
+        for pid in set(self._known) - pids:
+            del self._known[pid]
+        out = {}
+        for pid in pids:
+            started = procs.start_time(self._s.proc, pid)
+            if started is None:  # exited
+                self._known.pop(pid, None)
+                continue
+            known = self._known.get(pid)
+            if known is None or known[0] != started:
+                ids = cgroups.container_of(self._s.proc, pid)
+                found = procs.identity(self._s.proc, pid) if ids is not None else None
+                known = self._known[pid] = (started, ids, found)
+            _, ids, found = known
+            ref = self._s.container(*ids) if ids is not None else None
+            if ref is not None and ids is not None and found is not None and found.start_time == started:
+                out[pid] = (Placed(ref, *ids), found)
         return out
 
     def _quiet_error(self, source: str, message: str, *args: object) -> None:
