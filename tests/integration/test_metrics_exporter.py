@@ -60,8 +60,14 @@ UNACCOUNTED = "tessera_gpu_memory_unaccounted_bytes"
 @dataclass
 class Bed:
     node: DriverNode
-    prometheus: Prometheus
+    scraper: Prometheus | None
+    """None for a bed whose tests read the exporter and the API server only."""
     programs: Path
+
+    @property
+    def prometheus(self) -> Prometheus:
+        assert self.scraper is not None, "this bed runs no Prometheus"
+        return self.scraper
 
     def scrape_number(self) -> int:
         """The exporter's scrape count now (this read is itself a scrape)."""
@@ -84,7 +90,11 @@ class Bed:
 
 @contextlib.contextmanager
 def node_bed(
-    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str], exporter_args: list[str]
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    fake_node: Callable[..., str],
+    exporter_args: list[str],
+    scraped: bool = True,
 ) -> Iterator[Bed]:
     build_shim()
     subprocess.run(["make", "-C", "simgpu", "-j2"], check=True, capture_output=True)
@@ -93,11 +103,12 @@ def node_bed(
     node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB, exporter_args=exporter_args)
     node.start()
     node.wait_published()
-    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"])
+    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"]) if scraped else None
     try:
         yield Bed(node, prometheus, programs)
     finally:
-        prometheus.stop()
+        if prometheus is not None:
+            prometheus.stop()
         node.cleanup()
 
 
@@ -105,6 +116,15 @@ def node_bed(
 def bed(cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]) -> Iterator[Bed]:
     """A node whose exporter runs with the chart's defaults."""
     with node_bed(cluster, kube, fake_node, []) as made:
+        yield made
+
+
+@pytest.fixture
+def default_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """A node whose exporter runs with the chart's defaults, and no Prometheus."""
+    with node_bed(cluster, kube, fake_node, [], scraped=False) as made:
         yield made
 
 
@@ -122,11 +142,20 @@ def reporting_bed(
 
 
 @pytest.fixture
+def unscraped_reporting_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """The same, and no Prometheus."""
+    with node_bed(cluster, kube, fake_node, ["--bypass-action=report", *TOLERANCE], scraped=False) as made:
+        yield made
+
+
+@pytest.fixture
 def stopping_bed(
     cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
 ) -> Iterator[Bed]:
-    """A node whose exporter stops memory taken around the shim (the default action)."""
-    with node_bed(cluster, kube, fake_node, ["--bypass-action=stop", *TOLERANCE]) as made:
+    """A node whose exporter stops memory taken around the shim (the default action); no Prometheus."""
+    with node_bed(cluster, kube, fake_node, ["--bypass-action=stop", *TOLERANCE], scraped=False) as made:
         yield made
 
 
@@ -613,13 +642,14 @@ def test_a_process_holding_memory_around_the_shim_past_its_claim_is_stopped_with
 
 
 def test_zeroed_counters_and_a_second_process_the_one_hiding_its_memory_is_stopped_the_other_lives(
-    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+    default_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     """Both processes go through the shim: the first holds 1000 MiB of a 1 GiB claim, its charge is
     zeroed in the usage region, and the shim then lets a second take 1000 MiB more. With the
     chart's defaults (stop, 512 MiB a process) the claim's 976 MiB past its limit is within the
     tolerance of its two processes, but the first holds 1000 MiB that the region charges no one:
     it alone is stopped, and the second, charged for what it holds, keeps its memory and runs on."""
+    bed = default_bed
     _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     with in_container(kube, namespace, "p"):
@@ -644,9 +674,9 @@ def test_zeroed_counters_and_a_second_process_the_one_hiding_its_memory_is_stopp
 
 
 def test_in_report_mode_nobody_is_stopped_and_the_pod_gets_one_warning_event_per_episode(
-    reporting_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+    unscraped_reporting_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    bed = reporting_bed
+    bed = unscraped_reporting_bed
     _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     with in_container(kube, namespace, "p"):
