@@ -60,6 +60,8 @@ StopProcess = Callable[[int, Callable[[], bool]], bool]
 
 
 class BypassLoop:
+    """Reads, judges and acts, one check per period (``run``); ``check`` is one of them."""
+
     def __init__(
         self,
         sources: Sources,
@@ -83,11 +85,18 @@ class BypassLoop:
     def run(self, stop: threading.Event) -> None:
         """Check every period until ``stop`` is set; a check that fails is logged and the next one
         runs as usual."""
+        failing: str | None = None  # logged once while it lasts, not four times a second
         while not stop.wait(self._settings.period_s):
             try:
                 self.check()
-            except Exception:
-                log.exception("bypass check failed")
+            except Exception as error:
+                if repr(error) != failing:
+                    log.exception("bypass check failed; retrying every %g s", self._settings.period_s)
+                    failing = repr(error)
+            else:
+                if failing is not None:
+                    log.info("bypass checks work again")
+                    failing = None
 
     def check(self) -> None:
         """One check: read, judge, act on what is due."""

@@ -6,8 +6,10 @@ by pidfd; the Events and the loop's counters are read back."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.reading import Placed
 from tessera.quantity import GiB, MiB
 from tessera.shim import format as shim_format
+from testbed.polling import poll_until
 from tests.unit.driver.driver_samples import gpu
 from tests.unit.driver.test_region_reader import UUID, hold
 from tests.unit.exporter.test_exporter import ids_of, write_claim
@@ -226,3 +229,41 @@ def test_processes_in_no_container_of_the_claim_are_not_judged(make_bed: Callabl
     bed.checks(100.0, 102.0, 104.0)
     assert host.poll() is None
     assert bed.events == []
+
+
+def test_a_check_that_keeps_failing_is_logged_once_and_its_recovery_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tessera.exporter.bypass_loop")
+    failures = [RuntimeError("the pod index is broken")] * 3
+
+    def containers(namespace: str, name: str) -> list[ContainerRef]:
+        if failures:
+            raise failures.pop()
+        return []
+
+    def messages() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "tessera.exporter.bypass_loop"]
+
+    write_claim(tmp_path / "claims", "u1", "c1", [shim_format.GpuLimit(UUID, GiB, 0)])
+    sources = Sources(
+        node="node-a",
+        claims_dir=tmp_path / "claims",
+        gpus=[gpu(0, uuid=UUID)],
+        sample=lambda uuid: GpuSample(None, None, None, None, None, None, {}),
+        problems=dict,
+        records=dict,
+        containers=containers,
+        container=lambda p, c: None,
+        proc=tmp_path,
+    )
+    loop = BypassLoop(sources, BypassSettings(STOP, 0, 2.0, 0.01), DaemonMetrics("node-a"), lambda *a: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    try:
+        poll_until(lambda: len(messages()) >= 2 or None, 10, "the loop's recovery logged")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert messages() == ["bypass check failed; retrying every 0.01 s", "bypass checks work again"]
