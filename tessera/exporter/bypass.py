@@ -9,8 +9,8 @@ share of, at each check:
   slot charges it, by more than the tolerance. Its memory went around the shim (the real driver
   library opened by its path, the preload dropped) or its charge was erased (the claim's counters
   zeroed, so that a second process could allocate again). A process with no slot is charged 0;
-  a claim whose region cannot be read (missing or malformed: the shim refuses to run without it)
-  charges every process 0.
+  a claim whose region cannot be read (missing or malformed: a starting process's shim refuses it,
+  so only a tenant's hand makes it so under running ones) charges every process 0.
 - **over_limit**: the claim's processes together hold more than its limit, by more than the
   tolerance for each of them. The uncharged ones are offenders first; if the rest still hold more
   than the limit, the process with the most uncharged memory (then the most memory) is added, and
