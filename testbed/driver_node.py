@@ -88,6 +88,7 @@ class DriverNode:
         cleanup_interval: float = 60.0,
         metrics_address: str = "127.0.0.1",
         metrics_port: int | None = None,
+        exporter_args: Sequence[str] = (),
     ) -> None:
         self.cluster = cluster
         self.node_name = node_name
@@ -114,6 +115,8 @@ class DriverNode:
         """None: a free loopback port at each start (many test nodes share one host); a real node
         passes its own address and METRICS_PORT, as a DaemonSet on its host network would."""
         self.metrics_port = 0
+        self.exporter_args = list(exporter_args)
+        """More tessera-exporter flags (its bypass loop's action, tolerance and bound)."""
         self.process: ManagedProcess | None = None
         self.exporter: ManagedProcess | None = None
         self.starts = 0
@@ -159,6 +162,7 @@ class DriverNode:
             f"--metrics-port={self.metrics_port}",
             f"--metrics-address={self.metrics_address}",
             "--log-level=debug",
+            *self.exporter_args,
         ]
 
     def start(self, crash_point: str | None = None, extra_args: Sequence[str] = ()) -> None:

@@ -193,6 +193,12 @@ class Nvml:
                 compute_memory=_compute_memory(handle),
             )
 
+    def compute_memory(self, uuid: str) -> dict[int, int | None] | None:
+        """Only :attr:`GpuSample.compute_memory` of GPU ``uuid``: one NVML call, for a check that runs
+        several times a second (pynvml.NVMLError if the GPU cannot be found at all)."""
+        with self._lock:
+            return _compute_memory(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+
 
 def _optional(query: Callable[[], T]) -> T | None:
     try:

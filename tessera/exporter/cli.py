@@ -5,7 +5,9 @@ in a scrape - a bug, a hostile claim's data, a slow NVML call - can stop or slow
 prepares go on whatever the exporter does, and each process holds only the privileges its own work
 needs (docs/driver.md says what each container holds). It reads what the daemon writes and nothing
 else: the claim folders and the checkpoint under the state folder (mounted read-only), NVML, each
-GPU process's cgroup, and its own watch of the node's pods. Every flag has an environment fallback.
+GPU process's cgroup, and its own watch of the node's pods. Apart from scrapes, its bypass loop
+(tessera/exporter/bypass_loop.py) stops a claim's processes that hold GPU memory around the shim
+(``--bypass-action``) and writes an Event on their pod. Every flag has an environment fallback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from kubernetes import client
@@ -25,12 +28,15 @@ from tessera.command import Stoppable
 from tessera.driver import checkpoint, claim_files, devices
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.discovery import Nvml
+from tessera.exporter.bypass_loop import ACTIONS, STOP, BypassLoop, BypassSettings
 from tessera.exporter.collector import GpuCollector, Sources
 from tessera.exporter.containers import ContainerIndex
+from tessera.exporter.events import PodEvents
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.server import MetricsServer
 from tessera.kube import api_client
 from tessera.names import METRICS_PORT
+from tessera.quantity import quantity_to_int
 from tessera.serving import Endpoints, HttpServer
 from tessera.settings import setting
 
@@ -73,8 +79,49 @@ def parser() -> argparse.ArgumentParser:
         int,
     )
     setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
+    setting(
+        p,
+        "--bypass-action",
+        "TESSERA_BYPASS_ACTION",
+        STOP,
+        "what to do with a process that holds GPU memory around the shim past --bypass-tolerance for "
+        "--bypass-bound seconds: stop (SIGKILL it) or report (only log and write an Event on its "
+        "pod); either way once per episode (docs/metrics.md)",
+        choices=ACTIONS,
+    )
+    setting(
+        p,
+        "--bypass-tolerance",
+        "TESSERA_BYPASS_TOLERANCE",
+        "512Mi",
+        "per process, the driver memory past what the shim charged (or past its claim's limit) that "
+        "is no bypass: the real driver's per-context overhead, which the shim does not charge (a "
+        "quantity: bytes, or with Ki, Mi, Gi)",
+        _tolerance,
+    )
+    setting(
+        p,
+        "--bypass-bound",
+        "TESSERA_BYPASS_BOUND",
+        2.0,
+        "seconds a bypass must hold at every check before it is acted on (0-10)",
+        float,
+    )
+    setting(
+        p,
+        "--bypass-period",
+        "TESSERA_BYPASS_PERIOD",
+        0.25,
+        "seconds between two checks for a bypass (more than 0, less than 1)",
+        float,
+    )
     command.log_flags(p, "TESSERA_")
     return p
+
+
+def _tolerance(value: str) -> int:
+    """A byte count as a Kubernetes quantity (512Mi); ValueError with one sentence otherwise."""
+    return quantity_to_int(value)
 
 
 class Exporter(Stoppable):
@@ -91,6 +138,7 @@ class Exporter(Stoppable):
         self._nvml: Nvml | None = None
         self._server: MetricsServer | None = None
         self._health: HttpServer | None = None
+        self._checks: threading.Thread | None = None
 
     def start(self) -> None:
         self._nvml = nvml = Nvml()
@@ -120,8 +168,21 @@ class Exporter(Stoppable):
             containers=index.containers,
             container=index.container,
         )
+        metrics = DaemonMetrics(self._node)
         registry = CollectorRegistry()
-        registry.register(GpuCollector(sources, DaemonMetrics(self._node)))
+        registry.register(GpuCollector(sources, metrics))
+        events = PodEvents(client.CoreV1Api(self._kube).create_namespaced_event, self._node)
+        settings = BypassSettings(
+            self._args.bypass_action,
+            self._args.bypass_tolerance,
+            self._args.bypass_bound,
+            self._args.bypass_period,
+        )
+        loop = BypassLoop(replace(sources, processes=nvml.compute_memory), settings, metrics, events.emit)
+        # Checks start once the pods are listed: before that no process belongs to a claim.
+        threading.Thread(target=events.run, args=(self._stop,), name="pod-events", daemon=True).start()
+        self._checks = threading.Thread(target=self._bypass, args=(index, loop), name="bypass", daemon=True)
+        self._checks.start()
 
         self._server = MetricsServer(self._args.metrics_address, self._args.metrics_port, registry)
         self._server.start()
@@ -132,6 +193,20 @@ class Exporter(Stoppable):
             )
             self._health = HttpServer("health", self._args.health_address, self._args.health_port, endpoints)
             self._health.start()
+
+    def _bypass(self, index: ContainerIndex, loop: BypassLoop) -> None:
+        while not index.synced.wait(1.0):
+            if self._stop.is_set():
+                return
+        log.info(
+            "checking for GPU memory taken around the shim every %g s (action %s, tolerance %d bytes per "
+            "process, bound %g s)",
+            self._args.bypass_period,
+            self._args.bypass_action,
+            self._args.bypass_tolerance,
+            self._args.bypass_bound,
+        )
+        loop.run(self._stop)
 
     def _records(self) -> Mapping[str, ClaimRecord]:
         """The daemon's prepared claims, read from its checkpoint (never written or moved here: a
@@ -151,6 +226,9 @@ class Exporter(Stoppable):
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._checks is not None:  # a check in progress finishes before NVML closes
+            self._checks.join(timeout=5)
+            self._checks = None
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
@@ -164,6 +242,14 @@ def exporter(args: argparse.Namespace) -> Exporter:
         raise command.UsageError(f"the metrics port must be 1-65535, not {args.metrics_port}")
     if not 0 <= args.health_port <= 65535:
         raise command.UsageError(f"the health port must be 0-65535, not {args.health_port}")
+    if args.bypass_tolerance < 0:
+        raise command.UsageError(f"the bypass tolerance must be 0 or more, not {args.bypass_tolerance}")
+    if not 0 <= args.bypass_bound <= 10:
+        raise command.UsageError(f"the bypass bound must be 0-10 seconds, not {args.bypass_bound}")
+    if not 0 < args.bypass_period < 1:
+        raise command.UsageError(
+            f"the bypass period must be more than 0 and less than 1 second, not {args.bypass_period}"
+        )
     return Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
 
 

@@ -28,7 +28,6 @@ fails the scrape.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +36,13 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tessera.driver import claim_files
 from tessera.driver.checkpoint import ClaimRecord
 from tessera.driver.devices import device_name
 from tessera.driver.discovery import Gpu, GpuSample
-from tessera.exporter import cgroups
+from tessera.exporter import reading
 from tessera.exporter.containers import ContainerRef
 from tessera.exporter.metrics import DaemonMetrics
+from tessera.exporter.reading import Claim, ClaimReader
 from tessera.shim import format as shim_format
 
 log = logging.getLogger(__name__)
@@ -58,6 +57,7 @@ CONTAINER_MEMORY_DRIVER = "tessera_container_gpu_memory_driver_bytes"
 CONTAINER_MEMORY_EXCESS = "tessera_container_gpu_memory_excess_bytes"
 CONTAINER_COMPUTE_LIMIT = "tessera_container_gpu_compute_limit_ratio"
 CONTAINER_UTILIZATION = "tessera_container_gpu_utilization_ratio"
+CONTAINER_UTILIZATION_EXCESS = "tessera_container_gpu_utilization_excess_ratio"
 CONTAINER_PROCESSES = "tessera_container_gpu_processes"
 # Per GPU.
 GPU_MEMORY_TOTAL = "tessera_gpu_memory_total_bytes"
@@ -90,6 +90,10 @@ _HELP = {
     "over NVML's last sample window (NVML per-process samples of the processes of the containers "
     "using the claim, matched by cgroup); from the GPU time the shim charged between two scrapes "
     "where NVML gives no samples.",
+    CONTAINER_UTILIZATION_EXCESS: "Share of this GPU's time, 0-1, by which the claim's processes kept its "
+    "SMs busy past the claim's compute cap over NVML's last sample window, by the driver's own "
+    "per-process samples (compute taken around the shim, which caps only the launches it sees); 0 "
+    "within the cap. Only where NVML gives per-process samples.",
     CONTAINER_PROCESSES: "Live processes of the containers using the claim with a compute context on this "
     "GPU (NVML's list, matched to containers by cgroup); where NVML gives no list, the claim's "
     "processes holding memory on it in its usage region.",
@@ -136,20 +140,9 @@ class Sources:
     """(pod UID, runtime container ID) -> that container, from the pods' statuses."""
     proc: Path = Path("/proc")
     clock: Callable[[], float] = field(default=time.monotonic)
-
-
-@dataclass(frozen=True)
-class _Claim:
-    namespace: str
-    name: str
-    uid: str
-    limits: list[shim_format.GpuLimit]
-    region: shim_format.RegionSnapshot | None
-    """None when the region is missing or malformed: the claim's usage is unknown, not 0."""
-
-
-_Fixed = tuple[tuple[str, str, str], list[shim_format.GpuLimit], Path]
-"""What never changes about a prepared claim: (namespace, name, UID), limits, region path."""
+    processes: Callable[[str], Mapping[int, int | None] | None] | None = None
+    """NVML's process list of a GPU UUID alone (``GpuSample.compute_memory``), for the bypass loop's
+    frequent checks; None: taken from ``sample``."""
 
 
 class GpuCollector(Collector):
@@ -159,8 +152,7 @@ class GpuCollector(Collector):
         self._s = sources
         self._metrics = metrics
         self._by_uuid = {g.uuid: g for g in sources.gpus}
-        self._fixed: dict[str, _Fixed] = {}
-        """Claim UID -> (identity, limits, region path), read at the first scrape that finds it."""
+        self._reader = ClaimReader(sources.claims_dir, self._error)
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
         self._over: set[tuple[str, str]] = set()
@@ -186,7 +178,7 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ reading
 
     def _collect(self) -> list[Metric]:
-        claims = self._claims()
+        claims = self._reader.claims()
         samples = self._samples()
         families = {
             name: GaugeMetricFamily(
@@ -199,55 +191,6 @@ class GpuCollector(Collector):
         self._gpu_series(families, claims, samples)
         self._container_series(families, claims, samples)
         return list(families.values())
-
-    def _claims(self) -> list[_Claim]:
-        out = []
-        try:
-            with os.scandir(self._s.claims_dir) as entries:
-                present = {e.name for e in entries if e.is_dir() and not e.name.startswith(".")}
-        except FileNotFoundError:
-            present = set()
-        for uid in set(self._fixed) - present:  # unprepared: forget it
-            del self._fixed[uid]
-        for uid in sorted(present):
-            fixed = self._fixed.get(uid) or self._read_fixed(
-                uid, claim_files.claim_files(self._s.claims_dir, uid)
-            )
-            if fixed is None:
-                continue
-            (namespace, name, _), limits, region_path = fixed
-            region: shim_format.RegionSnapshot | None = None
-            try:
-                region = shim_format.read_region(region_path)
-            except FileNotFoundError:
-                # Prepare writes it after the limits (a container cannot remove its mount point);
-                # a folder gone since the listing is a claim unprepared now.
-                if not region_path.parent.exists():
-                    continue
-            except OSError as error:  # RegionError: whatever a tenant made of the file
-                self._error("region", "claim %s/%s (%s): %s", namespace, name, uid, error)
-            out.append(_Claim(namespace, name, uid, limits, region))
-        return out
-
-    def _read_fixed(self, uid: str, files: claim_files.ClaimFiles) -> _Fixed | None:
-        """A claim's identity and limits, read once: both are written at prepare from the claim's
-        allocation, which never changes, and a new claim is a new UID (a new folder)."""
-        identity = claim_files.read_identity(files)
-        if identity is None:
-            # A folder being written or removed right now: skip without calling it an error
-            # unless its files are there and unreadable.
-            if files.identity.exists():
-                self._error("claim", "claim %s: unreadable %s", uid, files.identity)
-            return None
-        try:
-            limits = shim_format.read_limits(files.limits)
-        except (shim_format.LimitsError, OSError) as error:
-            self._error("limits", "claim %s: %s", uid, error)
-            return None
-        if limits is None:
-            return None  # prepare has not written it yet
-        self._fixed[uid] = (identity, limits, files.region)
-        return self._fixed[uid]
 
     def _samples(self) -> dict[str, GpuSample]:
         out = {}
@@ -265,7 +208,7 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per GPU
 
     def _gpu_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
+        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
     ) -> None:
         problems = self._s.problems()
         memory: dict[str, int] = {}
@@ -312,9 +255,12 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per container
 
     def _container_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[_Claim], samples: Mapping[str, GpuSample]
+        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
     ) -> None:
-        owners = self._owners(samples)
+        owners = {
+            pid: placed.ref
+            for pid, placed in reading.owners(self._s.proc, _pids(samples), self._s.container).items()
+        }
         now = self._s.clock()
         seen: set[tuple[str, str]] = set()
         over: set[tuple[str, str]] = set()
@@ -335,7 +281,7 @@ class GpuCollector(Collector):
                 on_gpu = {pid: used for pid, used in (listed or {}).items() if pid in ours}
                 accounted.setdefault(limit.uuid, set()).update(on_gpu)
                 usage = {g.uuid: g for g in claim.region.gpus}.get(limit.uuid) if claim.region else None
-                utilization = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
+                utilization, sampled = self._utilization(claim.uid, limit.uuid, usage, ours, sample, now)
                 # Every process holding memory on a GPU has a context there: NVML's list is the
                 # whole set where it is given; the region's slots holding memory where it is not.
                 if listed is not None:
@@ -375,6 +321,9 @@ class GpuCollector(Collector):
                         families[CONTAINER_PROCESSES].add_metric(labels, float(count))
                     if utilization is not None:
                         families[CONTAINER_UTILIZATION].add_metric(labels, utilization)
+                        if sampled:
+                            excess_ratio = max(0.0, utilization - compute_limit)
+                            families[CONTAINER_UTILIZATION_EXCESS].add_metric(labels, excess_ratio)
                     mine = [on_gpu[pid] for pid in on_gpu if owners[pid] == ref]
                     if listed is not None and None not in mine:
                         families[CONTAINER_MEMORY_DRIVER].add_metric(labels, float(sum(v or 0 for v in mine)))
@@ -402,7 +351,7 @@ class GpuCollector(Collector):
             del self._charged[key]
 
     def _report_over(
-        self, claim: _Claim, uuid: str, containers: Sequence[ContainerRef], held: int, limit: int
+        self, claim: Claim, uuid: str, containers: Sequence[ContainerRef], held: int, limit: int
     ) -> None:
         """Name the containers of a claim whose processes hold more than its limit: once, when it
         starts (the series carries it at every scrape)."""
@@ -451,32 +400,23 @@ class GpuCollector(Collector):
         ours: set[int],
         sample: GpuSample | None,
         now: float,
-    ) -> float | None:
+    ) -> tuple[float | None, bool]:
         """NVML's per-process samples of the claim's processes, summed; else the charged-time rate
-        since the last scrape (None on the first scrape that sees the claim)."""
+        since the last scrape (None on the first scrape that sees the claim). True with a figure
+        from the driver's samples: only those see compute taken around the shim."""
         charged = usage.charged_ns if usage else 0
         previous = self._charged.get((uid, uuid))
         self._charged[(uid, uuid)] = (charged, now)
         if sample is not None and sample.process_sm_percent is not None:
             percent = sum(util for pid, util in sample.process_sm_percent.items() if pid in ours)
-            return min(percent, 100) / 100
+            return min(percent, 100) / 100, True
         if previous is None or now <= previous[1] or usage is None:
-            return None
-        return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9)))
+            return None, False
+        return max(0.0, min(1.0, (charged - previous[0]) / ((now - previous[1]) * 1e9))), False
 
-    def _owners(self, samples: Mapping[str, GpuSample]) -> dict[int, ContainerRef]:
-        """Every process NVML sampled or lists on a GPU -> the container it runs in, by its cgroup
-        (processes in no known container left out). Read at every scrape: a pid's cgroup is one
-        small file, and a cached answer could outlive the process that gave it."""
-        pids = {
-            pid
-            for s in samples.values()
-            for pid in (*(s.process_sm_percent or {}), *(s.compute_memory or {}))
-        }
-        out: dict[int, ContainerRef] = {}
-        for pid in pids:
-            found = cgroups.container_of(self._s.proc, pid)
-            ref = self._s.container(*found) if found is not None else None
-            if ref is not None:
-                out[pid] = ref
-        return out
+
+def _pids(samples: Mapping[str, GpuSample]) -> set[int]:
+    """Every process NVML sampled or lists on a GPU."""
+    return {
+        pid for s in samples.values() for pid in (*(s.process_sm_percent or {}), *(s.compute_memory or {}))
+    }

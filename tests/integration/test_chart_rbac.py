@@ -104,8 +104,12 @@ PLUGIN_MUST = [
     Ask("watch", "pods"),
     Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
     Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+    # tessera/exporter/events.py: an Event on the pod whose process the bypass loop stopped.
+    Ask("create", "events", namespace=ANYWHERE),
 ]
 PLUGIN_MUST_NOT = [
+    # Events are written once each, never changed, read or removed.
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "patch", "delete", "list")),
     Ask("patch", f"{RESOURCE}/resourceslices"),
     Ask("deletecollection", f"{RESOURCE}/resourceslices"),
     *(

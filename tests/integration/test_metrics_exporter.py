@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import signal
 import subprocess
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from simgpu.config import library_dir, process_env
 from tessera.exporter.collector import FAMILIES
 from tessera.quantity import GiB
-from tessera.shim.format import GpuLimit, read_limits
+from tessera.shim._format import ffi as _ffi
+from tessera.shim._format import lib as _lib
+from tessera.shim.format import MAX_GPUS, GpuLimit, read_limits
 from tessera.shim.install import install
 from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
@@ -55,8 +60,14 @@ UNACCOUNTED = "tessera_gpu_memory_unaccounted_bytes"
 @dataclass
 class Bed:
     node: DriverNode
-    prometheus: Prometheus
+    scraper: Prometheus | None
+    """None for a bed whose tests read the exporter and the API server only."""
     programs: Path
+
+    @property
+    def prometheus(self) -> Prometheus:
+        assert self.scraper is not None, "this bed runs no Prometheus"
+        return self.scraper
 
     def scrape_number(self) -> int:
         """The exporter's scrape count now (this read is itself a scrape)."""
@@ -77,19 +88,75 @@ class Bed:
         return poll_until(made, 60, f"Prometheus's scrape number {scrape} of {self.node.node_name}")[0]
 
 
-@pytest.fixture
-def bed(cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]) -> Iterator[Bed]:
+@contextlib.contextmanager
+def node_bed(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    fake_node: Callable[..., str],
+    exporter_args: list[str],
+    scraped: bool = True,
+) -> Iterator[Bed]:
     build_shim()
     subprocess.run(["make", "-C", "simgpu", "-j2"], check=True, capture_output=True)
     programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     ensure_device_class(kube)
-    node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB)
+    node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB, exporter_args=exporter_args)
     node.start()
     node.wait_published()
-    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"])
-    yield Bed(node, prometheus, programs)
-    prometheus.stop()
-    node.cleanup()
+    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"]) if scraped else None
+    try:
+        yield Bed(node, prometheus, programs)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        node.cleanup()
+
+
+@pytest.fixture
+def bed(cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]) -> Iterator[Bed]:
+    """A node whose exporter runs with the chart's defaults."""
+    with node_bed(cluster, kube, fake_node, []) as made:
+        yield made
+
+
+@pytest.fixture
+def default_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """A node whose exporter runs with the chart's defaults, and no Prometheus."""
+    with node_bed(cluster, kube, fake_node, [], scraped=False) as made:
+        yield made
+
+
+# The simulated driver charges no per-context overhead: a tolerance well under what the tests take.
+TOLERANCE = ["--bypass-tolerance=64Mi"]
+
+
+@pytest.fixture
+def reporting_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """A node whose exporter only reports memory taken around the shim (it stops nothing)."""
+    with node_bed(cluster, kube, fake_node, ["--bypass-action=report", *TOLERANCE]) as made:
+        yield made
+
+
+@pytest.fixture
+def unscraped_reporting_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """The same, and no Prometheus."""
+    with node_bed(cluster, kube, fake_node, ["--bypass-action=report", *TOLERANCE], scraped=False) as made:
+        yield made
+
+
+@pytest.fixture
+def stopping_bed(
+    cluster: LocalCluster, kube: client.ApiClient, fake_node: Callable[..., str]
+) -> Iterator[Bed]:
+    """A node whose exporter stops memory taken around the shim (the default action); no Prometheus."""
+    with node_bed(cluster, kube, fake_node, ["--bypass-action=stop", *TOLERANCE], scraped=False) as made:
+        yield made
 
 
 def prepared_claim(bed: Bed, namespace: str, claim: str, uid: str, tmp_path: Path) -> Claim:
@@ -165,9 +232,13 @@ def own_cgroup(mount: Path) -> Path:
     raise AssertionError(f"no line of /proc/self/cgroup for {mount}")
 
 
-def hold(claim: Claim, nbytes: int) -> subprocess.Popen[str]:
-    """A process of the claim that allocates ``nbytes`` and holds them until its stdin closes."""
-    process = claim.start("shim_probe", "alloc", "mem", str(nbytes), "hold")
+def hold(claim: Claim, nbytes: int, around: bool = False) -> subprocess.Popen[str]:
+    """A process of the claim that allocates ``nbytes`` and holds them until its stdin closes;
+    ``around``: one that reaches the driver without the shim (no preload: the real library by its
+    path), which the shim never charges."""
+    process = claim.start(
+        "shim_probe", "alloc", "mem", str(nbytes), "hold", env={"LD_PRELOAD": ""} if around else None
+    )
     assert process.stdout is not None
     lines = []
     for line in process.stdout:
@@ -196,8 +267,10 @@ def test_promtool_accepts_the_shipped_rules_and_a_real_scrape_with_every_family(
     checked = promtool("check", "metrics", stdin=scrape)
     assert checked.returncode == 0, checked.stdout + checked.stderr + scrape
     names = {f.name for f in text_string_to_metric_families(scrape)}
-    # Utilisation needs one process sample or two scrapes; every other family is there at once.
-    assert set(FAMILIES) - {"tessera_container_gpu_utilization_ratio"} <= names
+    # Utilisation needs one process sample or two scrapes (its excess, a process sample); every
+    # other family is there at once.
+    sampled = {"tessera_container_gpu_utilization_ratio", "tessera_container_gpu_utilization_excess_ratio"}
+    assert set(FAMILIES) - sampled <= names
     # Prometheus loaded the shipped rules and scrapes the node.
     assert {g["file"] for g in bed.prometheus.rule_groups()} == {str(RULES_FILE)}
     poll_until(bed.prometheus.targets_up, 30, "target up")
@@ -328,23 +401,20 @@ def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert
 
 
 def test_a_process_that_bypasses_the_shim_shows_as_its_containers_excess_and_fires_the_alert(
-    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+    reporting_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     """A process of the container that reaches the driver without the shim (no preload: the real
     library by its path) allocates past the claim: the shim charged nothing for it, the driver
     reports it all, and the excess names the container, is memory the GPU has that no claim accounts
-    for, is logged once naming the container, and fires TesseraGpuMemoryUnaccounted."""
+    for, is logged once naming the container, and fires TesseraGpuMemoryUnaccounted. (The exporter
+    only reports here, so that the process lives through the alert's minute.)"""
+    bed = reporting_bed
     _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
     with in_container(kube, namespace, "p"):
         shimmed = hold(proc, 512 * 1024 * 1024)
-        bypass = proc.start("shim_probe", "alloc", "mem", str(3 * GiB), "hold", env={"LD_PRELOAD": ""})
+        bypass = hold(proc, 3 * GiB, around=True)
         try:
-            assert bypass.stdout is not None
-            lines = [bypass.stdout.readline()]
-            while not lines[-1].startswith("HOLD") and lines[-1]:
-                lines.append(bypass.stdout.readline())
-            assert values("".join(lines)).get("rc") == "0", lines
             selector = f'{{namespace="{namespace}", pod="p", container="main"}}'
             n = bed.scrape_number()
             assert one(bed.at_scrape(USED + selector, n + 1)).value == 512 * 1024 * 1024
@@ -430,3 +500,223 @@ def test_promtool_fires_the_unaccounted_memory_alert_only_past_the_per_process_t
     )
     done = promtool("test", "rules", str(tests))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_fires_the_compute_over_cap_alert_only_past_the_tolerance_for_five_minutes(
+    tmp_path: Path,
+) -> None:
+    """The shipped rule evaluated by promtool's own rule tests: a claim's processes sampled 0.1 past
+    its cap stay within the tolerance; 0.3 past it fires once it has held for five minutes, naming
+    the container."""
+    labels = (
+        'namespace="team-a", pod="p", container="main", claim="c", node="n1", device_uuid="GPU-1", '
+        'device_index="0"'
+    )
+    tests = tmp_path / "compute-test.yaml"
+    tests.write_text(
+        textwrap.dedent(
+            f"""\
+            rule_files:
+              - {RULES_FILE}
+            evaluation_interval: 1m
+            tests:
+              - interval: 1m
+                input_series:
+                  - series: 'tessera_container_gpu_utilization_excess_ratio{{{labels}}}'
+                    values: '0.1x9 0.3x10'
+                alert_rule_test:
+                  - eval_time: 9m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts: []
+                  - eval_time: 14m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts: []
+                  - eval_time: 15m
+                    alertname: TesseraContainerGpuComputeOverCap
+                    exp_alerts:
+                      - exp_labels:
+                          severity: warning
+                          namespace: team-a
+                          pod: p
+                          container: main
+                          claim: c
+                          node: n1
+                          device_uuid: GPU-1
+                          device_index: "0"
+                        exp_annotations:
+                          summary: Container team-a/p/main uses more GPU time than its compute cap
+                          description: >-
+                            The processes of claim c kept GPU 0 (GPU-1) of node n1 busy 30% of the
+                            time past the claim's compute cap, by the driver's per-process samples,
+                            for 5 minutes: compute taken around the shim.
+            """
+        )
+    )
+    done = promtool("test", "rules", str(tests))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+BOUND = 2.0
+"""The exporter's default --bypass-bound, which these beds keep."""
+
+
+def pod_events(kube: client.ApiClient, namespace: str, pod: str, reason: str) -> list[client.CoreV1Event]:
+    """The Events with ``reason`` on pod ``namespace/pod`` (by its UID, as involvedObject names it)."""
+    core = client.CoreV1Api(kube)
+    metadata = core.read_namespaced_pod(pod, namespace).metadata
+    assert metadata is not None
+    selector = f"involvedObject.uid={metadata.uid},reason={reason}"
+    return list(core.list_namespaced_event(namespace, field_selector=selector).items)
+
+
+def one_event(kube: client.ApiClient, namespace: str, pod: str, reason: str) -> client.CoreV1Event:
+    def written() -> tuple[client.CoreV1Event] | None:
+        found = pod_events(kube, namespace, pod, reason)
+        return (found[0],) if found else None
+
+    return poll_until(written, 30, f"an Event {reason} on pod {namespace}/{pod}")[0]
+
+
+def held_for(message: str) -> float:
+    """The seconds an Event's sentence says the offence held before it was acted on."""
+    match = re.search(r", for ([0-9.]+) s: ", message)
+    assert match, message
+    return float(match.group(1))
+
+
+def zero_charge(region: Path, pid: int) -> None:
+    """What any process of the claim can do to its usage region (mapped read-write in its
+    containers): zero the charge of process ``pid`` on every GPU."""
+    handle = _ffi.new("struct tessera_region_handle *")
+    assert _lib.tessera_region_open(str(region).encode(), handle, _ffi.NULL, 0) == 0
+    try:
+        slots = [i for i in range(handle.map.slot_hwm) if handle.map.slots[i].pid == pid]
+        assert len(slots) == 1, slots
+        for g in range(MAX_GPUS):
+            handle.map.slots[slots[0]].used[g] = 0
+    finally:
+        _lib.tessera_region_close(handle)
+
+
+def test_a_process_holding_memory_around_the_shim_past_its_claim_is_stopped_within_the_bound(
+    stopping_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """A container's process takes 3 GiB under a 1 GiB claim without the shim (the real driver
+    library by its path): the exporter SIGKILLs it once the offence has held for the bound, the
+    container's process that went through the shim keeps running, and the pod gets a Warning Event
+    saying which process, how much past what, and for how long; the exporter's log says the same."""
+    bed = stopping_bed
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    with in_container(kube, namespace, "p"):
+        shimmed = hold(proc, 512 * 1024 * 1024)
+        try:
+            bypass = hold(proc, 3 * GiB, around=True)
+            held_from = time.monotonic()
+            assert bypass.wait(timeout=30) == -signal.SIGKILL
+            lived = time.monotonic() - held_from
+            assert shimmed.poll() is None
+        finally:
+            shimmed.kill()
+            shimmed.wait(timeout=60)
+    event = one_event(kube, namespace, "p", "GpuMemoryBypassStopped")
+    assert event.type == "Warning"
+    assert event.message is not None
+    assert event.message.startswith(
+        f"Process {bypass.pid} (shim_probe) of container main held 3072 MiB on GPU "
+    )
+    assert f"3072 MiB past what claim {namespace}/{claim}'s usage region charges it (0 MiB)" in event.message
+    assert event.message.endswith(": stopped (SIGKILL).")
+    # The loop's own account: the offence held at every check for the bound before it acted.
+    assert held_for(event.message) >= BOUND, event.message
+    print(f"\nthe bypassing process lived {lived:.2f} s after it held its memory; the Event: {event.message}")
+    logged = exporter_log(bed, "GpuMemoryBypassStopped")
+    assert len(logged) == 1 and event.message in logged[0], logged
+    stopped = [
+        s.value
+        for f in text_string_to_metric_families(bed.node.scrape())
+        for s in f.samples
+        if s.name == "tessera_exporter_bypass_stopped_total" and s.labels["reason"] == "uncharged"
+    ]
+    assert stopped == [1]
+
+
+def test_zeroed_counters_and_a_second_process_the_one_hiding_its_memory_is_stopped_the_other_lives(
+    default_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """Both processes go through the shim: the first holds 1000 MiB of a 1 GiB claim, its charge is
+    zeroed in the usage region, and the shim then lets a second take 1000 MiB more. With the
+    chart's defaults (stop, 512 MiB a process) the claim's 976 MiB past its limit is within the
+    tolerance of its two processes, but the first holds 1000 MiB that the region charges no one:
+    it alone is stopped, and the second, charged for what it holds, keeps its memory and runs on."""
+    bed = default_bed
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    with in_container(kube, namespace, "p"):
+        first = hold(proc, 1000 * 1024 * 1024)
+        second: subprocess.Popen[str] | None = None
+        try:
+            assert proc.region is not None
+            zero_charge(proc.region, first.pid)
+            second = hold(proc, 1000 * 1024 * 1024)
+            assert first.wait(timeout=30) == -signal.SIGKILL
+            event = one_event(kube, namespace, "p", "GpuMemoryBypassStopped")
+            assert second.poll() is None
+        finally:
+            for process in (first, second):
+                if process is not None:
+                    process.kill()
+                    process.wait(timeout=60)
+    assert event.message is not None
+    assert event.message.startswith(f"Process {first.pid} (shim_probe) of container main held 1000 MiB")
+    assert "1000 MiB past what claim" in event.message and "charges it (0 MiB)" in event.message
+    assert len(pod_events(kube, namespace, "p", "GpuMemoryBypassStopped")) == 1
+
+
+def test_in_report_mode_nobody_is_stopped_and_the_pod_gets_one_warning_event_per_episode(
+    unscraped_reporting_bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    bed = unscraped_reporting_bed
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    with in_container(kube, namespace, "p"):
+        bypass = hold(proc, 2 * GiB, around=True)
+        try:
+            event = one_event(kube, namespace, "p", "GpuMemoryBypassDetected")
+            after = bypass_checks(bed)
+
+            def eight_more() -> bool | None:
+                return bypass_checks(bed) >= after + 8 or None
+
+            # Many more checks find the same offence: still one Event, and the process runs on.
+            poll_until(eight_more, 30, "eight more checks")
+            assert bypass.poll() is None
+            assert len(pod_events(kube, namespace, "p", "GpuMemoryBypassDetected")) == 1
+            assert pod_events(kube, namespace, "p", "GpuMemoryBypassStopped") == []
+        finally:
+            bypass.kill()
+            bypass.wait(timeout=60)
+    assert event.type == "Warning" and event.message is not None
+    assert event.message.startswith(f"Process {bypass.pid} (shim_probe) of container main held 2048 MiB")
+    assert event.message.endswith(": reported only (bypass action: report).")
+    logged = exporter_log(bed, "GpuMemoryBypassDetected")
+    assert len(logged) == 1 and event.message in logged[0], logged
+
+
+def bypass_checks(bed: Bed) -> int:
+    """The exporter's count of bypass checks now."""
+    for family in text_string_to_metric_families(bed.node.scrape()):
+        for s in family.samples:
+            if s.name == "tessera_exporter_bypass_checks_total":
+                return int(s.value)
+    raise AssertionError("no tessera_exporter_bypass_checks_total in the scrape")
+
+
+def exporter_log(bed: Bed, word: str) -> list[str]:
+    """The exporter's log lines (every start's) that contain ``word``."""
+    return [
+        line
+        for log in bed.node.work_dir.glob("tessera-exporter-*.log")
+        for line in log.read_text().splitlines()
+        if word in line
+    ]

@@ -274,23 +274,40 @@ def test_with_the_toolkit_the_daemon_is_not_privileged(default: list[dict[str, A
     assert "hostNetwork" not in pod
 
 
-def test_the_exporter_reads_host_pids_without_capabilities_and_the_daemons_state_read_only(
+def test_the_exporter_reads_host_pids_with_only_kill_and_the_daemons_state_read_only(
     default: list[dict[str, Any]],
 ) -> None:
     """It matches NVML's host PIDs to containers by /proc/<pid>/cgroup, which anyone may read: the
-    pod shares the host's PIDs for it, and no container of the pod holds a capability."""
+    pod shares the host's PIDs for it. Its one capability, KILL, stops a claim's process that took
+    GPU memory around the shim whatever user it runs as; the plugin holds none."""
     pod = find(default, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
     security = exporter_container(default)["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"] == {"drop": ["ALL"]}
-    for container in pod["containers"]:
-        assert "add" not in container["securityContext"]["capabilities"], container["name"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert plugin_container(default)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     mounts = {m["name"]: m for m in exporter_container(default)["volumeMounts"]}
     assert set(mounts) == {"tmp", "state", "nvml"}
     assert mounts["state"]["readOnly"] is True and mounts["nvml"]["readOnly"] is True
+
+
+def test_the_bypass_action_tolerance_and_bound_reach_the_exporter_and_report_needs_no_capability(
+    default: list[dict[str, Any]], home: Path
+) -> None:
+    args = arg_values(exporter_container(default))
+    assert (args["bypass-action"], args["bypass-tolerance"], args["bypass-bound"]) == ("stop", "512Mi", "2")
+    values = {"exporter": {"bypass": {"action": "report", "tolerance": "64Mi", "bound": 0.5}}}
+    objects = render(home / "report", values)
+    container = exporter_container(objects)
+    args = arg_values(container)
+    assert [args["bypass-action"], args["bypass-tolerance"], args["bypass-bound"]] == [
+        "report",
+        "64Mi",
+        "0.5",
+    ]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_without_the_exporter_the_daemon_needs_no_host_pids_and_no_capabilities(home: Path) -> None:

@@ -470,6 +470,32 @@ def charge(region: Path, uuid: str, charged_ns: int) -> None:
         _lib.tessera_region_close(handle)
 
 
+def test_compute_past_the_cap_by_the_drivers_own_samples_is_the_claims_utilisation_excess(bed: Bed) -> None:
+    """A 30 % claim whose processes the driver samples at 45 % took 15 % of the GPU around the
+    shim's cap; an uncapped claim never exceeds it."""
+    g = bed.gpus[0]
+    write_claim(bed.claims_dir, "u1", "c1", [shim_format.GpuLimit(g.uuid, 8 * GiB, 30)])
+    write_claim(bed.claims_dir, "u2", "c2", [shim_format.GpuLimit(g.uuid, 8 * GiB, 0)])
+    p1, p2 = ContainerRef("ns", "p1", "main"), ContainerRef("ns", "p2", "main")
+    bed.pods[("ns", "c1")] = [p1]
+    bed.pods[("ns", "c2")] = [p2]
+    bed.fake_process(4242, p1)
+    bed.fake_process(4243, p1)
+    bed.fake_process(5000, p2)
+    bed.samples[g.uuid] = sample(processes={4242: 40, 4243: 5, 5000: 50}, compute_memory={4242: 0, 5000: 0})
+    assert values(bed.scrape(), "tessera_container_gpu_utilization_excess_ratio") == {
+        container("ns", "p1", "main", "c1", g): pytest.approx(0.15),
+        container("ns", "p2", "main", "c2", g): 0,
+    }
+    bed.samples[g.uuid] = sample(processes={4242: 20}, compute_memory={4242: 0})
+    assert (
+        values(bed.scrape(), "tessera_container_gpu_utilization_excess_ratio")[
+            container("ns", "p1", "main", "c1", g)
+        ]
+        == 0
+    )
+
+
 def test_without_per_process_samples_utilisation_is_the_charged_gpu_time_since_the_last_scrape(
     bed: Bed,
 ) -> None:
@@ -490,7 +516,10 @@ def test_without_per_process_samples_utilisation_is_the_charged_gpu_time_since_t
     charge(folder / "usage", g.uuid, 10_000_000_000)  # 2 s in 1 s: more than the GPU has
     assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: 1.0}
     bed.now += 5.0  # nothing charged
-    assert values(bed.scrape(), "tessera_container_gpu_utilization_ratio") == {labels: 0.0}
+    series = bed.scrape()
+    assert values(series, "tessera_container_gpu_utilization_ratio") == {labels: 0.0}
+    # What the shim charged says nothing of compute taken around it: no excess without samples.
+    assert values(series, "tessera_container_gpu_utilization_excess_ratio") == {}
 
 
 def replace_with(path: Path, make: Callable[[Path], None]) -> None:

@@ -21,12 +21,39 @@ def test_environment_variables_configure_the_exporter(monkeypatch: pytest.Monkey
     assert (args.node_name, args.state_dir, args.metrics_port) == ("gpu-7", "/s", 9100)
 
 
+def test_the_bypass_loop_stops_by_default_with_a_512mi_tolerance_and_a_2_second_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = exporter_cli.parser().parse_args([])
+    assert (args.bypass_action, args.bypass_tolerance, args.bypass_bound, args.bypass_period) == (
+        "stop",
+        512 * 1024 * 1024,
+        2.0,
+        0.25,
+    )
+    monkeypatch.setenv("TESSERA_BYPASS_ACTION", "report")
+    monkeypatch.setenv("TESSERA_BYPASS_TOLERANCE", "64Mi")
+    args = exporter_cli.parser().parse_args(["--bypass-bound=1.5"])
+    assert (args.bypass_action, args.bypass_tolerance, args.bypass_bound) == ("report", 64 * 1024 * 1024, 1.5)
+
+
+def test_a_bypass_action_other_than_stop_or_report_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        exporter_cli.parser().parse_args(["--bypass-action=ignore"])
+    assert "argument --bypass-action: invalid choice: 'ignore'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         ([], "the node name is required (--node-name or NODE_NAME)"),
         (["--node-name=n", "--metrics-port=0"], "the metrics port must be 1-65535, not 0"),
         (["--node-name=n", "--health-port=70000"], "the health port must be 0-65535, not 70000"),
+        (["--node-name=n", "--bypass-bound=11"], "the bypass bound must be 0-10 seconds, not 11.0"),
+        (
+            ["--node-name=n", "--bypass-period=1"],
+            "the bypass period must be more than 0 and less than 1 second, not 1.0",
+        ),
     ],
 )
 def test_bad_settings_stop_it_with_one_sentence(
