@@ -23,8 +23,11 @@ when it records the process's pid as its own PID namespace numbers it (the last 
 both are known, the same start time (field 22 of /proc/<pid>/stat), so two pods sharing a claim
 cannot be confused by equal pids.
 
-Processes on a GPU in no container of a claim on it are not judged here (the collector logs them):
-the node may run other GPU work the exporter knows nothing of.
+A process of a claim's container holding memory on a GPU none of its container's claims has a share
+of is judged there too, against a limit and a charge of 0: the shim gives such a GPU nothing (so the
+memory went around it), and the GPU's own shares belong to others. Processes in no container of a
+claim are not judged here (the collector logs them): the node may run other GPU work the exporter
+knows nothing of.
 
 An offence counts once it has held at every check for ``bound`` seconds (:class:`Episodes`), so
 the transient gap between an allocation and its charge - or between the two reads - never counts.
@@ -72,10 +75,12 @@ class Holding:
     processes: Sequence[Process]
     slots: Sequence[ProcessUsage] | None
     """The claim's live region slots; None when the region cannot be read."""
+    shared: bool = True
+    """False: a GPU none of the processes' claims has a share of (limit 0, nothing charged)."""
 
     def charged(self, process: Process) -> int:
         """What the region charges ``process`` on this GPU (its slots', normally one)."""
-        if self.slots is None or process.ns_pid is None:
+        if self.slots is None or process.ns_pid is None or not self.shared:
             return 0
         return sum(
             slot.used_bytes.get(self.uuid, 0)
@@ -104,14 +109,19 @@ class Offence:
         """One sentence for the pod's Event and the log: which process, how much past what, for
         how long, and ``outcome`` ("stopped", "reported only")."""
         p, h = self.process, self.holding
-        what = (
-            f"{_mib(self.held)} on GPU {h.uuid}, {_mib(self.held - self.allowed)} past what claim "
-            f"{h.namespace}/{h.claim}'s usage region charges it ({_mib(self.allowed)})"
-            if self.reason == UNCHARGED
-            else f"{_mib(p.driver_bytes)} on GPU {h.uuid}, where claim {h.namespace}/{h.claim}'s "
-            f"processes held {_mib(self.held)}, {_mib(self.held - self.allowed)} past its limit of "
-            f"{_mib(self.allowed)}"
-        )
+        if not h.shared:
+            what = f"{_mib(self.held)} on GPU {h.uuid}, which claim {h.namespace}/{h.claim} has no share of"
+        elif self.reason == UNCHARGED:
+            what = (
+                f"{_mib(self.held)} on GPU {h.uuid}, {_mib(self.held - self.allowed)} past what claim "
+                f"{h.namespace}/{h.claim}'s usage region charges it ({_mib(self.allowed)})"
+            )
+        else:
+            what = (
+                f"{_mib(p.driver_bytes)} on GPU {h.uuid}, where claim {h.namespace}/{h.claim}'s "
+                f"processes held {_mib(self.held)}, {_mib(self.held - self.allowed)} past its limit of "
+                f"{_mib(self.allowed)}"
+            )
         return (
             f"Process {p.pid} ({p.command}) of container {p.placed.ref.container} held {what}, "
             f"for {seconds:.1f} s: {outcome}."

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from tessera.exporter import bypass, cgroups, procs, reading
 from tessera.exporter.bypass import Episodes, Holding, Offence, Process
 from tessera.exporter.collector import Sources
+from tessera.exporter.containers import ContainerRef
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.reading import ClaimReader, Placed
 
@@ -164,6 +165,34 @@ class BypassLoop:
                         claim.region.processes if claim.region is not None else None,
                     )
                 )
+        return out + self._outside_their_claims(listed, claims, whom)
+
+    def _outside_their_claims(
+        self,
+        listed: Mapping[str, Mapping[int, int | None]],
+        claims: list[reading.Claim],
+        whom: Mapping[int, tuple[Placed, procs.Identity]],
+    ) -> list[Holding]:
+        """A holding of limit 0 for each process of a claim's container on a GPU that none of its
+        container's claims has a share of (CUDA_VISIBLE_DEVICES unset and the shim left out): each
+        is judged under the first of its container's claims, which the Event names."""
+        theirs: dict[ContainerRef, list[reading.Claim]] = {}
+        for claim in claims:
+            for ref in self._s.containers(claim.namespace, claim.name):
+                theirs.setdefault(ref, []).append(claim)
+        out = []
+        for uuid, on_gpu in listed.items():
+            for pid, used in on_gpu.items():
+                placed_found = whom.get(pid)
+                if placed_found is None or used is None:
+                    continue
+                placed, found = placed_found
+                mine = theirs.get(placed.ref, [])
+                if not mine or any(limit.uuid == uuid for claim in mine for limit in claim.limits):
+                    continue
+                process = Process(pid, found.start_time, found.ns_pid, found.command, placed, used)
+                claim = mine[0]
+                out.append(Holding(claim.namespace, claim.name, claim.uid, uuid, 0, [process], None, False))
         return out
 
     def _whom(self, pids: set[int]) -> dict[int, tuple[Placed, procs.Identity]]:

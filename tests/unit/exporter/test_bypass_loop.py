@@ -31,6 +31,8 @@ from tests.unit.driver.test_region_reader import UUID, hold
 from tests.unit.exporter.test_exporter import ids_of, write_claim
 
 MAIN = ContainerRef("ns", "p1", "main")
+OTHER_GPU = "GPU-00000000-0000-0000-0000-0000000000ff"
+"""A GPU of the node that claim c1 has no share of."""
 
 
 @dataclass
@@ -38,6 +40,8 @@ class Bed:
     tmp_path: Path
     action: str = STOP
     listed: dict[int, int | None] = field(default_factory=dict)
+    elsewhere: dict[int, int | None] = field(default_factory=dict)
+    """NVML's processes on OTHER_GPU."""
     now: float = 100.0
     events: list[tuple[Placed, str, str, str]] = field(default_factory=list)
     refused: OSError | None = None
@@ -54,8 +58,10 @@ class Bed:
         sources = Sources(
             node="node-a",
             claims_dir=claims,
-            gpus=[gpu(0, uuid=UUID)],
-            sample=lambda uuid: GpuSample(None, None, None, None, None, None, self.listed),
+            gpus=[gpu(0, uuid=UUID), gpu(1, uuid=OTHER_GPU)],
+            sample=lambda uuid: GpuSample(
+                None, None, None, None, None, None, self.listed if uuid == UUID else self.elsewhere
+            ),
             problems=dict,
             records=dict,
             containers=lambda ns, name: [MAIN] if (ns, name) == ("ns", "c1") else [],
@@ -161,6 +167,25 @@ def test_zeroed_counters_let_a_second_process_allocate_and_only_the_one_whose_ch
     assert charged.poll() is None
     (event,) = bed.events
     assert event[2] == STOPPED and f"Process {erased.pid} " in event[3]
+
+
+def test_memory_on_a_gpu_the_claim_has_no_share_of_is_stopped_like_memory_around_the_shim(
+    make_bed: Callable[..., Bed],
+) -> None:
+    """A process of the claim's container holds 600 MiB on the node's other GPU (its
+    CUDA_VISIBLE_DEVICES unset, the shim left out, which gives that GPU nothing): after the bound it
+    is stopped, its Event naming the GPU as one the claim has no share of."""
+    bed = make_bed()
+    process = bed.around(0)
+    del bed.listed[process.pid]
+    bed.elsewhere[process.pid] = 600 * MiB
+    bed.checks(100.0, 101.0)
+    assert process.poll() is None and bed.events == []
+    bed.checks(102.0)
+    assert process.wait(timeout=10) == -9
+    ((placed, _, reason, message),) = bed.events
+    assert (placed.ref, reason) == (MAIN, STOPPED)
+    assert f"held 600 MiB on GPU {OTHER_GPU}, which claim ns/c1 has no share of, for 2.0 s" in message
 
 
 def test_in_report_mode_nothing_is_stopped_and_each_episode_is_reported_once(
