@@ -52,7 +52,7 @@ pytestmark = pytest.mark.e2e
 
 ATTACK_IMAGE = "tessera.local/tenant-attack:v1"
 # What a root tenant's shell has besides the test bed's tools: file and mount tricks.
-ATTACK_TOOLS = ("mv", "cp", "mkdir", "rm", "chmod", "mount", "umount", "unshare")
+ATTACK_TOOLS = ("mv", "cp", "mkdir", "rm", "rmdir", "chmod", "mount", "umount", "unshare", "date")
 ATTACK_SCRIPT = Path(__file__).with_name("programs") / "webhook_attack.py"
 ATTACKER, ATTACKER_CORES = "tenant", 25
 ATTACKER_MIB = 2000
@@ -557,6 +557,157 @@ def test_memory_taken_around_the_shim_is_stopped_within_the_bound_with_an_event_
     assert "(shim_probe) of container gpu held 8192 MiB on GPU " in event.message, event.message
     assert event.message.endswith(": stopped (SIGKILL)."), event.message
     assert "alive" in tenants.run("echo alive"), "the tenant's container did not run on"
+
+
+GREEDY_SECONDS = 30
+"""How long the greedy allocator would hold everything it got if nothing stopped it."""
+UNCONFINED = "unconfined"
+
+
+def greedy(prefix: str, device: int) -> str:
+    """Script lines: the greedy allocator on CUDA device ``device`` under ``prefix``, with its exit
+    status and how many seconds it ran."""
+    return "\n".join(
+        [
+            "started=$(date +%s)",
+            f"{prefix} tenant_attack grab {device} {CHUNK} {GREEDY_SECONDS} 2>&1; echo exit=$?",
+            "echo ran=$(( $(date +%s) - started ))",
+        ]
+    )
+
+
+def unconfined_pod(tenants: Tenants, script: str) -> str:
+    """A pod that names a ResourceClaimTemplate of its own (2000 MiB, 25 %) instead of HAMi's
+    resources - so the webhook never reviews it - and runs under the Unconfined seccomp profile, on
+    the bed's node; its name once it runs."""
+    kube = tenants.bed.kube
+    name = unique_name("unconfined")
+    template = share_claim_template(name, DEVICE_CLASS, {"memory": f"{ATTACKER_MIB}Mi", "cores": "25"})
+    client.ResourceV1Api(kube).create_namespaced_resource_claim_template(tenants.namespace, template)
+    pod = {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": tenants.node.name},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {"seccompProfile": {"type": "Unconfined"}},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            "containers": [
+                {
+                    "name": "gpu",
+                    "image": ATTACK_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", f"{script}\necho '{DONE}'; {KEEP_RUNNING}"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    client.CoreV1Api(kube).create_namespaced_pod(tenants.namespace, client.V1Pod.model_validate(pod))
+    return name
+
+
+def bypass_events(tenants: Tenants, pod: str, program: str = "tenant_attack") -> list[str]:
+    """The messages of the GpuMemoryBypassStopped Events on ``pod`` that name ``program``."""
+    selector = f"involvedObject.name={pod},reason=GpuMemoryBypassStopped"
+    listed = client.CoreV1Api(tenants.bed.kube).list_namespaced_event(
+        tenants.namespace, field_selector=selector
+    )
+    return [e.message for e in listed.items if e.message and f"({program})" in e.message]
+
+
+@pytest.mark.parametrize("way", ["real-library", "preload-folder-moved", UNCONFINED])
+def test_a_greedy_program_around_the_shim_is_stopped_and_the_neighbour_never_loses_a_round(
+    tenants: Tenants, way: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program that takes every byte the GPU will give it, for 30 s, without the shim: opening
+    the driver's libcuda by its path; with /etc moved aside (so the loader never reads
+    /etc/ld.so.preload) and the driver's folder on LD_LIBRARY_PATH; or, in a pod admitted around the
+    webhook under the Unconfined seccomp profile, after `unshare -Urm` and a mount over the
+    preload, on the neighbour's GPU (with CUDA_VISIBLE_DEVICES unset: whichever GPU its own claim
+    got). Each time the node's
+    exporter stops it (SIGKILL) well before its 30 s, with an Event on its pod naming it; and the
+    neighbour on that GPU, re-allocating its whole claim every second, never loses a round: its
+    allocation waits while the greedy program holds the memory, and gets it once it is stopped."""
+    before = tenants.neighbour_rounds()
+    neighbour_ordinal = tenants.gpus.index(tenants.neighbour.uuid)
+    driver = REAL_LIBCUDA.rsplit("/", 1)[0]
+    if way == "real-library":
+        pod, out = ATTACKER, tenants.run(greedy(f"TEST_LIBCUDA={REAL_LIBCUDA}", 0))
+    elif way == "preload-folder-moved":
+        script = "\n".join(
+            [
+                "mv /etc /etc.old && mkdir /etc; echo moved=$?",
+                greedy(f"LD_LIBRARY_PATH={driver}", 0),
+                "rmdir /etc && mv /etc.old /etc",
+            ]
+        )
+        pod, out = ATTACKER, tenants.run(script)
+        assert "moved=0" in out.split(), f"/etc could not be moved aside:\n{out}"
+    else:
+        inside = ": > /tmp/empty && mount --bind /tmp/empty /etc/ld.so.preload && echo covered=1; " + greedy(
+            f"env -u CUDA_VISIBLE_DEVICES LD_LIBRARY_PATH={driver}", neighbour_ordinal
+        ).replace("\n", "; ")
+        pod = unconfined_pod(tenants, f"unshare -Urm sh -c '{inside}' 2>&1")
+        try:
+            out = wait_done(tenants.bed.kube, tenants.namespace, pod, timeout=GREEDY_SECONDS + 180)
+        finally:
+            client.CoreV1Api(tenants.bed.kube).delete_namespaced_pod(
+                pod, tenants.namespace, grace_period_seconds=0
+            )
+        assert "covered=1" in out, f"the tenant could not mount over its preload:\n{out}"
+    seen = {k: v for line in out.splitlines() for k, v in words(line).items()}
+    assert seen.get("exit") == "137", f"the greedy program was not stopped (SIGKILL):\n{out}"
+    assert int(seen["ran"]) < GREEDY_SECONDS, out
+    events = poll_until(lambda: bypass_events(tenants, pod) or None, 30, f"the bypass Event on pod {pod}")
+    harm = neighbour_harm(tenants, before, f"the greedy program ({way})")
+    with capsys.disabled():
+        print(f"\ngreedy program {way}: stopped after {seen['ran']} s; {events[-1]}")
+    assert not harm, "\n".join(harm)
+
+
+def alive(tenants: Tenants, name: str) -> bool:
+    """Whether the process ``holding`` started as ``name`` still runs (the container's init never
+    reaps a killed process: a zombie holds no memory and counts as gone)."""
+    probe = (
+        f"p=$(cat /tmp/{name}.pid); "
+        "if [ ! -e /proc/$p ] || grep -q 'State:.*Z' /proc/$p/status; then echo gone; else echo alive; fi"
+    )
+    return "alive" in tenants.run(probe).split()
+
+
+def test_zeroed_counters_let_a_second_process_in_and_the_first_is_stopped(tenants: Tenants) -> None:
+    """The tenant holds 1024 MiB of its 2000 MiB claim, zeroes every charge in its usage region
+    and starts a second process, which the shim - reading an empty claim - lets take the whole
+    2000 MiB. The node sees the first process's memory charged to no one: it is stopped, with an
+    Event on the pod, and the second, whose memory the region charges, keeps running. The claim's
+    processes then hold no more than the claim."""
+    before = tenants.neighbour_rounds()
+    out = tenants.run(
+        "\n".join(
+            [
+                holding("first", f"shim_probe alloc mem {HOLDER_MIB * MiB} hold"),
+                "echo '== zero'; tenant_attack region zero /run/tessera/usage",
+                holding("second", f"shim_probe alloc mem {ATTACKER_MIB * MiB} hold"),
+            ]
+        )
+    )
+    seen = sections(out)
+    assert seen["first"].get("rc") == "0" and seen["zero"].get("region") == "zero", out
+    assert seen["second"].get("rc") == "0", (
+        f"the second process was refused what the zeroed claim showed:\n{out}"
+    )
+    try:
+        poll_until(lambda: not alive(tenants, "first") or None, 30, "the first process stopped")
+        assert alive(tenants, "second"), "the process the region charges was stopped too"
+        stopped = bypass_events(tenants, ATTACKER, "shim_probe")
+        assert any(f"held {HOLDER_MIB} MiB on GPU" in m and "charges it (0 MiB)" in m for m in stopped), (
+            stopped
+        )
+    finally:
+        tenants.run("kill $(cat /tmp/first.pid) $(cat /tmp/second.pid) 2>/dev/null; true")
+    harm = neighbour_harm(tenants, before, "the zeroed counters")
+    assert not harm, "\n".join(harm)
 
 
 # -- the usage region ------------------------------------------------------------------------------
