@@ -16,6 +16,9 @@
  *                                             by 64 MiB, overwrite every byte with garbage, or zero
  *                                             every process's charge (a well-formed region that
  *                                             says the claim holds nothing)
+ *   tenant_attack rename FROM TO              rename(2) FROM to TO, nothing else (mv copies and
+ *                                             deletes where a rename fails across filesystems);
+ *                                             reports renamed=0, or renamed=1 and the errno name
  *   tenant_attack link TARGET LINK            make TARGET's folders in this container and the
  *                                             symlink LINK -> TARGET (absolute links are resolved
  *                                             against the root of whoever follows them)
@@ -178,6 +181,20 @@ static int mode_region(int argc, char **argv)
     return 0;
 }
 
+static int mode_rename(int argc, char **argv)
+{
+    if (argc < 4)
+        return 2;
+    if (rename(argv[2], argv[3]) == 0) {
+        printf("renamed=0\n");
+        return 0;
+    }
+    int e = errno;
+    printf("renamed=1 errno=%s\n", e == EBUSY ? "EBUSY" : e == EXDEV ? "EXDEV" : e == EROFS ? "EROFS"
+                                  : e == EACCES ? "EACCES" : e == EPERM ? "EPERM" : "other");
+    return 1;
+}
+
 static int mode_link(int argc, char **argv)
 {
     if (argc < 4)
@@ -216,6 +233,8 @@ int main(int argc, char **argv)
         return mode_region(argc, argv);
     if (strcmp(mode, "link") == 0)
         return mode_link(argc, argv);
+    if (strcmp(mode, "rename") == 0)
+        return mode_rename(argc, argv);
     lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
     if (strcmp(mode, "grab") == 0)
         return mode_grab(argc, argv);
