@@ -413,16 +413,17 @@ def test_nothing_in_the_container_lifts_its_limits(
 
 def renaming_script(tenants: Tenants) -> str:
     """With rename(2) itself (mv would copy and delete where a rename fails): rename the claim's
-    folder; move its parent aside and fill a folder of the tenant's own in its place (a copy of the
-    shim and of the driver libraries it loads, a usage region, and a limits file giving the tenant
-    8 GiB and the whole GPU), run the greedy allocator and the duty program there; move /etc aside
-    (so the loader reads no /etc/ld.so.preload) and run the greedy allocator with the driver's
-    folder on LD_LIBRARY_PATH; put everything back."""
+    folder, and the shim's folder inside it; move its parent aside and fill a folder of the
+    tenant's own in its place (a copy of the shim and of the driver libraries it loads, a usage
+    region, and a limits file giving the tenant 8 GiB and the whole GPU), run the greedy allocator
+    and the duty program there; move /etc aside (so the loader reads no /etc/ld.so.preload) and
+    run the greedy allocator with the driver's folder on LD_LIBRARY_PATH; put everything back."""
     own = f"{FORGED_MEMORY} {FORGED_CORES}"
     driver = REAL_LIBCUDA.rsplit("/", 1)[0]
     return "\n".join(
         [
             "echo '== rename-claim'; tenant_attack rename /run/tessera /run/tessera.old",
+            "echo '== rename-shim'; tenant_attack rename /run/tessera/shim /run/tessera/shim.old",
             "echo '== rename-parent'; tenant_attack rename /run /run.old",
             "if [ -d /run.old ]; then",
             "  mkdir -p /run/tessera",
@@ -448,7 +449,8 @@ def renaming_script(tenants: Tenants) -> str:
 def test_renaming_the_claims_folder_or_filling_one_of_its_own_does_not_lift_the_limits(
     tenants: Tenants, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Renaming /run/tessera fails (the claim's folder is a mount point: EBUSY). Where its parent
+    """Renaming /run/tessera fails (the claim's folder is a mount point: EBUSY), and so does
+    renaming the shim's folder in it (a read-only mount: EROFS). Where its parent
     can be moved aside and the path filled with a folder of the tenant's own - a copy of the shim,
     the tenant's own limits (8 GiB, 100 %) - every CUDA process stops with exit status 78, getting
     no memory past the claim and no kernel time past the cap. Where /etc can be moved aside, a
@@ -463,6 +465,8 @@ def test_renaming_the_claims_folder_or_filling_one_of_its_own_does_not_lift_the_
     assert "renamed" in claim, f"tenant_attack did not run: {seen}"
     if claim["renamed"] == "0":
         broken.append("the claim's folder /run/tessera was renamed")
+    if seen["rename-shim"].get("renamed") != "1":
+        broken.append(f"the shim's folder /run/tessera/shim was renamed: {seen['rename-shim']}")
     grab, duty = seen["grab own-folder"], seen["duty own-folder"]
     if int(grab.get("obtained", 0)) > ATTACKER_MIB * MiB:
         broken.append(f"with a folder of its own the tenant took {int(grab['obtained']) // MiB} MiB")
@@ -478,7 +482,8 @@ def test_renaming_the_claims_folder_or_filling_one_of_its_own_does_not_lift_the_
     broken += neighbour_harm(tenants, before, "the folder attacks")
     with capsys.disabled():
         print(
-            f"\nrenaming /run/tessera: {claim}; /run: {seen['rename-parent']}; own folder: grab exit "
+            f"\nrenaming /run/tessera: {claim}; its shim: {seen['rename-shim']}; /run: "
+            f"{seen['rename-parent']}; own folder: grab exit "
             f"{grab.get('exit')}, duty exit {duty.get('exit')}; /etc: {seen['rename-etc']}, greedy "
             f"{etc_moved}"
         )
