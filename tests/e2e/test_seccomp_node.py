@@ -21,12 +21,11 @@ from kubernetes import client
 from tessera.kube import raw_json
 from tessera.webhook import seccomp
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from testbed.node import NodeFactory, RealNode
 from testbed.pod_state import sections
 from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
-from tests.e2e.test_driver_node import DONE, wait_done
+from tests.e2e.test_driver_node import DONE, one_gpu_node, wait_done
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.e2e
@@ -56,18 +55,9 @@ def attack_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gpu_node(
     cluster: LocalCluster, kube: client.ApiClient, node_factory: NodeFactory, attack_image: Path
 ) -> Iterator[RealNode]:
-    """One real node with one simulated 80 GiB GPU, the daemon registered and published."""
-    ensure_device_class(kube)
-    [node] = node_factory.start(1, extra_images=[attack_image])
-    driver = DriverNode(
-        cluster, node.name, kubelet_root=node.paths.kubelet_root, cdi_dir=node.paths.cdi_dir, gpus=1
-    )
-    try:
-        driver.start()
-        driver.wait_ready()
-        yield node
-    finally:
-        driver.cleanup()
+    """One real node with simulated GPUs, the daemon registered and published."""
+    with one_gpu_node(cluster, kube, node_factory, attack_image) as made:
+        yield made.node
 
 
 @pytest.fixture(scope="module")
