@@ -26,6 +26,7 @@ from testbed.cluster import LocalCluster, write_kubeconfig
 from testbed.images import standard_images
 from testbed.kubelet_config import KubeletSettings, kubelet_flags, write_kubelet_configuration
 from testbed.names import unique_name
+from testbed.node_host import raise_inotify_instances
 from testbed.node_runtime import Cleanup, NodePaths, NodeRuntime, sweep_stale_nodes
 from testbed.process import ManagedProcess, free_port
 
@@ -203,6 +204,7 @@ class NodeFactory:
     def _standard_images(self) -> list[Path]:
         if not self._images:
             ensure_built(*NODE_COMPONENTS)
+            raise_inotify_instances()
             sweep_stale_nodes()
             self._images = standard_images()
         return self._images

@@ -1,6 +1,6 @@
 """The machine-wide resources a test-bed node takes, and giving them back: its bridge (address and pod
 network), its cgroup tree, its mounts, and processes that outlive the daemons (containerd shims and
-the containers they run).
+the containers they run); and the one kernel limit nodes need raised (inotify instances).
 
 All of these are outside the node's folder, or survive a killed daemon, so node_runtime.py calls here
 both to set a node up and to clean it after a stop or a crash. Every clean-up step tolerates finding
@@ -34,6 +34,25 @@ CONTAINER_LOG_LINKS = Path("/var/log/containers")
 
 def _ip(*args: str) -> str:
     return run_checked(["ip", *args], timeout=30)
+
+
+# -- kernel limits -------------------------------------------------------------------------------
+
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+NODES_INOTIFY_INSTANCES = 1024
+"""Each node's kubelet, containerd and pods' runtimes hold a few inotify instances, all root's: the
+kernel's default of 128 a user runs out after a dozen nodes (a whole test session's), and then
+whatever starts next - Kueue's certificate watcher, a kubelet - fails with "too many open files"."""
+
+
+def raise_inotify_instances(minimum: int = NODES_INOTIFY_INSTANCES, limit: Path = INOTIFY_INSTANCES) -> None:
+    """Raise the machine's inotify instances a user may hold to ``minimum``, if lower; a higher
+    setting is left as it is. Root only, as every node is."""
+    current = int(limit.read_text())
+    if current >= minimum:
+        return
+    limit.write_text(f"{minimum}\n")
+    log.info("raised %s from %d to %d for the test bed's nodes", limit, current, minimum)
 
 
 # -- network -------------------------------------------------------------------------------------

@@ -331,3 +331,18 @@ def test_stop_all_stops_every_node_and_runtime_and_raises_the_first_error() -> N
         factory.stop_all()
     assert stopped == ["n3", "n2", "n1", "r1"]
     assert (factory.nodes, factory.runtimes) == ([], [])
+
+
+# -- kernel limits --------------------------------------------------------------------------------
+
+
+def test_inotify_instances_are_raised_for_the_nodes_and_a_higher_setting_is_kept(tmp_path: Path) -> None:
+    """A dozen nodes exhaust the kernel's default 128 inotify instances; the bed raises it, and
+    never lowers what an administrator set higher."""
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    node_host.raise_inotify_instances(1024, limit)
+    assert limit.read_text().strip() == "1024"
+    limit.write_text("4096\n")
+    node_host.raise_inotify_instances(1024, limit)
+    assert limit.read_text().strip() == "4096"
