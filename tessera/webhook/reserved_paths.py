@@ -10,6 +10,7 @@ webhook says so when the pod is created, in one sentence, instead.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
@@ -24,7 +25,8 @@ PRELOAD = PurePosixPath("/etc/ld.so.preload")
 
 def reserved(path: str) -> bool:
     """Whether a mount at ``path`` would cover something the shim or the loader reads."""
-    mounted = PurePosixPath(path)
+    # As the kernel resolves it: "/run/x/../tessera" and "//run/./tessera" are /run/tessera too.
+    mounted = PurePosixPath("/" + posixpath.normpath(path).lstrip("/"))
     return mounted in (PRELOAD, CLAIM_FOLDER) or CLAIM_FOLDER in mounted.parents
 
 

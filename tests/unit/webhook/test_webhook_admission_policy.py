@@ -209,7 +209,15 @@ def test_the_patched_pod_reviewed_again_is_left_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/run/tessera", "/run/tessera/limits", "/run/tessera/usage/", "/etc/ld.so.preload"]
+    "path",
+    [
+        "/run/tessera",
+        "/run/tessera/limits",
+        "/run/tessera/usage/",
+        "/etc/ld.so.preload",
+        "/run/x/../tessera/limits",
+        "//run/./tessera",
+    ],
 )
 def test_a_volume_over_the_claims_files_or_the_preload_is_refused_in_one_sentence(path: str) -> None:
     """A pod volume there would land on the node's limits file, usage region or preload: the shim
