@@ -59,10 +59,13 @@ static int mapped_file(const void *base, dev_t *dev, ino_t *ino)
         return -1;
     char line[PATH_MAX + 128];
     int rc = -1;
+    bool at_start = true; /* the rest of a line longer than the buffer (a long file name) is no line */
     while (fgets(line, sizeof line, maps) != NULL) {
         unsigned long start, end, inode;
         unsigned int major, minor;
-        if (sscanf(line, "%lx-%lx %*s %*x %x:%x %lu", &start, &end, &major, &minor, &inode) == 5 &&
+        bool starts = at_start;
+        at_start = strchr(line, '\n') != NULL;
+        if (starts && sscanf(line, "%lx-%lx %*s %*x %x:%x %lu", &start, &end, &major, &minor, &inode) == 5 &&
             (uintptr_t)base >= start && (uintptr_t)base < end) {
             *dev = makedev(major, minor);
             *ino = (ino_t)inode;
