@@ -32,6 +32,8 @@ BOARD_LINGER_NS: int = _lib.TESSERA_BOARD_LINGER_NS
 """How long after a high-priority kernel should end low-priority launches still hold back."""
 LOG_ENV = "TESSERA_SHIM_LOG"
 MAX_GPUS: int = _lib.TESSERA_MAX_GPUS
+REGION_SLOTS: int = _lib.TESSERA_REGION_SLOTS
+"""How many processes of one claim can hold memory at once (one slot each)."""
 EXIT_BAD_LIMITS: int = _lib.TESSERA_EXIT_BAD_LIMITS
 _NO_LIMIT = (1 << 64) - 1
 

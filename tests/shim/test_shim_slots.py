@@ -6,8 +6,10 @@ program and with NVIDIA's Python clients (nvidia-ml-py, cuda-bindings), which no
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -200,6 +202,39 @@ def test_an_exec_leaves_the_old_image_charge_behind(make_claim: ClaimFactory) ->
         assert charges(claim) == {process.pid: LIMIT}
     finally:
         process.kill()
+
+
+def test_a_process_that_finds_every_slot_held_is_refused_until_one_comes_free(
+    make_claim: ClaimFactory,
+) -> None:
+    """Every one of the region's process slots is held (here by another holder's OFD locks on
+    their bytes, as 1 024 live processes would hold them): a process of the claim starts CUDA but
+    is refused any memory, since nothing it took could be counted, and says why; once a slot comes
+    free its next allocation gets one and is charged."""
+    from tessera.shim.format import REGION_SLOTS
+
+    claim = big_claim(make_claim)
+    assert claim.region is not None
+    holder_fd = os.open(claim.region, os.O_RDWR)
+    process = ClaimProcess(claim)
+    try:
+        for slot in range(REGION_SLOTS):
+            fcntl.fcntl(holder_fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, slot, 1, 0))
+        assert process.ask("cuda")["rc"] == "0"
+        assert process.ask(f"alloc {GiB}")["rc"] == OOM
+        assert charges(claim) == {}
+        os.close(holder_fd)
+        holder_fd = -1
+        assert process.ask(f"alloc {GiB}")["rc"] == "0"
+        assert charges(claim) == {process.pid: GiB}
+    finally:
+        if holder_fd >= 0:
+            os.close(holder_fd)
+        process.kill()
+    assert process.popen.stderr is not None
+    assert f"all {REGION_SLOTS} process slots of the usage region are held by live processes" in (
+        process.popen.stderr.read()
+    )
 
 
 # NVIDIA's clients: cuda-bindings for the driver API, nvidia-ml-py (pynvml) for NVML, each loading
