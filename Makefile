@@ -64,8 +64,11 @@ e2e: venv binaries
 	$(PY) -m pytest -m e2e
 
 # pytest exits 5 when it collected no test; make treats that, like any non-zero status, as failure.
+# Where the time goes: a JUnit report (`$(PY) -m tools.test_durations` sums it per module) and the
+# slowest tests at the end of the output.
+TEST_REPORT := build/test-results/junit.xml
 test: venv binaries simgpu lint
-	$(PY) -m pytest
+	$(PY) -m pytest --junitxml=$(TEST_REPORT) --durations=25
 
 demo: venv binaries simgpu
 	$(PY) -m demo
