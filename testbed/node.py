@@ -33,6 +33,10 @@ from testbed.process import ManagedProcess, free_port
 log = logging.getLogger(__name__)
 
 NODE_COMPONENTS = ("kubernetes", "containerd", "runc", "cri-tools", "cni-plugins")
+MAX_LIVE_NODES = 4
+"""How many kubelets one process may run at once: the session's shared node plus the most one test
+module starts (three). Each costs about 170 MiB and a share of two cores; a module that forgets its
+nodes would otherwise pile them up for the rest of the session."""
 _READY_TIMEOUT = 120.0
 _NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
@@ -190,6 +194,10 @@ class RealNode:
         return {f"{self.name} {p.name}": p.log_tail(lines) for p in processes if p is not None}
 
 
+_live_nodes: set[RealNode] = set()
+"""Nodes some factory of this process started and has not stopped yet."""
+
+
 class NodeFactory:
     """Starts real nodes (and kubelet-less runtimes) for one cluster on demand, and stops them all at
     the end. The standard images (pod sandbox, tools) come from the cache (built there on first use)
@@ -210,11 +218,21 @@ class NodeFactory:
         return self._images
 
     def start(self, count: int = 1, extra_images: Sequence[Path] = ()) -> list[RealNode]:
-        """Start `count` nodes, one after the other, each Ready before the next starts."""
+        """Start `count` nodes, one after the other, each Ready before the next starts. Refused
+        (RuntimeError, naming the live nodes) where this process would run more than
+        :data:`MAX_LIVE_NODES` kubelets: nodes are given back by the factory that started them,
+        and one that was not is a leak to fix, not to live with."""
+        live = [node.name for node in _live_nodes]
+        if len(live) + count > MAX_LIVE_NODES:
+            raise RuntimeError(
+                f"starting {count} more node(s) would make {len(live) + count} kubelets in this process,"
+                f" over the test bed's bound of {MAX_LIVE_NODES}; live: {', '.join(live)}"
+            )
         started: list[RealNode] = []
         for _ in range(count):
             node = RealNode(self.cluster, [*self._standard_images(), *extra_images])
             self.nodes.append(node)
+            _live_nodes.add(node)
             node.start()
             started.append(node)
         return started
@@ -243,6 +261,7 @@ class NodeFactory:
         for node in reversed(self.nodes):
             with cleanup.step(f"stop node {node.name}"):
                 node.stop()
+                _live_nodes.discard(node)
         for runtime in reversed(self.runtimes):
             with cleanup.step(f"stop runtime {runtime.name}"):
                 runtime.stop()
