@@ -13,6 +13,7 @@
 
 #define EM_CUDA_MACHINE 190       /* e_machine of a cubin */
 #define STO_CUDA_ENTRY 0x10       /* st_other bit of a kernel's symbol */
+#define CUDA_ELF_ABI_V7 7         /* e_ident[EI_ABIVERSION] whose e_flags layout is known here */
 #define FATBIN_MAGIC 0xBA55ED50u  /* a fatbin's header */
 #define FATBIN_WRAPPER 0x466243B1u /* what nvcc's host code points at: {magic, version, data} */
 #define FATBIN_HEADER_SIZE 16
@@ -155,7 +156,14 @@ static CUresult elf_extent(const unsigned char *base, size_t size, size_t *out)
     return CUDA_SUCCESS;
 }
 
-static CUresult read_elf(const unsigned char *base, size_t size, struct sim_image *img)
+/* Whether a cubin of architecture `sm` runs on a device of capability `cc`: same major, minor
+ * not above the device's. */
+static bool cubin_fits(int sm, int cc)
+{
+    return cc < 0 || (sm / 10 == cc / 10 && sm % 10 <= cc % 10);
+}
+
+static CUresult read_elf(const unsigned char *base, size_t size, int cc, struct sim_image *img)
 {
     CUresult rc = elf_extent(base, size, &img->extent);
     if (rc != CUDA_SUCCESS)
@@ -163,6 +171,10 @@ static CUresult read_elf(const unsigned char *base, size_t size, struct sim_imag
     size = img->extent;
     Elf64_Ehdr eh;
     memcpy(&eh, base, sizeof eh);
+    /* In CUDA ELF ABI version 7 the low byte of e_flags is the SM the code was built for;
+     * other versions lay the flags out differently and are not checked. */
+    if (eh.e_ident[EI_ABIVERSION] == CUDA_ELF_ABI_V7 && !cubin_fits((int)(eh.e_flags & 0xff), cc))
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
     for (unsigned i = 0; i < eh.e_shnum; i++) {
         Elf64_Shdr symtab, strtab;
         memcpy(&symtab, base + eh.e_shoff + i * sizeof symtab, sizeof symtab);
@@ -220,11 +232,9 @@ static uint64_t le64(const unsigned char *p)
  * minor not above the device's; PTX is compiled for any device at least its architecture. */
 static bool entry_fits(const struct fatbin_entry *e, int cc)
 {
-    if (cc < 0)
-        return true;
     if (e->kind == FATBIN_KIND_ELF)
-        return (int)e->arch / 10 == cc / 10 && (int)e->arch % 10 <= cc % 10;
-    return (int)e->arch <= cc;
+        return cubin_fits((int)e->arch, cc);
+    return cc < 0 || (int)e->arch <= cc;
 }
 
 static CUresult read_any(const unsigned char *base, size_t size, int cc, struct sim_image *img);
@@ -284,7 +294,7 @@ static CUresult read_any(const unsigned char *base, size_t size, int cc, struct 
     static const unsigned char fatbin[] = {0x50, 0xED, 0x55, 0xBA};
     static const unsigned char wrapper[] = {0xB1, 0x43, 0x62, 0x46};
     if (starts_with(base, elf, sizeof elf, size))
-        return read_elf(base, size, img);
+        return read_elf(base, size, cc, img);
     if (starts_with(base, fatbin, sizeof fatbin, size))
         return read_fatbin(base, size, cc, img);
     if (starts_with(base, wrapper, sizeof wrapper, size) && size == SIM_IMAGE_SIZE_UNKNOWN) {

@@ -42,12 +42,29 @@ static CUresult check_options(const void *options, void **values, unsigned int c
                                                             : CUDA_SUCCESS;
 }
 
+/* An image that runs on none of the visible devices does not load (CUDA loads a library into
+ * every context, present and future). */
+static CUresult check_devices(const void *code, size_t size)
+{
+    CUresult rc = CUDA_ERROR_NO_BINARY_FOR_GPU;
+    for (int dev = 0; dev < sim_cuda.rt.cfg.gpu_count && rc != CUDA_SUCCESS; dev++) {
+        const struct sim_gpu_config *g = &sim_cuda.rt.cfg.gpus[dev];
+        struct sim_image image;
+        rc = sim_image_read(code, size, g->cc_major * 10 + g->cc_minor, &image);
+        if (rc == CUDA_SUCCESS)
+            sim_image_free(&image);
+    }
+    return rc;
+}
+
 static CUresult load(CUlibrary *library, const void *code, size_t size)
 {
     CUlibrary lib = calloc(1, sizeof *lib);
     if (lib == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = sim_image_read(code, size, -1, &lib->contents);
+    if (rc == CUDA_SUCCESS)
+        rc = check_devices(code, size);
     if (rc == CUDA_SUCCESS && !lib->contents.opaque) {
         lib->size = lib->contents.extent;
         lib->image = malloc(lib->size);

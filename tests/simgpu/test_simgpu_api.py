@@ -3,7 +3,12 @@ their error codes; entry points the simulator lacks answer "not supported" inste
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from simgpu.node import NodeFactory
+
+IMAGES = Path(__file__).parent / "images"
+"""Cubins of the test programs' sleep kernel (see images/README.md)."""
 
 
 def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:
@@ -119,3 +124,20 @@ def test_ipc_shareable_handles_and_peer_access(make_node: NodeFactory) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
     assert sorted(p.name for p in node.spec.state_file.parent.iterdir()) == ["simgpu.conf", "state"]
+
+
+def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/launch_api.c passes: what cuda.core and numba-cuda need to create
+    streams, load code and launch. Stream priorities range from 0 to -5 (clamped, default 0),
+    streams report their flags and stable unique ids, contexts theirs; a library's kernel is one
+    handle per name, unknown names are CUDA_ERROR_NOT_FOUND, its function in each context
+    belongs to the library's module there, its attributes are its functions', and a CUkernel
+    launches like a CUfunction and occupies the GPU for the kernel's duration; PTX, cubin and
+    fatbin images are read for their entry functions, a cubin for another architecture (alone
+    or as a fatbin's only code) is CUDA_ERROR_NO_BINARY_FOR_GPU and a truncated one
+    CUDA_ERROR_INVALID_IMAGE; pointer attributes describe device, managed, pinned host and pool
+    memory, and memory CUDA does not know is an error singly and defaults (ordinal -2) in
+    bulk; occupancy answers are plausible for an H100."""
+    done = make_node(name="launch").program("launch_api", str(IMAGES))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
