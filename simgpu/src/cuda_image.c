@@ -187,9 +187,9 @@ static CUresult read_elf(const unsigned char *base, size_t size, int cc, struct 
             !within(strtab.sh_offset, strtab.sh_size, size) || strtab.sh_size == 0 ||
             base[strtab.sh_offset + strtab.sh_size - 1] != '\0')
             return CUDA_ERROR_INVALID_IMAGE;
-        for (uint64_t off = 0; off + sizeof(Elf64_Sym) <= symtab.sh_size; off += sizeof(Elf64_Sym)) {
+        for (uint64_t j = 0; j < symtab.sh_size / sizeof(Elf64_Sym); j++) {
             Elf64_Sym sym;
-            memcpy(&sym, base + symtab.sh_offset + off, sizeof sym);
+            memcpy(&sym, base + symtab.sh_offset + j * sizeof sym, sizeof sym);
             if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || (sym.st_other & STO_CUDA_ENTRY) == 0)
                 continue;
             if (sym.st_name >= strtab.sh_size)

@@ -382,7 +382,7 @@ SIMGPU_API CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
 enum stream_query { QUERY_PRIORITY, QUERY_FLAGS, QUERY_ID };
 
 static CUresult stream_property(CUstream stream, enum stream_query what, void *out,
-                             enum sim_default_stream mode)
+                                enum sim_default_stream mode)
 {
     static unsigned long long last_id;
     SIM_ENTER();
