@@ -141,3 +141,17 @@ def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: Node
     done = make_node(name="launch").program("launch_api", str(IMAGES))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_malformed_images_are_refused_each_in_its_own_way(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/image_formats.c passes: a cubin for another machine or class, with
+    bad section headers, a symbol table out of bounds, without strings, with a wrong symbol
+    size, unterminated strings or a kernel name outside them, or cut short is
+    CUDA_ERROR_INVALID_IMAGE, as is a fatbin of another version, cut short, with a too small
+    or too large entry, or whose PTX entry is not (terminated) PTX; an .entry without a name is
+    CUDA_ERROR_INVALID_PTX, and a directive in a comment names nothing. The documented
+    leniencies hold: a compressed fatbin entry and text in no known format resolve any name,
+    and nvcc's fatbin wrapper is followed (one pointing nowhere is refused)."""
+    done = make_node(name="images").program("image_formats", str(IMAGES))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"

@@ -112,7 +112,8 @@ static void streams(void)
     EXPECT_EQ(p_cuCtxGetStreamPriorityRange(&least, &greatest), CUDA_SUCCESS);
     EXPECT_EQ(least, 0);
     EXPECT_EQ(greatest, -5);
-    EXPECT_EQ(p_cuCtxGetStreamPriorityRange(NULL, &greatest), CUDA_SUCCESS); /* either may be NULL */
+    /* Either output may be NULL. */
+    EXPECT_EQ(p_cuCtxGetStreamPriorityRange(NULL, &greatest), CUDA_SUCCESS);
     EXPECT_EQ(p_cuStreamCreateWithPriority(&high, CU_STREAM_NON_BLOCKING, -3), CUDA_SUCCESS);
     EXPECT_EQ(p_cuStreamGetPriority(high, &priority), CUDA_SUCCESS);
     EXPECT_EQ(priority, -3);
