@@ -610,6 +610,8 @@ CUresult cuStreamGetFlags(CUstream stream, unsigned int *flags);
 CUresult cuStreamGetFlags_ptsz(CUstream stream, unsigned int *flags);
 CUresult cuStreamGetId(CUstream stream, unsigned long long *streamId);
 CUresult cuStreamGetId_ptsz(CUstream stream, unsigned long long *streamId);
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device);
 
 /* Libraries (context-independent modules) and their kernels. Options are (enum, value) pairs
  * the simulator accepts and ignores, so they are declared as plain ints here. */
@@ -634,6 +636,7 @@ CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel ker
                               CUdevice dev);
 CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
                               CUdevice dev);
+CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev); /* a CUfunc_cache */
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
 CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc);

@@ -313,6 +313,17 @@ SIMGPU_API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, C
     return sim_func_get_attribute(pi, attrib, &kernel->attrs, dev);
 }
 
+SIMGPU_API CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev)
+{
+    SIM_ENTER();
+    if (!sim_kernel_valid(kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = sim_check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return sim_check_cache_config(config);
+}
+
 /* Sets the attribute for the kernel's functions in every context, those made later included
  * (the simulator does not keep a value per device). */
 SIMGPU_API CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,

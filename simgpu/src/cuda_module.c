@@ -338,7 +338,7 @@ SIMGPU_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, int config)
     CUresult rc = resolve(hfunc, &hfunc);
     if (rc != CUDA_SUCCESS)
         return rc;
-    return config >= 0 && config <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return sim_check_cache_config(config);
 }
 
 /* ---- Occupancy: how many blocks of a size fit on one multiprocessor, by warps, registers,

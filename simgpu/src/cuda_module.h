@@ -58,6 +58,12 @@ CUresult sim_func_get_attribute(int *value, CUfunction_attribute attrib,
 CUresult sim_func_set_attribute(struct sim_func_attrs *attrs, CUfunction_attribute attrib,
                                 int value);
 
+/* A CUfunc_cache preference: PREFER_NONE (0) to PREFER_EQUAL (3). It changes nothing here. */
+static inline CUresult sim_check_cache_config(int config)
+{
+    return config >= 0 && config <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 bool sim_module_valid(CUmodule module);
 bool sim_function_valid(CUfunction f);
 bool sim_kernel_valid(CUkernel kernel); /* cuda_library.c */

@@ -440,6 +440,28 @@ SIMGPU_API CUresult cuStreamGetId_ptsz(CUstream stream, unsigned long long *stre
     return stream_property(stream, QUERY_ID, streamId, SIM_PER_THREAD);
 }
 
+static CUresult stream_get_device(CUstream stream, CUdevice *device, enum sim_default_stream mode)
+{
+    SIM_ENTER();
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
+    if (rc == CUDA_SUCCESS)
+        *device = s->ctx->device;
+    return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
+{
+    return stream_get_device(hStream, device, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
+{
+    return stream_get_device(hStream, device, SIM_PER_THREAD);
+}
+
 SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)
 {
     SIM_ENTER();

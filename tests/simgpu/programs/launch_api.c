@@ -104,6 +104,7 @@ static void streams(void)
     LOAD(lib, cuStreamGetFlags);
     LOAD(lib, cuStreamGetId);
     LOAD(lib, cuStreamGetId_ptsz);
+    LOAD(lib, cuStreamGetDevice);
     LOAD(lib, cuStreamDestroy_v2);
     int least = 99, greatest = 99, priority = 99;
     unsigned int flags = 99;
@@ -143,6 +144,10 @@ static void streams(void)
     EXPECT_TRUE(id1 != id2 && legacy != per_thread && legacy != id1 && legacy != id2 &&
                 per_thread != id1 && per_thread != id2);
     EXPECT_EQ(p_cuStreamGetPriority(NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    CUdevice dev = -1;
+    EXPECT_EQ(p_cuStreamGetDevice(high, &dev), CUDA_SUCCESS);
+    EXPECT_EQ(dev, 0);
+    EXPECT_EQ(p_cuStreamGetDevice(high, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(p_cuStreamDestroy_v2(high), CUDA_SUCCESS);
     EXPECT_EQ(p_cuStreamDestroy_v2(low), CUDA_SUCCESS);
     EXPECT_EQ(p_cuStreamDestroy_v2(clamped), CUDA_SUCCESS);
@@ -214,6 +219,8 @@ static void libraries(void)
     LOAD(lib, cuKernelGetName);
     LOAD(lib, cuKernelGetAttribute);
     LOAD(lib, cuKernelSetAttribute);
+    LOAD(lib, cuKernelSetCacheConfig);
+    LOAD(lib, cuFuncSetCacheConfig);
     LOAD(lib, cuFuncGetName);
     LOAD(lib, cuFuncGetModule);
     LOAD(lib, cuFuncGetAttribute);
@@ -272,6 +279,12 @@ static void libraries(void)
     EXPECT_EQ(value, 65536);
     EXPECT_EQ(p_cuKernelGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel, 999),
               CUDA_ERROR_INVALID_DEVICE);
+    /* Cache preferences: CU_FUNC_CACHE_PREFER_NONE (0) to PREFER_EQUAL (3). */
+    EXPECT_EQ(p_cuKernelSetCacheConfig(kernel, 1, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuKernelSetCacheConfig(kernel, 9, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuKernelSetCacheConfig(kernel, 1, 999), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(p_cuFuncSetCacheConfig(f, 3), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuFuncSetCacheConfig(f, -1), CUDA_ERROR_INVALID_VALUE);
 
     /* A CUkernel launches like its function and occupies the GPU for the kernel's time. */
     CUstream s = NULL;
@@ -525,6 +538,44 @@ static void occupancy(void)
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
 }
 
+/* cuda-python resolves each entry point at the CUDA version that introduced it (its
+ * cuda/bindings/_internal/driver.pyx): each must resolve at that version. */
+static void proc_addresses(void)
+{
+    LOAD(lib, cuGetProcAddress_v2);
+    static const struct {
+        const char *name;
+        int version;
+    } wanted[] = {
+        {"cuCtxGetStreamPriorityRange", 5050}, {"cuCtxGetId", 12000},
+        {"cuStreamCreateWithPriority", 5050}, {"cuStreamGetPriority", 7000},
+        {"cuStreamGetFlags", 7000}, {"cuStreamGetId", 12000}, {"cuStreamGetDevice", 12080},
+        {"cuLibraryLoadData", 12000}, {"cuLibraryLoadFromFile", 12000},
+        {"cuLibraryUnload", 12000}, {"cuLibraryGetKernel", 12000},
+        {"cuLibraryGetKernelCount", 12040}, {"cuLibraryEnumerateKernels", 12040},
+        {"cuLibraryGetModule", 12000}, {"cuKernelGetFunction", 12000},
+        {"cuKernelGetLibrary", 12050}, {"cuKernelGetName", 12030},
+        {"cuKernelGetAttribute", 12000}, {"cuKernelSetAttribute", 12000},
+        {"cuKernelSetCacheConfig", 12000}, {"cuFuncGetName", 12030}, {"cuFuncGetModule", 11000},
+        {"cuFuncSetCacheConfig", 3000}, {"cuModuleLoadFatBinary", 2000},
+        {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050},
+        {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000},
+        {"cuOccupancyMaxPotentialBlockSize", 6050},
+        {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000},
+        {"cuOccupancyAvailableDynamicSMemPerBlock", 10020}, {"cuPointerGetAttribute", 4000},
+        {"cuPointerGetAttributes", 7000},
+    };
+    for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++) {
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        CUresult rc = p_cuGetProcAddress_v2(wanted[i].name, &fn, wanted[i].version, 0, &status);
+        if (rc != CUDA_SUCCESS || fn == NULL)
+            fprintf(stderr, "%s at %d does not resolve\n", wanted[i].name, wanted[i].version);
+        EXPECT_EQ(rc, CUDA_SUCCESS);
+        EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
+    }
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -548,6 +599,7 @@ int main(int argc, char **argv)
     images();
     pointers();
     occupancy();
+    proc_addresses();
     if (test_failures > 0) {
         printf("FAIL %d\n", test_failures);
         return 1;
