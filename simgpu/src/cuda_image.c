@@ -251,12 +251,14 @@ static CUresult read_fatbin(const unsigned char *base, size_t size, int cc, stru
     struct fatbin_entry best = {0};
     for (uint64_t off = FATBIN_HEADER_SIZE; off < img->extent;) {
         const unsigned char *p = base + off;
+        if (img->extent - off < FATBIN_ENTRY_MIN)
+            return CUDA_ERROR_INVALID_IMAGE;
         struct fatbin_entry e = {.kind = (uint16_t)(p[0] | p[1] << 8),
                                  .header_size = le32(p + 4),
                                  .payload_size = le64(p + 8),
                                  .arch = le32(p + 28),
                                  .flags = le64(p + 40)};
-        if (img->extent - off < FATBIN_ENTRY_MIN || e.header_size < FATBIN_ENTRY_MIN ||
+        if (e.header_size < FATBIN_ENTRY_MIN ||
             !within(e.header_size, e.payload_size, img->extent - off))
             return CUDA_ERROR_INVALID_IMAGE;
         e.payload = p + e.header_size;
@@ -300,9 +302,9 @@ static CUresult read_any(const unsigned char *base, size_t size, int cc, struct 
     if (starts_with(base, wrapper, sizeof wrapper, size) && size == SIM_IMAGE_SIZE_UNKNOWN) {
         const unsigned char *data = NULL;
         memcpy(&data, base + 8, sizeof data);
-        if (data == NULL)
-            return CUDA_ERROR_INVALID_IMAGE;
-        return read_any(data, size, cc, img);
+        if (data == NULL || !starts_with(data, fatbin, sizeof fatbin, size))
+            return CUDA_ERROR_INVALID_IMAGE; /* it wraps a fatbin, nothing else */
+        return read_fatbin(data, size, cc, img);
     }
     /* Text: an image from memory is NUL-terminated by the API's contract, a file by its
      * reader; a fatbin's payload must be. */

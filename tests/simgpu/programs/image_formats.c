@@ -195,6 +195,11 @@ static void malformed_fatbins(void)
     fb[4] = 1;
     expect_file(fb, size - 8, CUDA_ERROR_INVALID_IMAGE, "a fatbin cut short");
     expect_file(fb, 8, CUDA_ERROR_INVALID_IMAGE, "a fatbin header cut short");
+    uint64_t short_body = 32;
+    memcpy(fb + 8, &short_body, 8);
+    expect_file(fb, 16 + 32, CUDA_ERROR_INVALID_IMAGE, "an entry header cut short");
+    uint64_t body = size - 16;
+    memcpy(fb + 8, &body, 8);
     uint32_t small = 8;
     memcpy(fb + 20, &small, 4);
     expect_file(fb, size, CUDA_ERROR_INVALID_IMAGE, "an entry header too small");
@@ -232,6 +237,10 @@ static void malformed_fatbins(void)
     EXPECT_EQ(p_cuModuleLoadData(&m, &wrapper), CUDA_SUCCESS);
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
     wrapper.data = NULL;
+    EXPECT_EQ(p_cuModuleLoadData(&m, &wrapper), CUDA_ERROR_INVALID_IMAGE);
+    wrapper.data = &wrapper; /* it wraps a fatbin, not another wrapper */
+    EXPECT_EQ(p_cuModuleLoadData(&m, &wrapper), CUDA_ERROR_INVALID_IMAGE);
+    wrapper.data = cubin;
     EXPECT_EQ(p_cuModuleLoadData(&m, &wrapper), CUDA_ERROR_INVALID_IMAGE);
     free(fb);
 }
