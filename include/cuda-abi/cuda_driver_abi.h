@@ -640,6 +640,10 @@ CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev); /* a
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuFuncGetName(const char **name, CUfunction hfunc);
 CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc);
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                            size_t *paramSize);
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                              size_t *paramSize);
 
 /* Occupancy. */
 typedef size_t (*CUoccupancyB2DSize)(int blockSize);

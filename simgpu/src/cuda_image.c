@@ -34,16 +34,32 @@ static bool starts_with(const unsigned char *p, const unsigned char *magic, size
     return true;
 }
 
-static CUresult add_name(struct sim_image *img, const char *name, size_t len)
+/* Append an entry function (parameters unknown until add_param says otherwise). */
+static CUresult add_entry(struct sim_image *img, const char *name, size_t len)
 {
-    char **grown = realloc(img->names, (img->count + 1) * sizeof *grown);
+    struct sim_entry *grown = realloc(img->entries, (img->count + 1) * sizeof *grown);
     if (grown == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    img->names = grown;
+    img->entries = grown;
     char *copy = strndup(name, len);
     if (copy == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    img->names[img->count++] = copy;
+    img->entries[img->count++] = (struct sim_entry){.name = copy};
+    return CUDA_SUCCESS;
+}
+
+/* Record parameter `ordinal` of an entry (cubins list them in any order). */
+static CUresult add_param(struct sim_entry *e, size_t ordinal, size_t offset, size_t size)
+{
+    if (ordinal >= e->param_count) {
+        struct sim_param *grown = realloc(e->params, (ordinal + 1) * sizeof *grown);
+        if (grown == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        memset(grown + e->param_count, 0, (ordinal + 1 - e->param_count) * sizeof *grown);
+        e->params = grown;
+        e->param_count = ordinal + 1;
+    }
+    e->params[ordinal] = (struct sim_param){offset, size};
     return CUDA_SUCCESS;
 }
 
@@ -85,6 +101,92 @@ static size_t ptx_token(const char *p)
     return n;
 }
 
+/* The size in bytes of a PTX fundamental type token (.u32 is 4, .pred 1), or 0. */
+static size_t ptx_type_size(const char *tok, size_t n)
+{
+    if (n == 5 && strncmp(tok, ".pred", 5) == 0)
+        return 1;
+    if (n < 3 || n > 5 || tok[0] != '.' || strchr("usbf", tok[1]) == NULL)
+        return 0;
+    size_t bits = 0;
+    for (size_t i = 2; i < n; i++) {
+        if (tok[i] < '0' || tok[i] > '9')
+            return 0;
+        bits = bits * 10 + (size_t)(tok[i] - '0');
+    }
+    return bits % 8 == 0 ? bits / 8 : 0;
+}
+
+/* One `.param` declaration at p (just past the `.param`): its alignment and size; the text
+ * after it in *end. False if it is not one the simulator understands. */
+static bool ptx_param(const char *p, size_t *align, size_t *size, const char **end)
+{
+    size_t type = 0, count = 1;
+    *align = 0;
+    while ((p = ptx_skip(p)) != NULL && *p != ',' && *p != ')') {
+        size_t n = ptx_token(p);
+        if (n == 6 && strncmp(p, ".align", 6) == 0) {
+            p = ptx_skip(p + n);
+            if (p == NULL)
+                return false;
+            *align = strtoul(p, (char **)&p, 10);
+        } else if (n > 0 && p[0] == '.') {
+            if (ptx_type_size(p, n) != 0)
+                type = ptx_type_size(p, n);
+            p += n; /* a type, or a qualifier such as .ptr .global */
+        } else if (n > 0) {
+            p += n; /* the parameter's name */
+        } else if (*p == '[') {
+            count = strtoul(p + 1, (char **)&p, 10);
+            p = strchr(p, ']');
+            if (p == NULL)
+                return false;
+            p++;
+        } else {
+            return false;
+        }
+    }
+    if (p == NULL || type == 0)
+        return false;
+    if (*align == 0)
+        *align = type;
+    *size = type * count;
+    *end = p;
+    return true;
+}
+
+/* The parameter list of an entry, at p (just past its name): offsets in the order declared,
+ * each aligned as declared or to its type's size. Leaves the entry's parameters unknown if the
+ * list is not one the simulator understands. */
+static CUresult ptx_params(const char *p, struct sim_entry *e)
+{
+    p = ptx_skip(p);
+    if (p == NULL || *p != '(') { /* no parameter list: no parameters */
+        e->params_known = true;
+        return CUDA_SUCCESS;
+    }
+    size_t offset = 0;
+    for (p++;;) {
+        p = ptx_skip(p);
+        if (p == NULL)
+            return CUDA_SUCCESS;
+        if (*p == ')')
+            break;
+        size_t n = ptx_token(p), align = 0, size = 0;
+        if (n != 6 || strncmp(p, ".param", 6) != 0 || !ptx_param(p + n, &align, &size, &p))
+            return CUDA_SUCCESS;
+        offset = (offset + align - 1) / align * align;
+        CUresult rc = add_param(e, e->param_count, offset, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        offset += size;
+        if (*p == ',')
+            p++;
+    }
+    e->params_known = true;
+    return CUDA_SUCCESS;
+}
+
 /* PTX is text whose first directive is .version; every `.entry NAME` is a kernel. */
 static CUresult read_ptx(const char *text, struct sim_image *img, bool *is_ptx)
 {
@@ -104,7 +206,9 @@ static CUresult read_ptx(const char *text, struct sim_image *img, bool *is_ptx)
             size_t len = name != NULL ? ptx_token(name) : 0;
             if (len == 0)
                 return CUDA_ERROR_INVALID_PTX;
-            CUresult rc = add_name(img, name, len);
+            CUresult rc = add_entry(img, name, len);
+            if (rc == CUDA_SUCCESS)
+                rc = ptx_params(name + len, &img->entries[img->count - 1]);
             if (rc != CUDA_SUCCESS)
                 return rc;
             p = name + len;
@@ -156,6 +260,72 @@ static CUresult elf_extent(const unsigned char *base, size_t size, size_t *out)
     return CUDA_SUCCESS;
 }
 
+/* A cubin describes each kernel in a section .nv.info.<kernel> of records: a format byte, an
+ * attribute byte, then a 16-bit value (format 3) or a 16-bit size and that many bytes (format
+ * 4). KPARAM_INFO records (attribute 0x17) give a parameter's ordinal, offset and size. */
+#define NVINFO_HVAL 3
+#define NVINFO_SVAL 4
+#define NVINFO_KPARAM_INFO 0x17
+#define KPARAM_SIZE_SHIFT 18
+
+static CUresult elf_params(const unsigned char *data, size_t len, struct sim_entry *e)
+{
+    for (size_t i = 0; i + 4 <= len;) {
+        unsigned char format = data[i], attr = data[i + 1];
+        uint16_t value = (uint16_t)(data[i + 2] | data[i + 3] << 8);
+        if (format == NVINFO_HVAL) {
+            i += 4;
+            continue;
+        }
+        if (format != NVINFO_SVAL || value > len - i - 4)
+            return CUDA_SUCCESS; /* a record the simulator cannot size: parameters unknown */
+        if (attr == NVINFO_KPARAM_INFO && value >= 12) {
+            const unsigned char *r = data + i + 4;
+            uint16_t ordinal = (uint16_t)(r[4] | r[5] << 8), offset = (uint16_t)(r[6] | r[7] << 8);
+            uint32_t flags;
+            memcpy(&flags, r + 8, sizeof flags);
+            CUresult rc = add_param(e, ordinal, offset, flags >> KPARAM_SIZE_SHIFT);
+            if (rc != CUDA_SUCCESS)
+                return rc;
+        }
+        i += 4 + value;
+    }
+    e->params_known = true;
+    return CUDA_SUCCESS;
+}
+
+/* Each entry's parameters, from its .nv.info section where there is one. */
+static CUresult elf_entry_params(const unsigned char *base, size_t size, const Elf64_Ehdr *eh,
+                                 struct sim_image *img)
+{
+    Elf64_Shdr names;
+    if (eh->e_shstrndx >= eh->e_shnum)
+        return CUDA_ERROR_INVALID_IMAGE;
+    memcpy(&names, base + eh->e_shoff + eh->e_shstrndx * sizeof names, sizeof names);
+    if (!within(names.sh_offset, names.sh_size, size) || names.sh_size == 0 ||
+        base[names.sh_offset + names.sh_size - 1] != '\0')
+        return CUDA_ERROR_INVALID_IMAGE;
+    static const char prefix[] = ".nv.info.";
+    for (unsigned i = 0; i < eh->e_shnum; i++) {
+        Elf64_Shdr sh;
+        memcpy(&sh, base + eh->e_shoff + i * sizeof sh, sizeof sh);
+        if (sh.sh_name >= names.sh_size)
+            return CUDA_ERROR_INVALID_IMAGE;
+        const char *name = (const char *)base + names.sh_offset + sh.sh_name;
+        if (strncmp(name, prefix, sizeof prefix - 1) != 0)
+            continue;
+        struct sim_entry *e = (struct sim_entry *)sim_image_entry(img, name + sizeof prefix - 1);
+        if (e == NULL)
+            continue;
+        if (!within(sh.sh_offset, sh.sh_size, size))
+            return CUDA_ERROR_INVALID_IMAGE;
+        CUresult rc = elf_params(base + sh.sh_offset, (size_t)sh.sh_size, e);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* Whether a cubin of architecture `sm` runs on a device of capability `cc`: same major, minor
  * not above the device's. */
 static bool cubin_fits(int sm, int cc)
@@ -195,12 +365,12 @@ static CUresult read_elf(const unsigned char *base, size_t size, int cc, struct 
             if (sym.st_name >= strtab.sh_size)
                 return CUDA_ERROR_INVALID_IMAGE;
             const char *name = (const char *)base + strtab.sh_offset + sym.st_name;
-            rc = add_name(img, name, strlen(name));
+            rc = add_entry(img, name, strlen(name));
             if (rc != CUDA_SUCCESS)
                 return rc;
         }
     }
-    return CUDA_SUCCESS;
+    return elf_entry_params(base, size, &eh, img);
 }
 
 /* ---- fatbin ---- */
@@ -329,17 +499,39 @@ bool sim_image_defines(const struct sim_image *image, const char *name)
 {
     if (image->opaque)
         return true;
+    return sim_image_entry(image, name) != NULL;
+}
+
+const struct sim_entry *sim_image_entry(const struct sim_image *image, const char *name)
+{
     for (size_t i = 0; i < image->count; i++) {
-        if (strcmp(image->names[i], name) == 0)
-            return true;
+        if (strcmp(image->entries[i].name, name) == 0)
+            return &image->entries[i];
     }
-    return false;
+    return NULL;
+}
+
+CUresult sim_entry_param(const struct sim_entry *entry, size_t index, size_t *offset,
+                         size_t *size)
+{
+    if (offset == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (entry == NULL || !entry->params_known)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (index >= entry->param_count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *offset = entry->params[index].offset;
+    if (size != NULL)
+        *size = entry->params[index].size;
+    return CUDA_SUCCESS;
 }
 
 void sim_image_free(struct sim_image *image)
 {
-    for (size_t i = 0; i < image->count; i++)
-        free(image->names[i]);
-    free(image->names);
+    for (size_t i = 0; i < image->count; i++) {
+        free(image->entries[i].name);
+        free(image->entries[i].params);
+    }
+    free(image->entries);
     memset(image, 0, sizeof *image);
 }

@@ -14,11 +14,24 @@
 /* An image's size is not known when it comes from memory (cuModuleLoadData): its headers say. */
 #define SIM_IMAGE_SIZE_UNKNOWN ((size_t)-1)
 
+/* One kernel parameter in the device-side parameter layout (cuFuncGetParamInfo). */
+struct sim_param {
+    size_t offset, size;
+};
+
+/* An entry function and, where the image says, its parameters. */
+struct sim_entry {
+    char *name;
+    bool params_known; /* a cubin without the kernel's .nv.info section does not say */
+    size_t param_count;
+    struct sim_param *params;
+};
+
 struct sim_image {
     bool opaque;   /* none of the formats above (or a compressed fatbin): any name resolves */
     size_t extent; /* bytes the image occupies (0 when opaque) */
     size_t count;  /* entry functions */
-    char **names;
+    struct sim_entry *entries;
 };
 
 /*
@@ -33,6 +46,14 @@ CUresult sim_image_read(const void *image, size_t size, int cc, struct sim_image
 
 /* Whether `name` is an entry function of the image (always, for an opaque one). */
 bool sim_image_defines(const struct sim_image *image, const char *name);
+
+/* The entry function `name`, or NULL (an opaque image has none). */
+const struct sim_entry *sim_image_entry(const struct sim_image *image, const char *name);
+
+/* Parameter `index` of an entry (cuFuncGetParamInfo): CUDA_ERROR_INVALID_VALUE past the last,
+ * CUDA_ERROR_NOT_SUPPORTED where the image does not say (NULL entry: an opaque image). */
+CUresult sim_entry_param(const struct sim_entry *entry, size_t index, size_t *offset,
+                         size_t *size);
 
 void sim_image_free(struct sim_image *image);
 

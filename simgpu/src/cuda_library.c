@@ -244,7 +244,7 @@ SIMGPU_API CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int nu
     if (rc == CUDA_SUCCESS && numKernels > lib->contents.count)
         rc = CUDA_ERROR_INVALID_VALUE;
     for (unsigned int i = 0; rc == CUDA_SUCCESS && i < numKernels; i++)
-        rc = kernel_locked(lib, lib->contents.names[i], &kernels[i]);
+        rc = kernel_locked(lib, lib->contents.entries[i].name, &kernels[i]);
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
 }
@@ -299,6 +299,16 @@ SIMGPU_API CUresult cuKernelGetName(const char **name, CUkernel hfunc)
         return CUDA_ERROR_INVALID_HANDLE;
     *name = hfunc->name;
     return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                                         size_t *paramSize)
+{
+    SIM_ENTER();
+    if (!sim_kernel_valid(kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return sim_entry_param(sim_image_entry(&kernel->library->contents, kernel->name), paramIndex,
+                           paramOffset, paramSize);
 }
 
 SIMGPU_API CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel,

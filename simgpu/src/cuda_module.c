@@ -258,6 +258,17 @@ SIMGPU_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
     return CUDA_SUCCESS;
 }
 
+SIMGPU_API CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                                       size_t *paramSize)
+{
+    SIM_ENTER();
+    CUresult rc = resolve(func, &func);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return sim_entry_param(sim_image_entry(&func->module->image, func->name), paramIndex,
+                           paramOffset, paramSize);
+}
+
 CUresult sim_func_get_attribute(int *value, CUfunction_attribute attrib,
                                 const struct sim_func_attrs *attrs, CUdevice dev)
 {

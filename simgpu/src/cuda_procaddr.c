@@ -146,6 +146,8 @@ static const struct proc_entry table[] = {
     E("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig),
     E("cuFuncGetModule", 11000, cuFuncGetModule),
     E("cuFuncGetName", 12030, cuFuncGetName),
+    E("cuFuncGetParamInfo", 12040, cuFuncGetParamInfo),
+    E("cuKernelGetParamInfo", 12040, cuKernelGetParamInfo),
     E("cuLibraryLoadData", 12000, cuLibraryLoadData),
     E("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
     E("cuLibraryUnload", 12000, cuLibraryUnload),

@@ -135,9 +135,11 @@ def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: Node
     launches like a CUfunction and occupies the GPU for the kernel's duration; PTX, cubin and
     fatbin images are read for their entry functions, a cubin for another architecture (alone
     or as a fatbin's only code) is CUDA_ERROR_NO_BINARY_FOR_GPU and a truncated one
-    CUDA_ERROR_INVALID_IMAGE; pointer attributes describe device, managed, pinned host and pool
-    memory, and memory CUDA does not know is an error singly and defaults (ordinal -2) in
-    bulk; occupancy answers are plausible for an H100."""
+    CUDA_ERROR_INVALID_IMAGE; kernel parameter layouts come from PTX's .param list (aligned as
+    the ABI does) and from a cubin's .nv.info section; pointer attributes describe device,
+    managed, pinned host and pool memory, and memory CUDA does not know is an error singly and
+    defaults (ordinal -2) in bulk; occupancy answers are plausible for an H100; every new entry point resolves at the
+    CUDA version cuda-python asks for it."""
     done = make_node(name="launch").program("launch_api", str(IMAGES))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
@@ -149,7 +151,10 @@ def test_malformed_images_are_refused_each_in_its_own_way(make_node: NodeFactory
     size, unterminated strings or a kernel name outside them, or cut short is
     CUDA_ERROR_INVALID_IMAGE, as is a fatbin of another version, cut short, with a too small
     or too large entry, or whose PTX entry is not (terminated) PTX; an .entry without a name is
-    CUDA_ERROR_INVALID_PTX, and a directive in a comment names nothing. The documented
+    CUDA_ERROR_INVALID_PTX, and a directive in a comment names nothing. Bad section names or an
+    .nv.info section outside the file are CUDA_ERROR_INVALID_IMAGE; a kernel without one, a
+    record the reader cannot size or a PTX parameter list it does not read leave the parameters
+    unknown (CUDA_ERROR_NOT_SUPPORTED). The documented
     leniencies hold: a compressed fatbin entry and text in no known format resolve any name,
     and nvcc's fatbin wrapper is followed (one pointing nowhere is refused)."""
     done = make_node(name="images").program("image_formats", str(IMAGES))

@@ -181,6 +181,102 @@ static unsigned char *fatbin(unsigned short kind, const void *payload, size_t si
     return fb;
 }
 
+static Elf64_Shdr *named_section(unsigned char *c, const char *name)
+{
+    Elf64_Ehdr *eh = (Elf64_Ehdr *)c;
+    Elf64_Shdr *names = (Elf64_Shdr *)(c + eh->e_shoff + eh->e_shstrndx * sizeof *names);
+    for (unsigned i = 0; i < eh->e_shnum; i++) {
+        Elf64_Shdr *sh = (Elf64_Shdr *)(c + eh->e_shoff + i * sizeof *sh);
+        if (strcmp((char *)c + names->sh_offset + sh->sh_name, name) == 0)
+            return sh;
+    }
+    fprintf(stderr, "the cubin has no section %s\n", name);
+    exit(2);
+}
+
+/* The first parameter of the cubin's kernel, from a cubin loaded through a file. */
+static CUresult first_param(const unsigned char *c, size_t *offset)
+{
+    LOAD(lib, cuModuleGetFunction);
+    LOAD(lib, cuModuleUnload);
+    LOAD(lib, cuFuncGetParamInfo);
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    CUresult rc = load_file(c, cubin_size, &m);
+    if (rc == CUDA_SUCCESS) {
+        EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
+        rc = p_cuFuncGetParamInfo(f, 0, offset, NULL);
+        p_cuModuleUnload(m);
+    }
+    return rc;
+}
+
+static void parameter_sections(void)
+{
+    const char *info = ".nv.info.simgpu_sleep_ns";
+    size_t offset = 99;
+    unsigned char *c;
+    Elf64_Ehdr *eh;
+    EXPECT_EQ(first_param(cubin, &offset), CUDA_SUCCESS);
+    EXPECT_EQ(offset, 0);
+
+    /* Without the kernel's .nv.info section the parameters are unknown, not wrong. */
+    c = copy();
+    {
+        eh = (Elf64_Ehdr *)c;
+        Elf64_Shdr *names = (Elf64_Shdr *)(c + eh->e_shoff + eh->e_shstrndx * sizeof *names);
+        c[names->sh_offset + named_section(c, info)->sh_name + 4] = 'X'; /* .nv.Xnfo. */
+    }
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_NOT_SUPPORTED);
+    free(c);
+
+    /* A record whose format the simulator cannot size leaves them unknown too. */
+    c = copy();
+    c[named_section(c, info)->sh_offset] = 7;
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_NOT_SUPPORTED);
+    free(c);
+
+    c = copy();
+    eh = (Elf64_Ehdr *)c;
+    eh->e_shstrndx = eh->e_shnum;
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_INVALID_IMAGE);
+    free(c);
+
+    c = copy();
+    eh = (Elf64_Ehdr *)c;
+    {
+        Elf64_Shdr *names = (Elf64_Shdr *)(c + eh->e_shoff + eh->e_shstrndx * sizeof *names);
+        c[names->sh_offset + names->sh_size - 1] = 'x';
+    }
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_INVALID_IMAGE);
+    free(c);
+
+    c = copy();
+    named_section(c, info)->sh_name = 0x7fffffff;
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_INVALID_IMAGE);
+    free(c);
+
+    /* Sections without contents in the file (NOBITS) must still lie inside it to be read. */
+    c = copy();
+    {
+        Elf64_Shdr *sh = named_section(c, info);
+        sh->sh_type = SHT_NOBITS;
+        sh->sh_offset = (Elf64_Off)1 << 40;
+    }
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_INVALID_IMAGE);
+    free(c);
+
+    c = copy();
+    eh = (Elf64_Ehdr *)c;
+    {
+        Elf64_Shdr *names = (Elf64_Shdr *)(c + eh->e_shoff + eh->e_shstrndx * sizeof *names);
+        names->sh_type = SHT_NOBITS;
+        names->sh_offset = (Elf64_Off)1 << 40;
+    }
+    EXPECT_EQ(first_param(c, &offset), CUDA_ERROR_INVALID_IMAGE);
+    free(c);
+}
+
 static void malformed_fatbins(void)
 {
     LOAD(lib, cuModuleLoadData);
@@ -247,6 +343,7 @@ static void malformed_fatbins(void)
 
 static void texts(void)
 {
+    LOAD(lib, cuFuncGetParamInfo);
     LOAD(lib, cuModuleLoadData);
     LOAD(lib, cuModuleGetFunction);
     LOAD(lib, cuModuleUnload);
@@ -260,10 +357,27 @@ static void texts(void)
     EXPECT_EQ(p_cuModuleGetFunction(&f, m, "hidden"), CUDA_ERROR_NOT_FOUND);
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
     EXPECT_EQ(p_cuModuleLoadData(&m, ".version 8.0\n.entry"), CUDA_ERROR_INVALID_PTX);
-    /* Leniency: text that is no PTX (nor any other format) loads and resolves any name. */
+    /* Leniency: text that is no PTX (nor any other format) loads and resolves any name; its
+     * parameters are unknown. */
+    size_t offset = 0;
     EXPECT_EQ(p_cuModuleLoadData(&m, "image"), CUDA_SUCCESS);
     EXPECT_EQ(p_cuModuleGetFunction(&f, m, "simgpu_sleep_ns"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuFuncGetParamInfo(f, 0, &offset, NULL), CUDA_ERROR_NOT_SUPPORTED);
     EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
+    /* Parameter lists the simulator does not understand leave the parameters unknown. */
+    static const char *const unread[] = {
+        ".version 8.0\n.entry k(.param .f16x2 a)\n{ ret; }\n", /* a vector type */
+        ".version 8.0\n.entry k(.param .u32 a[4\n",             /* no ] */
+        ".version 8.0\n.entry k(.param .u32 a,\n",              /* the list never ends */
+        ".version 8.0\n.entry k(.reg .u32 a)\n{ ret; }\n",     /* not a .param */
+        ".version 8.0\n.entry k(.param .u32 a ; )\n{ ret; }\n", /* a stray character */
+    };
+    for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++) {
+        EXPECT_EQ(p_cuModuleLoadData(&m, unread[i]), CUDA_SUCCESS);
+        EXPECT_EQ(p_cuModuleGetFunction(&f, m, "k"), CUDA_SUCCESS);
+        EXPECT_EQ(p_cuFuncGetParamInfo(f, 0, &offset, NULL), CUDA_ERROR_NOT_SUPPORTED);
+        EXPECT_EQ(p_cuModuleUnload(m), CUDA_SUCCESS);
+    }
 }
 
 int main(int argc, char **argv)
@@ -285,6 +399,7 @@ int main(int argc, char **argv)
         return 2;
     }
     malformed_cubins();
+    parameter_sections();
     malformed_fatbins();
     texts();
     if (test_failures > 0) {

@@ -2,7 +2,7 @@
  * What NVIDIA's Python clients (cuda.core, numba-cuda) need to create streams, load code and
  * launch kernels: stream priorities, flags and ids; libraries and kernels (cuLibrary*,
  * cuKernel*), a CUkernel launched in place of a CUfunction; module images as PTX, cubin and
- * fatbin; pointer attributes; occupancy. Usage: launch_api IMAGE_DIR, where IMAGE_DIR holds
+ * fatbin; kernel parameter layouts; pointer attributes; occupancy. Usage: launch_api IMAGE_DIR, where IMAGE_DIR holds
  * simgpu_sleep_sm90.cubin and simgpu_sleep_sm80.cubin (tests/simgpu/images). Expects device 0
  * to have compute capability 9.0. The fatbins are built here, in the layout the simulator reads.
  */
@@ -540,6 +540,64 @@ static void occupancy(void)
 
 /* cuda-python resolves each entry point at the CUDA version that introduced it (its
  * cuda/bindings/_internal/driver.pyx): each must resolve at that version. */
+/* A kernel with parameters of several sizes and alignments, in PTX. */
+static const char params_ptx[] = ".version 7.0\n.target sm_70\n.address_size 64\n"
+                                 ".visible .entry many(\n"
+                                 "  .param .u64 .ptr .global .align 8 p0,\n"
+                                 "  .param .u32 p1,\n"
+                                 "  .param .f64 p2,\n"
+                                 "  .param .u8 p3,\n"
+                                 "  .param .align 16 .b8 p4[16],\n"
+                                 "  .param .align 4 .b8 p5[20]\n"
+                                 ")\n{\n  ret;\n}\n"
+                                 ".visible .entry none()\n{\n  ret;\n}\n";
+
+static void parameters(void)
+{
+    LOAD(lib, cuLibraryLoadData);
+    LOAD(lib, cuLibraryLoadFromFile);
+    LOAD(lib, cuLibraryUnload);
+    LOAD(lib, cuLibraryGetKernel);
+    LOAD(lib, cuKernelGetParamInfo);
+    LOAD(lib, cuKernelGetFunction);
+    LOAD(lib, cuFuncGetParamInfo);
+    CUlibrary ptx = NULL, cubin = NULL;
+    CUkernel many = NULL, none = NULL, sleep = NULL;
+    CUfunction f = NULL;
+    size_t offset = 99, size = 99;
+    /* Offsets follow each parameter's alignment, as the CUDA ABI lays them out. */
+    static const size_t want[][2] = {{0, 8}, {8, 4}, {16, 8}, {24, 1}, {32, 16}, {48, 20}};
+    EXPECT_EQ(p_cuLibraryLoadData(&ptx, params_ptx, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLibraryGetKernel(&many, ptx, "many"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLibraryGetKernel(&none, ptx, "none"), CUDA_SUCCESS);
+    for (size_t i = 0; i < 6; i++) {
+        EXPECT_EQ(p_cuKernelGetParamInfo(many, i, &offset, &size), CUDA_SUCCESS);
+        EXPECT_EQ(offset, want[i][0]);
+        EXPECT_EQ(size, want[i][1]);
+    }
+    EXPECT_EQ(p_cuKernelGetParamInfo(many, 6, &offset, &size), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuKernelGetParamInfo(many, 0, NULL, &size), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuKernelGetParamInfo(many, 1, &offset, NULL), CUDA_SUCCESS); /* size optional */
+    EXPECT_EQ(p_cuKernelGetParamInfo(none, 0, &offset, &size), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuKernelGetFunction(&f, many), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuFuncGetParamInfo(f, 5, &offset, &size), CUDA_SUCCESS);
+    EXPECT_EQ(offset, 48);
+    EXPECT_EQ(size, 20);
+    EXPECT_EQ(p_cuFuncGetParamInfo(NULL, 0, &offset, &size), CUDA_ERROR_INVALID_HANDLE);
+
+    /* A cubin says it in the kernel's .nv.info section: one u64 at offset 0. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/simgpu_sleep_sm90.cubin", image_dir);
+    EXPECT_EQ(p_cuLibraryLoadFromFile(&cubin, path, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLibraryGetKernel(&sleep, cubin, "simgpu_sleep_ns"), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuKernelGetParamInfo(sleep, 0, &offset, &size), CUDA_SUCCESS);
+    EXPECT_EQ(offset, 0);
+    EXPECT_EQ(size, 8);
+    EXPECT_EQ(p_cuKernelGetParamInfo(sleep, 1, &offset, &size), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuLibraryUnload(cubin), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuLibraryUnload(ptx), CUDA_SUCCESS);
+}
+
 static void proc_addresses(void)
 {
     LOAD(lib, cuGetProcAddress_v2);
@@ -563,7 +621,8 @@ static void proc_addresses(void)
         {"cuOccupancyMaxPotentialBlockSize", 6050},
         {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000},
         {"cuOccupancyAvailableDynamicSMemPerBlock", 10020}, {"cuPointerGetAttribute", 4000},
-        {"cuPointerGetAttributes", 7000},
+        {"cuPointerGetAttributes", 7000}, {"cuFuncGetParamInfo", 12040},
+        {"cuKernelGetParamInfo", 12040},
     };
     for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++) {
         void *fn = NULL;
@@ -599,6 +658,7 @@ int main(int argc, char **argv)
     images();
     pointers();
     occupancy();
+    parameters();
     proc_addresses();
     if (test_failures > 0) {
         printf("FAIL %d\n", test_failures);
