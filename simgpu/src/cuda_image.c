@@ -14,8 +14,6 @@
 #define EM_CUDA_MACHINE 190       /* e_machine of a cubin */
 #define STO_CUDA_ENTRY 0x10       /* st_other bit of a kernel's symbol */
 #define CUDA_ELF_ABI_V7 7         /* e_ident[EI_ABIVERSION] whose e_flags layout is known here */
-#define FATBIN_MAGIC 0xBA55ED50u  /* a fatbin's header */
-#define FATBIN_WRAPPER 0x466243B1u /* what nvcc's host code points at: {magic, version, data} */
 #define FATBIN_HEADER_SIZE 16
 #define FATBIN_ENTRY_MIN 64
 #define FATBIN_KIND_PTX 1
@@ -34,7 +32,7 @@ static bool starts_with(const unsigned char *p, const unsigned char *magic, size
     return true;
 }
 
-/* Append an entry function (parameters unknown until add_param says otherwise). */
+/* Append an entry function, its parameters unknown until they are read. */
 static CUresult add_entry(struct sim_image *img, const char *name, size_t len)
 {
     struct sim_entry *grown = realloc(img->entries, (img->count + 1) * sizeof *grown);
@@ -463,7 +461,8 @@ static CUresult read_fatbin(const unsigned char *base, size_t size, int cc, stru
 static CUresult read_any(const unsigned char *base, size_t size, int cc, struct sim_image *img)
 {
     static const unsigned char elf[] = {ELFMAG0, ELFMAG1, ELFMAG2, ELFMAG3};
-    static const unsigned char fatbin[] = {0x50, 0xED, 0x55, 0xBA};
+    static const unsigned char fatbin[] = {0x50, 0xED, 0x55, 0xBA};  /* 0xBA55ED50, LE */
+    /* nvcc's host-side wrapper, {0x466243B1, version, fatbin pointer, ...}: */
     static const unsigned char wrapper[] = {0xB1, 0x43, 0x62, 0x46};
     if (starts_with(base, elf, sizeof elf, size))
         return read_elf(base, size, cc, img);
