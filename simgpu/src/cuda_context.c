@@ -231,6 +231,34 @@ SIMGPU_API CUresult cuCtxGetDevice(CUdevice *device)
     return CUDA_SUCCESS;
 }
 
+/* The context a CUDA 13 entry point names: NULL means the calling thread's current one. */
+static CUresult named_ctx(CUcontext ctx, CUcontext *out)
+{
+    if (ctx == NULL)
+        return sim_require_ctx(out);
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = sim_ctx_valid(ctx);
+    pthread_mutex_unlock(&sim_cuda.mu);
+    if (!valid)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (sim_fault_gpu_lost(&sim_cuda.rt, ctx->device))
+        return SIM_CUDA_GPU_LOST;
+    *out = ctx;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13.0: the device of any context, not only the current one. */
+SIMGPU_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    SIM_ENTER();
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = named_ctx(ctx, &ctx);
+    if (rc == CUDA_SUCCESS)
+        *device = ctx->device;
+    return rc;
+}
+
 SIMGPU_API CUresult cuCtxGetFlags(unsigned int *flags)
 {
     SIM_ENTER();
@@ -260,16 +288,49 @@ SIMGPU_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
-SIMGPU_API CUresult cuCtxSynchronize(void)
+static CUresult ctx_synchronize(CUcontext ctx)
 {
-    SIM_ENTER();
-    CUcontext ctx = NULL;
-    CUresult rc = sim_require_ctx(&ctx);
+    CUresult rc = named_ctx(ctx, &ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = sim_ctx_wait(ctx);
     if (rc == CUDA_SUCCESS)
         sim_pools_trim_after_sync(ctx->device);
+    return rc;
+}
+
+SIMGPU_API CUresult cuCtxSynchronize(void)
+{
+    SIM_ENTER();
+    return ctx_synchronize(NULL);
+}
+
+/* CUDA 13.0: waits for any context's work, not only the current one's. */
+SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    SIM_ENTER();
+    return ctx_synchronize(ctx);
+}
+
+/* CUDA 12.5 (what CUDA 13 clients ask for): a stream's context, and its green context, which
+ * the simulator never has. */
+SIMGPU_API CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    if (pctx == NULL || pGreenCtx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuStreamGetCtx(stream, pctx);
+    if (rc == CUDA_SUCCESS)
+        *pGreenCtx = NULL;
+    return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    if (pctx == NULL || pGreenCtx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuStreamGetCtx_ptsz(stream, pctx);
+    if (rc == CUDA_SUCCESS)
+        *pGreenCtx = NULL;
     return rc;
 }
 

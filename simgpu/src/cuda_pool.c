@@ -486,3 +486,52 @@ SIMGPU_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
 }
+
+/* CUDA 13.0 names a pool by memory location and allocation type. The simulator has pools of
+ * device memory only: a pinned-type device location is the device's pool; host, NUMA and
+ * managed pools are CUDA_ERROR_NOT_SUPPORTED, as on a driver or device without them. */
+static CUresult located_device(const CUmemLocation *location, CUmemAllocationType type,
+                               CUdevice *dev)
+{
+    if (location == NULL ||
+        (type != CU_MEM_ALLOCATION_TYPE_PINNED && type != CU_MEM_ALLOCATION_TYPE_MANAGED))
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (location->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (type == CU_MEM_ALLOCATION_TYPE_MANAGED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    *dev = location->id;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location,
+                                           CUmemAllocationType type)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+SIMGPU_API CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location,
+                                    CUmemAllocationType type)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetMemPool(pool, dev);
+}
+
+SIMGPU_API CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+                                    CUmemoryPool pool)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceSetMemPool(dev, pool);
+}

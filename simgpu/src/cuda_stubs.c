@@ -31,7 +31,6 @@
     X(cuMemsetD2D32_v2) X(cuMemPrefetchAsync) X(cuMemAdvise) X(cuMemRangeGetAttribute)            \
     X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuPointerSetAttribute)                   \
     X(cuMemGetAccess)           \
-    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemRetainAllocationHandle)                      \
     X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)               \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
     X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId) X(cuStreamAddCallback)            \

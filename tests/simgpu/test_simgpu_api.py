@@ -3,6 +3,8 @@ their error codes; entry points the simulator lacks answer "not supported" inste
 
 from __future__ import annotations
 
+import pytest
+
 from simgpu.node import NodeFactory
 
 
@@ -119,3 +121,28 @@ def test_ipc_shareable_handles_and_peer_access(make_node: NodeFactory) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
     assert sorted(p.name for p in node.spec.state_file.parent.iterdir()) == ["simgpu.conf", "state"]
+
+
+@pytest.mark.parametrize(
+    ("driver_version", "cuda_driver_version"), [("550.54.15", 12040), ("580.65.06", 13000)]
+)
+def test_cuda13_entry_points_follow_the_configured_driver_version(
+    make_node: NodeFactory, driver_version: str, cuda_driver_version: int
+) -> None:
+    """tests/simgpu/programs/cuda13_api.c passes on a CUDA 12.4 and a CUDA 13.0 node:
+    cuGetProcAddress answers only what a driver of the configured version has (a version above
+    it is CUDA_ERROR_INVALID_VALUE; a name introduced after it, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
+    before cuInit as after; a CUDA 13 driver gives cuCtxSynchronize_v2 and cuCtxGetDevice_v2 (for
+    any context, not only the current one), cuStreamGetCtx_v2 (no green context) and the
+    location-named pools (host and managed pools: CUDA_ERROR_NOT_SUPPORTED);
+    cuMemRetainAllocationHandle returns the handle behind any mapped address with a reference of
+    its own, and cuMemGetAllocationPropertiesFromHandle what the handle was created with."""
+    node = make_node(
+        gpus=2,
+        name=f"cuda{cuda_driver_version}",
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+    )
+    done = node.program("cuda13_api", str(cuda_driver_version))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
