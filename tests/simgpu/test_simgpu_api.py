@@ -146,3 +146,64 @@ def test_cuda13_entry_points_follow_the_configured_driver_version(
     done = node.program("cuda13_api", str(cuda_driver_version))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_nvml_answers_the_queries_cuda13_clients_make(make_node: NodeFactory) -> None:
+    """What nvidia-ml-py 13 and cuda.core's system module ask a CUDA 13 node: the driver branch
+    (named after the driver version's major number), the versioned PCI query (v3's fields and the
+    3D-controller class), the addressing mode (neither HMM nor ATS), each refusing a struct of
+    another version with NVML_ERROR_ARGUMENT_VERSION_MISMATCH and a NULL one with
+    NVML_ERROR_INVALID_ARGUMENT; the board's module id is not simulated (NVML_ERROR_NOT_SUPPORTED)."""
+    node = make_node(name="nvml13", driver_version="580.65.06", cuda_driver_version=13000)
+    seen = node.python_json(
+        """
+import ctypes, json
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+assert nvml.nvmlInit_v2() == 0
+def version(struct, v):
+    return ctypes.sizeof(struct) | (v << 24)
+class Branch(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("branch", ctypes.c_char * 80)]
+class PciExt(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
+                ("pciSubSystemId", ctypes.c_uint), ("baseClass", ctypes.c_uint),
+                ("subClass", ctypes.c_uint), ("busId", ctypes.c_char * 32)]
+class Mode(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("value", ctypes.c_uint)]
+dev = ctypes.c_void_p()
+assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
+branch = Branch(version(Branch, 1))
+pci = PciExt(version(PciExt, 1))
+mode = Mode(version(Mode, 1))
+cuda = ctypes.c_int()
+out = dict(
+    branch=[nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 80), branch.branch.decode()],
+    branch_short=nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 4),
+    branch_old=nvml.nvmlSystemGetDriverBranch(ctypes.byref(Branch(version(Branch, 2))), 80),
+    branch_null=nvml.nvmlSystemGetDriverBranch(None, 80),
+    cuda_v2=[nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)), cuda.value],
+    pci=[nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(pci)), pci.busId.decode(), pci.bus,
+         hex(pci.pciDeviceId), pci.baseClass, pci.subClass],
+    pci_old=nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(PciExt(version(PciExt, 2)))),
+    pci_null=nvml.nvmlDeviceGetPciInfoExt(dev, None),
+    mode=[nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(mode)), mode.value],
+    mode_old=nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(Mode(0))),
+    module=nvml.nvmlDeviceGetModuleId(dev, ctypes.byref(ctypes.c_uint())),
+)
+print(json.dumps(out))
+"""
+    )
+    assert seen == {
+        "branch": [0, "r580_00"],
+        "branch_short": 7,  # NVML_ERROR_INSUFFICIENT_SIZE
+        "branch_old": 25,  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        "branch_null": 2,  # NVML_ERROR_INVALID_ARGUMENT
+        "cuda_v2": [0, 13000],
+        "pci": [0, "00000000:01:00.0", 1, "0x233010de", 3, 2],
+        "pci_old": 25,
+        "pci_null": 2,
+        "mode": [0, 0],
+        "mode_old": 25,
+        "module": 3,  # NVML_ERROR_NOT_SUPPORTED
+    }
