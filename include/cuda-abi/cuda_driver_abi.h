@@ -579,6 +579,11 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgra
                                      const void *edgeData, size_t count, unsigned int mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                           const void *edgeData, size_t count, unsigned int mode);
+/* CUDA 13.2 and 13.3: capture into a graphics context, recapture into an existing graph (their
+ * parameter and callback types are passed through, never read, by the shim). */
+CUresult cuStreamBeginCaptureToCig(CUstream stream, void *cigCaptureParams);
+CUresult cuStreamBeginRecaptureToGraph(CUstream stream, unsigned int mode, CUgraph graph,
+                                       void *callback, void *userData);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
 
@@ -591,6 +596,9 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphN
 CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
                         void *params);
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edgeData, size_t count, void *params);
+/* CUDA 13.4.1: the same arguments as _v2 (what cuda-bindings 13.5 declares). */
+CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                            const void *edgeData, size_t count, void *params);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                 unsigned int levels);
