@@ -65,7 +65,8 @@ print(json.dumps(dict(
 
 def test_unimplemented_entry_points_report_not_supported(make_node: NodeFactory) -> None:
     """A real driver entry point the simulator does not implement resolves (through dlsym and
-    through cuGetProcAddress) and returns CUDA_ERROR_NOT_SUPPORTED; NVML's return
+    through cuGetProcAddress) and returns CUDA_ERROR_NOT_SUPPORTED - conditional graph handles
+    (cuGraphConditionalHandleCreate) among them, the refusal CUDA documents for it; NVML's return
     NVML_ERROR_NOT_SUPPORTED, which pynvml raises as NVMLError_NotSupported."""
     seen = make_node(name="stubs").python_json(
         """
@@ -83,10 +84,18 @@ except n.NVMLError_NotSupported:
     mig = "not supported"
 print(json.dumps(dict(
     direct=cu.cuMemcpy2D_v2(None), found=found, status=status.value,
+    conditional=cu.cuGraphConditionalHandleCreate(ctypes.byref(fn), None, None, 0, 0),
     via_proc=ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)(None), mig=mig)))
 """
     )
-    assert seen == {"direct": 801, "found": 0, "status": 0, "via_proc": 801, "mig": "not supported"}
+    assert seen == {
+        "direct": 801,
+        "found": 0,
+        "status": 0,
+        "via_proc": 801,
+        "conditional": 801,
+        "mig": "not supported",
+    }
 
 
 def test_forked_child_cannot_use_the_parents_driver(make_node: NodeFactory) -> None:
