@@ -181,6 +181,15 @@ static void located_pools(void)
               CUDA_ERROR_INVALID_DEVICE);
     EXPECT_EQ(p_cuMemSetMemPool(&host, CU_MEM_ALLOCATION_TYPE_PINNED, made),
               CUDA_ERROR_NOT_SUPPORTED);
+    /* Nor can such a pool be made (cuda.core's pinned and managed memory resources ask). */
+    CUmemoryPool other = NULL;
+    props.location = host;
+    EXPECT_EQ(p_cuMemPoolCreate(&other, &props), CUDA_ERROR_NOT_SUPPORTED);
+    props.location = dev0;
+    props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    EXPECT_EQ(p_cuMemPoolCreate(&other, &props), CUDA_ERROR_NOT_SUPPORTED);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
+    EXPECT_EQ(p_cuMemPoolCreate(&other, &props), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(p_cuMemPoolDestroy(made), CUDA_SUCCESS);
 }
 
