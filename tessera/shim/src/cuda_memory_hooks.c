@@ -430,7 +430,11 @@ static bool mapping_containing(const struct shim_entry *e, void *arg)
  * release and the last unmapping. The handle's record counts the retains; a handle released
  * while still mapped and retained again is recorded anew, naming the allocation of the mapping
  * the address is in. Recorded under the handle's key lock, after the driver's answer (the
- * handle is not known before it); cuMemRelease of the same handle waits on that lock. */
+ * handle is not known before it); cuMemRelease of the same handle waits on that lock. If the
+ * shim knows neither the handle nor a mapping at the address by then - another thread unmapped
+ * it after the driver answered, and the charge may be gone - the reference is given back and the
+ * retain answers as if that unmapping had come first (CUDA_ERROR_INVALID_VALUE), so memory is
+ * never held uncharged. */
 SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     REAL_OR_NOT_FOUND(cuMemRetainAllocationHandle);
@@ -450,6 +454,10 @@ SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
             struct shim_entry fresh = {.key = *handle, .peer = at.vmm, .kind = SHIM_KIND_HANDLE,
                                        .gpu = -1};
             shim_table_put(&fresh);
+        } else {
+            SHIM_DEBUG("cuMemRetainAllocationHandle: no mapping recorded at the address; refused");
+            shim_real.cuMemRelease(*handle);
+            rc = CUDA_ERROR_INVALID_VALUE;
         }
     }
     shim_key_unlock(key_lock);
@@ -864,24 +872,34 @@ SHIM_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgr
     return shim_real.cuGraphAddNode(node, graph, deps, count, params);
 }
 
+/* _v2 and CUDA 13.4.1's _v3 take the same arguments; `real` is the slot of the one called (read
+ * after shim_init, which fills it). */
+static CUresult add_node_with_edges(__typeof__(&cuGraphAddNode_v2) *real, CUgraphNode *node,
+                                    CUgraph graph, const CUgraphNode *deps, const void *edgeData,
+                                    size_t count, void *params)
+{
+    shim_init();
+    if (mem_alloc_node(params) && shim.memory_limited) {
+        SHIM_DEBUG("cuGraphAddNode refused: not accounted while a memory limit is in force");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (*real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    return (*real)(node, graph, deps, edgeData, count, params);
+}
+
 SHIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        const void *edgeData, size_t count, void *params)
 {
-    if (mem_alloc_node(params))
-        UNACCOUNTED_GUARD(cuGraphAddNode_v2);
-    else
-        REAL_OR_NOT_FOUND(cuGraphAddNode_v2);
-    return shim_real.cuGraphAddNode_v2(node, graph, deps, edgeData, count, params);
+    return add_node_with_edges(&shim_real.cuGraphAddNode_v2, node, graph, deps, edgeData, count,
+                               params);
 }
 
 SHIM_EXPORT CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        const void *edgeData, size_t count, void *params)
 {
-    if (mem_alloc_node(params))
-        UNACCOUNTED_GUARD(cuGraphAddNode_v3);
-    else
-        REAL_OR_NOT_FOUND(cuGraphAddNode_v3);
-    return shim_real.cuGraphAddNode_v3(node, graph, deps, edgeData, count, params);
+    return add_node_with_edges(&shim_real.cuGraphAddNode_v3, node, graph, deps, edgeData, count,
+                               params);
 }
 
 SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
