@@ -23,9 +23,9 @@ bool sim_ctx_valid(CUcontext ctx)
     return ctx != NULL && ctx->tag == TAG_CTX;
 }
 
-CUresult sim_require_ctx(CUcontext *out)
+/* `ctx` if it can be used: a live context on a GPU that has not fallen off the bus. */
+static CUresult usable_ctx(CUcontext ctx, CUcontext *out)
 {
-    CUcontext ctx = sim_current_ctx();
     pthread_mutex_lock(&sim_cuda.mu);
     bool valid = sim_ctx_valid(ctx);
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -35,6 +35,17 @@ CUresult sim_require_ctx(CUcontext *out)
         return SIM_CUDA_GPU_LOST;
     *out = ctx;
     return CUDA_SUCCESS;
+}
+
+CUresult sim_require_ctx(CUcontext *out)
+{
+    return usable_ctx(sim_current_ctx(), out);
+}
+
+/* The context a CUDA 13 entry point names: NULL means the calling thread's current one. */
+static CUresult named_ctx(CUcontext ctx, CUcontext *out)
+{
+    return usable_ctx(ctx != NULL ? ctx : sim_current_ctx(), out);
 }
 
 CUresult sim_ctx_wait(CUcontext ctx)
@@ -218,45 +229,27 @@ SIMGPU_API CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-SIMGPU_API CUresult cuCtxGetDevice(CUdevice *device)
+static CUresult ctx_get_device(CUdevice *device, CUcontext ctx)
 {
-    SIM_ENTER();
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUcontext ctx = NULL;
-    CUresult rc = sim_require_ctx(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    *device = ctx->device;
-    return CUDA_SUCCESS;
-}
-
-/* The context a CUDA 13 entry point names: NULL means the calling thread's current one. */
-static CUresult named_ctx(CUcontext ctx, CUcontext *out)
-{
-    if (ctx == NULL)
-        return sim_require_ctx(out);
-    pthread_mutex_lock(&sim_cuda.mu);
-    bool valid = sim_ctx_valid(ctx);
-    pthread_mutex_unlock(&sim_cuda.mu);
-    if (!valid)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (sim_fault_gpu_lost(&sim_cuda.rt, ctx->device))
-        return SIM_CUDA_GPU_LOST;
-    *out = ctx;
-    return CUDA_SUCCESS;
-}
-
-/* CUDA 13.0: the device of any context, not only the current one. */
-SIMGPU_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
-{
-    SIM_ENTER();
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = named_ctx(ctx, &ctx);
     if (rc == CUDA_SUCCESS)
         *device = ctx->device;
     return rc;
+}
+
+SIMGPU_API CUresult cuCtxGetDevice(CUdevice *device)
+{
+    SIM_ENTER();
+    return ctx_get_device(device, NULL);
+}
+
+/* CUDA 13.0: the device of any context, not only the current one. */
+SIMGPU_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    SIM_ENTER();
+    return ctx_get_device(device, ctx);
 }
 
 SIMGPU_API CUresult cuCtxGetFlags(unsigned int *flags)
@@ -313,25 +306,26 @@ SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
 }
 
 /* CUDA 12.5 (what CUDA 13 clients ask for): a stream's context, and its green context, which
- * the simulator never has. */
-SIMGPU_API CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+ * the simulator never has. `get` is the legacy or the per-thread default stream's lookup. */
+static CUresult stream_get_ctx_v2(CUresult (*get)(CUstream, CUcontext *), CUstream stream,
+                                  CUcontext *pctx, CUgreenCtx *pGreenCtx)
 {
     if (pctx == NULL || pGreenCtx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = cuStreamGetCtx(stream, pctx);
+    CUresult rc = get(stream, pctx);
     if (rc == CUDA_SUCCESS)
         *pGreenCtx = NULL;
     return rc;
 }
 
+SIMGPU_API CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    return stream_get_ctx_v2(cuStreamGetCtx, stream, pctx, pGreenCtx);
+}
+
 SIMGPU_API CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
 {
-    if (pctx == NULL || pGreenCtx == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = cuStreamGetCtx_ptsz(stream, pctx);
-    if (rc == CUDA_SUCCESS)
-        *pGreenCtx = NULL;
-    return rc;
+    return stream_get_ctx_v2(cuStreamGetCtx_ptsz, stream, pctx, pGreenCtx);
 }
 
 SIMGPU_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
