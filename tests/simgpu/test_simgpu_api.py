@@ -161,14 +161,14 @@ def test_nvml_answers_the_queries_cuda13_clients_make(make_node: NodeFactory) ->
     """What nvidia-ml-py 13 and cuda.core's system module ask a CUDA 13 node: the driver branch
     (named after the driver version's major number), the versioned PCI query (v3's fields and the
     3D-controller class), the addressing mode (neither HMM nor ATS), each refusing a struct of
-    another version with NVML_ERROR_ARGUMENT_VERSION_MISMATCH and a NULL one with
-    NVML_ERROR_INVALID_ARGUMENT; the board's module id is not simulated (NVML_ERROR_NOT_SUPPORTED)."""
+    another version with NVML_ERROR_ARGUMENT_VERSION_MISMATCH, a NULL one or a NULL device with
+    NVML_ERROR_INVALID_ARGUMENT, and NVML_ERROR_UNINITIALIZED before nvmlInit; the board's module
+    id is not simulated (NVML_ERROR_NOT_SUPPORTED)."""
     node = make_node(name="nvml13", driver_version="580.65.06", cuda_driver_version=13000)
     seen = node.python_json(
         """
 import ctypes, json
 nvml = ctypes.CDLL("libnvidia-ml.so.1")
-assert nvml.nvmlInit_v2() == 0
 def version(struct, v):
     return ctypes.sizeof(struct) | (v << 24)
 class Branch(ctypes.Structure):
@@ -180,13 +180,16 @@ class PciExt(ctypes.Structure):
                 ("subClass", ctypes.c_uint), ("busId", ctypes.c_char * 32)]
 class Mode(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint), ("value", ctypes.c_uint)]
+branch = Branch(version(Branch, 1))
+uninitialised = nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 80)
+assert nvml.nvmlInit_v2() == 0
 dev = ctypes.c_void_p()
 assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
-branch = Branch(version(Branch, 1))
 pci = PciExt(version(PciExt, 1))
 mode = Mode(version(Mode, 1))
 cuda = ctypes.c_int()
 out = dict(
+    uninitialised=uninitialised,
     branch=[nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 80), branch.branch.decode()],
     branch_short=nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 4),
     branch_old=nvml.nvmlSystemGetDriverBranch(ctypes.byref(Branch(version(Branch, 2))), 80),
@@ -196,6 +199,8 @@ out = dict(
          hex(pci.pciDeviceId), pci.baseClass, pci.subClass],
     pci_old=nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(PciExt(version(PciExt, 2)))),
     pci_null=nvml.nvmlDeviceGetPciInfoExt(dev, None),
+    pci_no_device=nvml.nvmlDeviceGetPciInfoExt(None, ctypes.byref(pci)),
+    mode_no_device=nvml.nvmlDeviceGetAddressingMode(None, ctypes.byref(mode)),
     mode=[nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(mode)), mode.value],
     mode_old=nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(Mode(0))),
     module=nvml.nvmlDeviceGetModuleId(dev, ctypes.byref(ctypes.c_uint())),
@@ -204,6 +209,7 @@ print(json.dumps(out))
 """
     )
     assert seen == {
+        "uninitialised": 1,  # NVML_ERROR_UNINITIALIZED
         "branch": [0, "r580_00"],
         "branch_short": 7,  # NVML_ERROR_INSUFFICIENT_SIZE
         "branch_old": 25,  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
@@ -212,6 +218,8 @@ print(json.dumps(out))
         "pci": [0, "00000000:01:00.0", 1, "0x233010de", 3, 2],
         "pci_old": 25,
         "pci_null": 2,
+        "pci_no_device": 2,
+        "mode_no_device": 2,
         "mode": [0, 0],
         "mode_old": 25,
         "module": 3,  # NVML_ERROR_NOT_SUPPORTED

@@ -7,6 +7,7 @@
  * Loads the driver with dlopen, so it runs unchanged against NVIDIA's libcuda.
  */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "simgpu_test.h"
 
@@ -120,6 +121,8 @@ static void named_contexts(void)
     EXPECT_EQ(p_cuStreamGetCtx_v2_ptsz(NULL, &owner, &green), CUDA_SUCCESS);
     EXPECT_TRUE(owner == b && green == NULL);
     EXPECT_EQ(p_cuStreamGetCtx_v2(NULL, &owner, NULL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuStreamGetCtx_v2(NULL, NULL, &green), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuStreamGetCtx_v2_ptsz(NULL, &owner, NULL), CUDA_ERROR_INVALID_VALUE);
 
     EXPECT_EQ(p_cuCtxDestroy_v2(a), CUDA_SUCCESS);
     EXPECT_EQ(p_cuCtxGetDevice_v2(&dev, a), CUDA_ERROR_INVALID_CONTEXT);
@@ -181,6 +184,8 @@ static void located_pools(void)
               CUDA_ERROR_INVALID_DEVICE);
     EXPECT_EQ(p_cuMemSetMemPool(&host, CU_MEM_ALLOCATION_TYPE_PINNED, made),
               CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(p_cuMemSetMemPool(&dev0, CU_MEM_ALLOCATION_TYPE_PINNED, NULL),
+              CUDA_ERROR_INVALID_VALUE);
     /* Nor can such a pool be made (cuda.core's pinned and managed memory resources ask). */
     CUmemoryPool other = NULL;
     props.location = host;
@@ -204,6 +209,8 @@ static void retained_handles(void)
     LOAD(lib, cuMemGetInfo_v2);
     LOAD(lib, cuMemRetainAllocationHandle);
     LOAD(lib, cuMemGetAllocationPropertiesFromHandle);
+    LOAD(lib, cuMemExportToShareableHandle);
+    LOAD(lib, cuMemImportFromShareableHandle);
     const size_t gran = 2u << 20;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -235,6 +242,17 @@ static void retained_handles(void)
     EXPECT_EQ(got.location.id, 0);
     EXPECT_EQ(got.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     EXPECT_EQ(p_cuMemGetAllocationPropertiesFromHandle(NULL, h), CUDA_ERROR_INVALID_VALUE);
+    /* An imported handle carries no properties the simulator knows. */
+    int fd = -1;
+    CUmemGenericAllocationHandle imported = 0;
+    EXPECT_EQ(p_cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemGetAllocationPropertiesFromHandle(&got, imported), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(p_cuMemRelease(imported), CUDA_SUCCESS);
+    close(fd);
 
     /* Two handle references (create + retain): two releases, then the handle is gone. */
     EXPECT_EQ(p_cuMemRelease(h), CUDA_SUCCESS);
