@@ -35,6 +35,7 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 typedef struct CUlinkState_st *CUlinkState;
+typedef struct CUgreenCtx_st *CUgreenCtx;
 typedef unsigned long long CUmemGenericAllocationHandle;
 
 /* The special stream handles of the per-thread and legacy default streams. */
@@ -211,7 +212,8 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
 /* Virtual memory management. */
 typedef enum CUmemAllocationType_enum {
     CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
-    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1
+    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    CU_MEM_ALLOCATION_TYPE_MANAGED = 0x2
 } CUmemAllocationType;
 
 typedef enum CUmemAllocationHandleType_enum {
@@ -221,7 +223,10 @@ typedef enum CUmemAllocationHandleType_enum {
 
 typedef enum CUmemLocationType_enum {
     CU_MEM_LOCATION_TYPE_INVALID = 0x0,
-    CU_MEM_LOCATION_TYPE_DEVICE = 0x1
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    CU_MEM_LOCATION_TYPE_HOST = 0x2,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA = 0x3,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 0x4
 } CUmemLocationType;
 
 typedef enum CUmemAccess_flags_enum {
@@ -389,9 +394,11 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult cuCtxGetFlags(unsigned int *flags);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
 CUresult cuCtxSynchronize(void);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
@@ -426,12 +433,19 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location,
+                                CUmemAllocationType type);
+CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location, CUmemAllocationType type);
+CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type, CUmemoryPool pool);
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                CUmemGenericAllocationHandle handle);
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags);
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
@@ -482,6 +496,7 @@ CUresult cuStreamSynchronize(CUstream stream);
 CUresult cuStreamQuery(CUstream stream);
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx);
+CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx);
 CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *captureStatus);
 CUresult cuEventCreate(CUevent *event, unsigned int flags);
 CUresult cuEventRecord(CUevent event, CUstream stream);
@@ -551,6 +566,7 @@ CUresult cuStreamSynchronize_ptsz(CUstream stream);
 CUresult cuStreamQuery_ptsz(CUstream stream);
 CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned int flags);
 CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx);
+CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx);
 CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *captureStatus);
 CUresult cuEventRecord_ptsz(CUevent event, CUstream stream);
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -575,6 +591,11 @@ CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgra
                                      const void *edgeData, size_t count, unsigned int mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode *deps,
                                           const void *edgeData, size_t count, unsigned int mode);
+/* CUDA 13.2 and 13.3: capture into a graphics context, recapture into an existing graph (their
+ * parameter and callback types are passed through, never read, by the shim). */
+CUresult cuStreamBeginCaptureToCig(CUstream stream, void *cigCaptureParams);
+CUresult cuStreamBeginRecaptureToGraph(CUstream stream, unsigned int mode, CUgraph graph,
+                                       void *callback, void *userData);
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
 
@@ -587,6 +608,9 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphN
 CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
                         void *params);
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                           const void *edgeData, size_t count, void *params);
+/* CUDA 13.4.1: the same arguments as _v2 (what cuda-bindings 13.5 declares). */
+CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                            const void *edgeData, size_t count, void *params);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                 unsigned int levels);

@@ -111,6 +111,38 @@ typedef struct nvmlMemory_v2_st {
 #define NVML_STRUCT_VERSION(type, ver) ((unsigned int)(sizeof(type) | ((ver) << 24U)))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(nvmlMemory_v2_t, 2)
 
+/* nvmlDeviceGetPciInfoExt layout (version 1). */
+typedef struct nvmlPciInfoExt_v1_st {
+    unsigned int version;
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    unsigned int baseClass;
+    unsigned int subClass;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfoExt_t;
+#define nvmlPciInfoExt_v1 NVML_STRUCT_VERSION(nvmlPciInfoExt_t, 1)
+
+/* nvmlSystemGetDriverBranch layout (version 1). */
+#define NVML_SYSTEM_DRIVER_BRANCH_INFO_BUFFER_SIZE 80
+typedef struct nvmlSystemDriverBranchInfo_v1_st {
+    unsigned int version;
+    char branch[NVML_SYSTEM_DRIVER_BRANCH_INFO_BUFFER_SIZE];
+} nvmlSystemDriverBranchInfo_t;
+#define nvmlSystemDriverBranchInfo_v1 NVML_STRUCT_VERSION(nvmlSystemDriverBranchInfo_t, 1)
+
+/* nvmlDeviceGetAddressingMode layout (version 1) and values. */
+typedef struct nvmlDeviceAddressingMode_v1_st {
+    unsigned int version;
+    unsigned int value;
+} nvmlDeviceAddressingMode_t;
+#define nvmlDeviceAddressingMode_v1 NVML_STRUCT_VERSION(nvmlDeviceAddressingMode_t, 1)
+#define NVML_DEVICE_ADDRESSING_MODE_NONE 0
+#define NVML_DEVICE_ADDRESSING_MODE_HMM 1
+#define NVML_DEVICE_ADDRESSING_MODE_ATS 2
+
 typedef struct nvmlUtilization_st {
     unsigned int gpu;
     unsigned int memory;
@@ -150,6 +182,8 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version);
 nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version);
+nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *branchInfo,
+                                       unsigned int length);
 
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *count);
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count);
@@ -166,6 +200,8 @@ nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitectu
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor);
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber);
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
+nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci);
+nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);

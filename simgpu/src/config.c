@@ -507,7 +507,7 @@ int sim_config_load(const char *path, struct sim_config *out, char *err, size_t 
         return fail(&p, "path too long");
     strcpy(out->path, path);
     strcpy(out->driver_version, "550.54.15");
-    out->cuda_driver_version = 12040;
+    out->cuda_driver_version = SIM_DEFAULT_CUDA_DRIVER_VERSION;
     out->util_window_ns = 1000000000ULL;
     out->default_kernel_ns = 100000ULL;
 

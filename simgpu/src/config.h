@@ -6,6 +6,9 @@
 #ifndef SIMGPU_CONFIG_H
 #define SIMGPU_CONFIG_H
 
+/* The CUDA version a node reports when its configuration does not set one. */
+#define SIM_DEFAULT_CUDA_DRIVER_VERSION 12040
+
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>

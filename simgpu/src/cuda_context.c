@@ -23,9 +23,9 @@ bool sim_ctx_valid(CUcontext ctx)
     return ctx != NULL && ctx->tag == TAG_CTX;
 }
 
-CUresult sim_require_ctx(CUcontext *out)
+/* `ctx` if it can be used: a live context on a GPU that has not fallen off the bus. */
+static CUresult usable_ctx(CUcontext ctx, CUcontext *out)
 {
-    CUcontext ctx = sim_current_ctx();
     pthread_mutex_lock(&sim_cuda.mu);
     bool valid = sim_ctx_valid(ctx);
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -35,6 +35,17 @@ CUresult sim_require_ctx(CUcontext *out)
         return SIM_CUDA_GPU_LOST;
     *out = ctx;
     return CUDA_SUCCESS;
+}
+
+CUresult sim_require_ctx(CUcontext *out)
+{
+    return usable_ctx(sim_current_ctx(), out);
+}
+
+/* The context a CUDA 13 entry point names: NULL means the calling thread's current one. */
+static CUresult named_ctx(CUcontext ctx, CUcontext *out)
+{
+    return usable_ctx(ctx != NULL ? ctx : sim_current_ctx(), out);
 }
 
 CUresult sim_ctx_wait(CUcontext ctx)
@@ -218,17 +229,27 @@ SIMGPU_API CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+static CUresult ctx_get_device(CUdevice *device, CUcontext ctx)
+{
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = named_ctx(ctx, &ctx);
+    if (rc == CUDA_SUCCESS)
+        *device = ctx->device;
+    return rc;
+}
+
 SIMGPU_API CUresult cuCtxGetDevice(CUdevice *device)
 {
     SIM_ENTER();
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUcontext ctx = NULL;
-    CUresult rc = sim_require_ctx(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    *device = ctx->device;
-    return CUDA_SUCCESS;
+    return ctx_get_device(device, NULL);
+}
+
+/* CUDA 13.0: the device of any context, not only the current one. */
+SIMGPU_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    SIM_ENTER();
+    return ctx_get_device(device, ctx);
 }
 
 SIMGPU_API CUresult cuCtxGetFlags(unsigned int *flags)
@@ -293,17 +314,51 @@ SIMGPU_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greates
     return CUDA_SUCCESS;
 }
 
-SIMGPU_API CUresult cuCtxSynchronize(void)
+static CUresult ctx_synchronize(CUcontext ctx)
 {
-    SIM_ENTER();
-    CUcontext ctx = NULL;
-    CUresult rc = sim_require_ctx(&ctx);
+    CUresult rc = named_ctx(ctx, &ctx);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = sim_ctx_wait(ctx);
     if (rc == CUDA_SUCCESS)
         sim_pools_trim_after_sync(ctx->device);
     return rc;
+}
+
+SIMGPU_API CUresult cuCtxSynchronize(void)
+{
+    SIM_ENTER();
+    return ctx_synchronize(NULL);
+}
+
+/* CUDA 13.0: waits for any context's work, not only the current one's. */
+SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    SIM_ENTER();
+    return ctx_synchronize(ctx);
+}
+
+/* CUDA 12.5 (what CUDA 13 clients ask for): a stream's context, and its green context, which
+ * the simulator never has. `get` is the legacy or the per-thread default stream's lookup. */
+static CUresult stream_get_ctx_v2(CUresult (*get)(CUstream, CUcontext *), CUstream stream,
+                                  CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    if (pctx == NULL || pGreenCtx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = get(stream, pctx);
+    if (rc == CUDA_SUCCESS)
+        *pGreenCtx = NULL;
+    return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_v2(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    return stream_get_ctx_v2(cuStreamGetCtx, stream, pctx, pGreenCtx);
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_v2_ptsz(CUstream stream, CUcontext *pctx, CUgreenCtx *pGreenCtx)
+{
+    return stream_get_ctx_v2(cuStreamGetCtx_ptsz, stream, pctx, pGreenCtx);
 }
 
 SIMGPU_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)

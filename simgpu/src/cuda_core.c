@@ -66,24 +66,35 @@ CUresult sim_cuda_enter(void)
     return CUDA_SUCCESS;
 }
 
+int sim_driver_version(void)
+{
+    /* Valid before cuInit, as on the real driver; without a configuration there is no driver
+     * version to report, so answer with the simulator's default. The configured version never
+     * changes in a running process, so the file is read once (cuGetProcAddress asks for it
+     * hundreds of times while a client loads). */
+    if (__atomic_load_n(&sim_cuda.initialized, __ATOMIC_ACQUIRE))
+        return sim_cuda.rt.cfg.cuda_driver_version;
+    static int loaded;
+    int version = __atomic_load_n(&loaded, __ATOMIC_ACQUIRE);
+    if (version != 0)
+        return version;
+    const char *path = getenv(SIM_CONFIG_ENV);
+    static struct sim_config cfg;
+    char err[512];
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool ok = path != NULL && sim_config_load(path, &cfg, err, sizeof err) == 0;
+    version = ok ? cfg.cuda_driver_version : SIM_DEFAULT_CUDA_DRIVER_VERSION;
+    if (ok)
+        __atomic_store_n(&loaded, version, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return version;
+}
+
 SIMGPU_API CUresult cuDriverGetVersion(int *version)
 {
     if (version == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    /* Valid before cuInit, as on the real driver; without a configuration there is no driver
-     * version to report, so answer with the newest the simulator implements. */
-    const char *path = NULL;
-    if (__atomic_load_n(&sim_cuda.initialized, __ATOMIC_ACQUIRE)) {
-        *version = sim_cuda.rt.cfg.cuda_driver_version;
-        return CUDA_SUCCESS;
-    }
-    path = getenv(SIM_CONFIG_ENV);
-    static struct sim_config cfg;
-    char err[512];
-    pthread_mutex_lock(&sim_cuda.mu);
-    int ok = path != NULL && sim_config_load(path, &cfg, err, sizeof err) == 0;
-    *version = ok ? cfg.cuda_driver_version : 12040;
-    pthread_mutex_unlock(&sim_cuda.mu);
+    *version = sim_driver_version();
     return CUDA_SUCCESS;
 }
 

@@ -145,6 +145,9 @@ void sim_arrays_release_context(CUcontext ctx);
 /* A synchronisation point: pools give cached memory above their release threshold back. */
 void sim_pools_trim_after_sync(CUdevice dev);
 
+/* The configured CUDA driver version (cuDriverGetVersion), also before cuInit. */
+int sim_driver_version(void);
+
 /* The fallback for real entry points the simulator does not implement (cuda_stubs.c). */
 void *sim_cuda_stub_lookup(const char *symbol);
 

@@ -321,22 +321,51 @@ SIMGPU_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
     return free_async(dptr, stream, SIM_PER_THREAD);
 }
 
+/* A pool's memory location and allocation type (CUDA 13.0 also names pools by them). The
+ * simulator has pools of device memory only: a pinned-type device location is a device's pool;
+ * host, NUMA and managed pools are CUDA_ERROR_NOT_SUPPORTED, as on a driver or device without
+ * them. */
+static CUresult located_device(const CUmemLocation *location, CUmemAllocationType type,
+                               CUdevice *dev)
+{
+    if (location == NULL ||
+        (type != CU_MEM_ALLOCATION_TYPE_PINNED && type != CU_MEM_ALLOCATION_TYPE_MANAGED))
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (location->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (type == CU_MEM_ALLOCATION_TYPE_MANAGED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    *dev = location->id;
+    return CUDA_SUCCESS;
+}
+
 SIMGPU_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     SIM_ENTER();
-    if (pool == NULL || props == NULL || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+    if (pool == NULL || props == NULL ||
         (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE &&
          props->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_check_device(props->location.id);
+    CUdevice dev = 0;
+    CUresult rc = located_device(&props->location, props->allocType, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = sim_check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc == CUDA_ERROR_INVALID_DEVICE ? CUDA_ERROR_INVALID_VALUE : rc;
     CUmemoryPool p = calloc(1, sizeof *p);
     if (p == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->tag = TAG_POOL;
-    p->device = props->location.id;
+    p->device = dev;
     for (int i = 1; i <= 3; i++)
         p->reuse_flags[i] = 1;
     *pool = p;
@@ -485,4 +514,28 @@ SIMGPU_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
+}
+
+SIMGPU_API CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *location,
+                                           CUmemAllocationType type)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+SIMGPU_API CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *location,
+                                    CUmemAllocationType type)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceGetMemPool(pool, dev);
+}
+
+SIMGPU_API CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+                                    CUmemoryPool pool)
+{
+    CUdevice dev = 0;
+    CUresult rc = located_device(location, type, &dev);
+    return rc != CUDA_SUCCESS ? rc : cuDeviceSetMemPool(dev, pool);
 }

@@ -6,6 +6,11 @@
  * exported _ptsz/_ptds symbol), returned for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
  * A base name the table knows only at newer versions is CUDA_ERROR_NOT_FOUND with
  * CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: the simulator has no pre-3.2 (32-bit) ABIs.
+ *
+ * The node's configured CUDA version (cuda_driver_version) bounds what exists, as on a real
+ * driver of that version: entries introduced after it are absent (a name with no older entry is
+ * CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND), and a request for a version above it is
+ * CUDA_ERROR_INVALID_VALUE, as CUDA documents.
  */
 #include <string.h>
 
@@ -55,9 +60,11 @@ static const struct proc_entry table[] = {
     E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     E("cuCtxGetFlags", 7000, cuCtxGetFlags),
     E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     E("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
     E("cuCtxGetId", 12000, cuCtxGetId),
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
@@ -90,9 +97,14 @@ static const struct proc_entry table[] = {
     E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
     E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
     E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    E("cuMemGetDefaultMemPool", 13000, cuMemGetDefaultMemPool),
+    E("cuMemGetMemPool", 13000, cuMemGetMemPool),
+    E("cuMemSetMemPool", 13000, cuMemSetMemPool),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemCreate", 10020, cuMemCreate),
     E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+    E("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle),
     E("cuMemAddressReserve", 10020, cuMemAddressReserve),
     E("cuMemAddressFree", 10020, cuMemAddressFree),
     E("cuMemMap", 10020, cuMemMap),
@@ -120,6 +132,7 @@ static const struct proc_entry table[] = {
     P("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz),
     P("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz),
     P("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz),
+    P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz),
     P("cuStreamGetPriority", 5050, cuStreamGetPriority, cuStreamGetPriority_ptsz),
     P("cuStreamGetFlags", 5050, cuStreamGetFlags, cuStreamGetFlags_ptsz),
     P("cuStreamGetId", 12000, cuStreamGetId, cuStreamGetId_ptsz),
@@ -196,10 +209,16 @@ static CUresult proc_address(const char *symbol, void **pfn, int version, cuuint
     bool per_thread = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ||
                       (flags == CU_GET_PROC_ADDRESS_DEFAULT && per_thread_by_default);
     *pfn = NULL;
+    int driver = sim_driver_version();
+    if (version > driver) { /* no symbol status is documented for this; "not found" is true */
+        if (status != NULL)
+            *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     const struct proc_entry *best = NULL;
     bool known = false;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-        if (strcmp(table[i].name, symbol) != 0)
+        if (table[i].version > driver || strcmp(table[i].name, symbol) != 0)
             continue;
         known = true;
         if (table[i].version <= version && (best == NULL || table[i].version > best->version))

@@ -31,7 +31,6 @@
     X(cuMemsetD2D32_v2) X(cuMemPrefetchAsync) X(cuMemAdvise) X(cuMemRangeGetAttribute)            \
     X(cuPointerSetAttribute)                   \
     X(cuMemGetAccess)           \
-    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemRetainAllocationHandle)                      \
     X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)               \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
     X(cuStreamAddCallback)            \
@@ -51,7 +50,8 @@
     X(cuExternalMemoryGetMappedBuffer) X(cuDestroyExternalMemory) X(cuImportExternalSemaphore)    \
     X(cuSignalExternalSemaphoresAsync) X(cuWaitExternalSemaphoresAsync)                           \
     X(cuDestroyExternalSemaphore) X(cuProfilerStart) X(cuProfilerStop) X(cuGetExportTable)        \
-    X(cuCoredumpGetAttribute) X(cuThreadExchangeStreamCaptureMode) X(cuUserObjectCreate)
+    X(cuCoredumpGetAttribute) X(cuThreadExchangeStreamCaptureMode) X(cuUserObjectCreate)          \
+    X(cuGraphConditionalHandleCreate)
 
 /* Their per-thread default stream variants, exported for dlsym; cuGetProcAddress answers the
  * base name with the same function whatever its flags. */

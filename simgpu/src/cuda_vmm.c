@@ -22,8 +22,10 @@ struct sim_phys {
     int fd;
     size_t size;
     uint32_t handle;
-    int refs; /* 1 until cuMemRelease, plus one per mapping */
-    bool released;
+    int refs;   /* handle references plus one per mapping */
+    int handles; /* 1 from cuMemCreate/import, plus one per cuMemRetainAllocationHandle, less
+                  * one per cuMemRelease */
+    CUdevice device; /* where cuMemCreate placed it; -1 if imported */
     bool imported; /* cuMemImportFromShareableHandle: counted to the exporter, not here */
     CUmemAllocationHandleType handle_types; /* what cuMemCreate allowed exporting as */
     struct sim_phys *next;
@@ -120,6 +122,8 @@ SIMGPU_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     }
     p->size = size;
     p->refs = 1;
+    p->handles = 1;
+    p->device = prop->location.id;
     p->handle_types = prop->requestedHandleTypes;
     pthread_mutex_lock(&sim_cuda.mu);
     p->next = physicals;
@@ -135,8 +139,8 @@ SIMGPU_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_phys *p = find_phys(handle);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (p != NULL && !p->released) {
-        p->released = true;
+    if (p != NULL && p->handles > 0) {
+        p->handles--;
         phys_unref(p);
         rc = CUDA_SUCCESS;
     }
@@ -156,7 +160,7 @@ SIMGPU_API CUresult cuMemExportToShareableHandle(void *shareableHandle,
     pthread_mutex_lock(&sim_cuda.mu);
     const struct sim_phys *p = find_phys(handle);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (p != NULL && !p->released && (p->handle_types & handleType) != 0) {
+    if (p != NULL && p->handles > 0 && (p->handle_types & handleType) != 0) {
         int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
         rc = fd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         if (fd >= 0)
@@ -186,6 +190,8 @@ SIMGPU_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
     }
     p->size = (size_t)st.st_size;
     p->refs = 1;
+    p->handles = 1;
+    p->device = -1;
     p->imported = true;
     p->handle_types = shHandleType;
     pthread_mutex_lock(&sim_cuda.mu);
@@ -283,7 +289,7 @@ SIMGPU_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_phys *p = find_phys(handle);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (p != NULL && !p->released && offset <= p->size && size <= p->size - offset &&
+    if (p != NULL && p->handles > 0 && offset <= p->size && size <= p->size - offset &&
         inside_reservation(va, size) && !overlaps_mapping(va, size)) {
         if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset) ==
             MAP_FAILED) {
@@ -402,6 +408,55 @@ SIMGPU_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
         free(r);
         rc = CUDA_SUCCESS;
         break;
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+/* The handle behind a mapped address (any address inside a mapping), with a handle reference
+ * taken: each retain needs its own cuMemRelease, as CUDA documents, and the memory stays until
+ * the last of those and the last unmapping. */
+SIMGPU_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    SIM_ENTER();
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t va = (uintptr_t)addr;
+    pthread_mutex_lock(&sim_cuda.mu);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    for (const struct sim_mapping *m = mappings; m != NULL; m = m->next) {
+        if (va >= m->va && va - m->va < m->size) {
+            m->phys->handles++;
+            m->phys->refs++;
+            *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->phys;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
+}
+
+/* What cuMemCreate was asked for. An imported handle's device is not known here (the
+ * descriptor carries no properties): CUDA_ERROR_NOT_SUPPORTED. */
+SIMGPU_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                           CUmemGenericAllocationHandle handle)
+{
+    SIM_ENTER();
+    if (prop == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_cuda.mu);
+    const struct sim_phys *p = find_phys(handle);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (p != NULL && p->handles > 0 && p->imported) {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    } else if (p != NULL && p->handles > 0) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = p->handle_types;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = p->device;
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;

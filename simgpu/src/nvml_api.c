@@ -161,6 +161,26 @@ SIMGPU_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version)
     return nvmlSystemGetCudaDriverVersion(version);
 }
 
+/* The release branch a driver version belongs to, as NVIDIA names it: "r580_00" for 580.65.06
+ * (the branch is the version's major number). */
+SIMGPU_API nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *branchInfo,
+                                                  unsigned int length)
+{
+    nvmlReturn_t rc = sim_nvml_enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (branchInfo == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (branchInfo->version != nvmlSystemDriverBranchInfo_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    char text[SIM_VERSION_LEN + 8];
+    snprintf(text, sizeof text, "r%.*s_00",
+             (int)strcspn(sim_nvml.rt.cfg.driver_version, "."), sim_nvml.rt.cfg.driver_version);
+    if (length > sizeof branchInfo->branch)
+        length = sizeof branchInfo->branch;
+    return copy_out(branchInfo->branch, length, text);
+}
+
 SIMGPU_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
     nvmlReturn_t rc = sim_nvml_enter();
@@ -362,6 +382,48 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X",
              g->pci_domain & 0xffffu, g->pci_bus, g->pci_device, g->pci_function);
     return NVML_SUCCESS;
+}
+
+/* The versioned PCI query of newer clients (cuda.core's Device.pci_bus_id): the v3 fields and the
+ * PCI class, a 3D controller (0x0302) like NVIDIA's data-centre GPUs. */
+SIMGPU_API nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)
+{
+    int i = 0;
+    nvmlReturn_t rc = sim_nvml_device(device, &i);
+    if (rc == NVML_SUCCESS && pci == NULL)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && pci->version != nvmlPciInfoExt_v1)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlPciInfo_t v3;
+    if (rc == NVML_SUCCESS)
+        rc = nvmlDeviceGetPciInfo_v3(device, &v3);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    pci->domain = v3.domain;
+    pci->bus = v3.bus;
+    pci->device = v3.device;
+    pci->pciDeviceId = v3.pciDeviceId;
+    pci->pciSubSystemId = v3.pciSubSystemId;
+    pci->baseClass = 0x03;
+    pci->subClass = 0x02;
+    memcpy(pci->busId, v3.busId, sizeof pci->busId);
+    return NVML_SUCCESS;
+}
+
+/* Neither HMM nor ATS: the simulator's device memory is not the host's address space as far as
+ * a client may rely on (docs/simgpu.md). */
+SIMGPU_API nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device,
+                                                    nvmlDeviceAddressingMode_t *mode)
+{
+    int i = 0;
+    nvmlReturn_t rc = sim_nvml_device(device, &i);
+    if (rc == NVML_SUCCESS && mode == NULL)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && mode->version != nvmlDeviceAddressingMode_v1)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc == NVML_SUCCESS)
+        mode->value = NVML_DEVICE_ADDRESSING_MODE_NONE;
+    return rc;
 }
 
 SIMGPU_API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,

@@ -31,7 +31,7 @@
     X(nvmlDeviceGetAccountingMode) X(nvmlDeviceGetProcessesUtilizationInfo)                       \
     X(nvmlDeviceGetGpuFabricInfo) X(nvmlDeviceGetHandleBySerial) X(nvmlUnitGetCount)              \
     X(nvmlSystemGetProcessName) X(nvmlDeviceGetGraphicsRunningProcesses)                          \
-    X(nvmlDeviceGetGraphicsRunningProcesses_v2)
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2) X(nvmlDeviceGetModuleId)
 
 static nvmlReturn_t not_supported(void)
 {

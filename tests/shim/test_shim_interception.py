@@ -20,6 +20,7 @@ CUDA_EXPORTS = {
     *["cuMemAllocFromPoolAsync_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"],
     *["cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo"],
     *["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemImportFromShareableHandle"],
+    "cuMemRetainAllocationHandle",
     *["cuArrayCreate", "cuArrayCreate_v2", "cuArray3DCreate", "cuArray3DCreate_v2", "cuArrayDestroy"],
     *["cuMemGetInfo", "cuMemGetInfo_v2", "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "cuCtxDestroy_v2"],
     *["cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"],
@@ -29,7 +30,9 @@ CUDA_EXPORTS = {
     "cuGraphLaunch_ptsz",
     *["cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2"],
     *["cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz"],
-    *["cuGraphAddMemAllocNode", "cuGraphAddNode", "cuGraphAddNode_v2", "cuMipmappedArrayCreate"],
+    *["cuStreamBeginCaptureToCig", "cuStreamBeginRecaptureToGraph"],
+    *["cuGraphAddMemAllocNode", "cuGraphAddNode", "cuGraphAddNode_v2", "cuGraphAddNode_v3"],
+    "cuMipmappedArrayCreate",
 }
 
 
@@ -131,6 +134,7 @@ params[0] = 10  # CU_GRAPH_NODE_TYPE_MEM_ALLOC
 print("addnode_mem", cuda.cuGraphAddNode(ctypes.byref(out), None, None, ctypes.c_size_t(0), params))
 n = ctypes.c_size_t(0)
 print("addnode_v2_mem", cuda.cuGraphAddNode_v2(ctypes.byref(out), None, None, None, n, params))
+print("addnode_v3_mem", cuda.cuGraphAddNode_v3(ctypes.byref(out), None, None, None, n, params))
 params[0] = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 print("addnode_kernel", cuda.cuGraphAddNode(ctypes.byref(out), None, None, ctypes.c_size_t(0), params))
 """
@@ -139,7 +143,8 @@ print("addnode_kernel", cuda.cuGraphAddNode(ctypes.byref(out), None, None, ctype
 def test_unaccounted_memory_apis_refused_while_limited(
     make_claim: ClaimFactory, simulated_only: None
 ) -> None:
-    """Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2) of type MEM_ALLOC) and
+    """Graph memory nodes (cuGraphAddMemAllocNode, cuGraphAddNode(_v2, and CUDA 13.4.1's _v3) of type
+    MEM_ALLOC) and
     mipmapped arrays are not accounted, so they are refused (CUDA_ERROR_NOT_SUPPORTED = 801) while
     a memory limit is in force; other node types, and everything without a memory limit, pass
     through to the driver (the simulator has none of these: CUDA_ERROR_NOT_FOUND = 500)."""
@@ -151,6 +156,7 @@ def test_unaccounted_memory_apis_refused_while_limited(
         "mipmap": "801",
         "addnode_mem": "801",
         "addnode_v2_mem": "801",
+        "addnode_v3_mem": "801",
         "addnode_kernel": "500",
     }
     done = make_claim(limits=[(0, None, 30)], name="compute-only").python(UNACCOUNTED)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from simgpu.node import NodeFactory
 
 IMAGES = Path(__file__).parent / "images"
@@ -68,7 +70,8 @@ print(json.dumps(dict(
 
 def test_unimplemented_entry_points_report_not_supported(make_node: NodeFactory) -> None:
     """A real driver entry point the simulator does not implement resolves (through dlsym and
-    through cuGetProcAddress) and returns CUDA_ERROR_NOT_SUPPORTED; NVML's return
+    through cuGetProcAddress) and returns CUDA_ERROR_NOT_SUPPORTED - conditional graph handles
+    (cuGraphConditionalHandleCreate) among them, the refusal CUDA documents for it; NVML's return
     NVML_ERROR_NOT_SUPPORTED, which pynvml raises as NVMLError_NotSupported."""
     seen = make_node(name="stubs").python_json(
         """
@@ -86,10 +89,18 @@ except n.NVMLError_NotSupported:
     mig = "not supported"
 print(json.dumps(dict(
     direct=cu.cuMemcpy2D_v2(None), found=found, status=status.value,
+    conditional=cu.cuGraphConditionalHandleCreate(ctypes.byref(fn), None, None, 0, 0),
     via_proc=ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn.value)(None), mig=mig)))
 """
     )
-    assert seen == {"direct": 801, "found": 0, "status": 0, "via_proc": 801, "mig": "not supported"}
+    assert seen == {
+        "direct": 801,
+        "found": 0,
+        "status": 0,
+        "via_proc": 801,
+        "conditional": 801,
+        "mig": "not supported",
+    }
 
 
 def test_forked_child_cannot_use_the_parents_driver(make_node: NodeFactory) -> None:
@@ -126,6 +137,100 @@ def test_ipc_shareable_handles_and_peer_access(make_node: NodeFactory) -> None:
     assert sorted(p.name for p in node.spec.state_file.parent.iterdir()) == ["simgpu.conf", "state"]
 
 
+@pytest.mark.parametrize(
+    ("driver_version", "cuda_driver_version"), [("550.54.15", 12040), ("580.65.06", 13000)]
+)
+def test_cuda13_entry_points_follow_the_configured_driver_version(
+    make_node: NodeFactory, driver_version: str, cuda_driver_version: int
+) -> None:
+    """tests/simgpu/programs/cuda13_api.c passes on a CUDA 12.4 and a CUDA 13.0 node:
+    cuGetProcAddress answers only what a driver of the configured version has (a version above
+    it is CUDA_ERROR_INVALID_VALUE; a name introduced after it, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
+    before cuInit as after; a CUDA 13 driver gives cuCtxSynchronize_v2 and cuCtxGetDevice_v2 (for
+    any context, not only the current one), cuStreamGetCtx_v2 (no green context) and the
+    location-named pools (host and managed pools: CUDA_ERROR_NOT_SUPPORTED);
+    cuMemRetainAllocationHandle returns the handle behind any mapped address with a reference of
+    its own, and cuMemGetAllocationPropertiesFromHandle what the handle was created with."""
+    node = make_node(
+        gpus=2,
+        name=f"cuda{cuda_driver_version}",
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+    )
+    done = node.program("cuda13_api", str(cuda_driver_version))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_nvml_answers_the_queries_cuda13_clients_make(make_node: NodeFactory) -> None:
+    """What nvidia-ml-py 13 and cuda.core's system module ask a CUDA 13 node: the driver branch
+    (named after the driver version's major number), the versioned PCI query (v3's fields and the
+    3D-controller class), the addressing mode (neither HMM nor ATS), each refusing a struct of
+    another version with NVML_ERROR_ARGUMENT_VERSION_MISMATCH, a NULL one or a NULL device with
+    NVML_ERROR_INVALID_ARGUMENT, and NVML_ERROR_UNINITIALIZED before nvmlInit; the board's module
+    id is not simulated (NVML_ERROR_NOT_SUPPORTED)."""
+    node = make_node(name="nvml13", driver_version="580.65.06", cuda_driver_version=13000)
+    seen = node.python_json(
+        """
+import ctypes, json
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+def version(struct, v):
+    return ctypes.sizeof(struct) | (v << 24)
+class Branch(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("branch", ctypes.c_char * 80)]
+class PciExt(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
+                ("pciSubSystemId", ctypes.c_uint), ("baseClass", ctypes.c_uint),
+                ("subClass", ctypes.c_uint), ("busId", ctypes.c_char * 32)]
+class Mode(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("value", ctypes.c_uint)]
+branch = Branch(version(Branch, 1))
+uninitialised = nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 80)
+assert nvml.nvmlInit_v2() == 0
+dev = ctypes.c_void_p()
+assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
+pci = PciExt(version(PciExt, 1))
+mode = Mode(version(Mode, 1))
+cuda = ctypes.c_int()
+out = dict(
+    uninitialised=uninitialised,
+    branch=[nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 80), branch.branch.decode()],
+    branch_short=nvml.nvmlSystemGetDriverBranch(ctypes.byref(branch), 4),
+    branch_old=nvml.nvmlSystemGetDriverBranch(ctypes.byref(Branch(version(Branch, 2))), 80),
+    branch_null=nvml.nvmlSystemGetDriverBranch(None, 80),
+    cuda_v2=[nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)), cuda.value],
+    pci=[nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(pci)), pci.busId.decode(), pci.bus,
+         hex(pci.pciDeviceId), pci.baseClass, pci.subClass],
+    pci_old=nvml.nvmlDeviceGetPciInfoExt(dev, ctypes.byref(PciExt(version(PciExt, 2)))),
+    pci_null=nvml.nvmlDeviceGetPciInfoExt(dev, None),
+    pci_no_device=nvml.nvmlDeviceGetPciInfoExt(None, ctypes.byref(pci)),
+    mode_no_device=nvml.nvmlDeviceGetAddressingMode(None, ctypes.byref(mode)),
+    mode=[nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(mode)), mode.value],
+    mode_old=nvml.nvmlDeviceGetAddressingMode(dev, ctypes.byref(Mode(0))),
+    module=nvml.nvmlDeviceGetModuleId(dev, ctypes.byref(ctypes.c_uint())),
+)
+print(json.dumps(out))
+"""
+    )
+    assert seen == {
+        "uninitialised": 1,  # NVML_ERROR_UNINITIALIZED
+        "branch": [0, "r580_00"],
+        "branch_short": 7,  # NVML_ERROR_INSUFFICIENT_SIZE
+        "branch_old": 25,  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        "branch_null": 2,  # NVML_ERROR_INVALID_ARGUMENT
+        "cuda_v2": [0, 13000],
+        "pci": [0, "00000000:01:00.0", 1, "0x233010de", 3, 2],
+        "pci_old": 25,
+        "pci_null": 2,
+        "pci_no_device": 2,
+        "mode_no_device": 2,
+        "mode": [0, 0],
+        "mode_old": 25,
+        "module": 3,  # NVML_ERROR_NOT_SUPPORTED
+    }
+
+
 def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: NodeFactory) -> None:
     """tests/simgpu/programs/launch_api.c passes: what cuda.core and numba-cuda need to create
     streams, load code and launch. Stream priorities range from 0 to -5 (clamped, default 0),
@@ -138,9 +243,11 @@ def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: Node
     CUDA_ERROR_INVALID_IMAGE; kernel parameter layouts come from PTX's .param list (aligned as
     the ABI does) and from a cubin's .nv.info section; pointer attributes describe device,
     managed, pinned host and pool memory, and memory CUDA does not know is an error singly and
-    defaults (ordinal -2) in bulk; occupancy answers are plausible for an H100; every new entry point resolves at the
-    CUDA version cuda-python asks for it."""
-    done = make_node(name="launch").program("launch_api", str(IMAGES))
+    defaults (ordinal -2) in bulk; occupancy answers are plausible for an H100; every new entry
+    point resolves at the CUDA version cuda-python asks for it, on a CUDA 12.9 node
+    (cuStreamGetDevice is 12.8's)."""
+    node = make_node(name="launch", driver_version="575.57.08", cuda_driver_version=12090)
+    done = node.program("launch_api", str(IMAGES))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
 
@@ -154,9 +261,9 @@ def test_malformed_images_are_refused_each_in_its_own_way(make_node: NodeFactory
     CUDA_ERROR_INVALID_PTX, and a directive in a comment names nothing. Bad section names or an
     .nv.info section outside the file are CUDA_ERROR_INVALID_IMAGE; a kernel without one, a
     record the reader cannot size or a PTX parameter list it does not read leave the parameters
-    unknown (CUDA_ERROR_NOT_SUPPORTED). The documented
-    leniencies hold: a compressed fatbin entry and text in no known format resolve any name,
-    and nvcc's fatbin wrapper is followed (one pointing nowhere is refused)."""
+    unknown (CUDA_ERROR_NOT_SUPPORTED). The documented leniencies hold: a compressed fatbin
+    entry and text in no known format resolve any name, and nvcc's fatbin wrapper is followed
+    (one pointing nowhere, or at anything but a fatbin, is refused)."""
     done = make_node(name="images").program("image_formats", str(IMAGES))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"

@@ -210,3 +210,24 @@ def test_topology_change_with_live_processes_is_refused(make_node: NodeFactory) 
 
 def _second_gpu(spec: NodeSpec) -> GpuSpec:
     return replace(spec.gpus[0], uuid=spec.gpus[0].uuid[:-1] + "0", pci_bus_id="00000000:09:00.0", minor=9)
+
+
+def test_the_driver_publishes_a_cuda13_node_s_versions(make_node: NodeFactory) -> None:
+    """End to end from the configuration file to the DRA device: on a node configured with
+    driver 580.65.06 and CUDA 13.0, the Tessera driver's NVML discovery reads both, and the device
+    it publishes carries them as the semantic versions DRA requires (580.65.6, 13.0.0)."""
+    node = make_node(name="cuda13", driver_version="580.65.06", cuda_driver_version=13000)
+    seen = node.python_json(
+        """
+import json
+from tessera.driver.devices import device
+from tessera.driver.discovery import Nvml
+nvml = Nvml()
+gpu = nvml.gpus()[0]
+attributes = device(gpu)["attributes"]
+print(json.dumps([gpu.driver_version, gpu.cuda_driver_version,
+                  attributes["driverVersion"], attributes["cudaDriverVersion"]]))
+nvml.close()
+"""
+    )
+    assert seen == ["580.65.06", 13000, {"version": "580.65.6"}, {"version": "13.0.0"}]

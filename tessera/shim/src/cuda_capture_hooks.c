@@ -61,6 +61,17 @@ SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph,
     CALL_THROUGH(cuStreamBeginCaptureToGraph, stream, graph, deps, edgeData, count, mode);
 }
 
+SHIM_EXPORT CUresult cuStreamBeginCaptureToCig(CUstream stream, void *cigCaptureParams)
+{
+    CALL_THROUGH(cuStreamBeginCaptureToCig, stream, cigCaptureParams);
+}
+
+SHIM_EXPORT CUresult cuStreamBeginRecaptureToGraph(CUstream stream, unsigned int mode,
+                                                   CUgraph graph, void *callback, void *userData)
+{
+    CALL_THROUGH(cuStreamBeginRecaptureToGraph, stream, mode, graph, callback, userData);
+}
+
 SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
                                                       const CUgraphNode *deps,
                                                       const void *edgeData, size_t count,

@@ -392,12 +392,74 @@ SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         tracked = shim_table_take(SHIM_KIND_HANDLE, handle, &h);
     }
     CUresult rc = shim_real.cuMemRelease(handle);
-    if (tracked && rc != CUDA_SUCCESS)
+    if (tracked && rc != CUDA_SUCCESS) {
         shim_table_put(&h);
-    else if (tracked)
+    } else if (tracked) {
+        if (h.refs > 0) { /* a retained reference: the handle stays valid */
+            h.refs--;
+            shim_table_put(&h);
+        }
         vmm_unref(h.peer);
+    }
     if (closed)
         shim_gate_open();
+    shim_key_unlock(key_lock);
+    return rc;
+}
+
+struct mapping_at {
+    uint64_t addr;
+    bool found;
+    uint64_t vmm;
+};
+
+/* A sweep that removes nothing: it finds the mapping an address falls in (any address inside
+ * it, as cuMemRetainAllocationHandle accepts). */
+static bool mapping_containing(const struct shim_entry *e, void *arg)
+{
+    struct mapping_at *at = arg;
+    if (e->kind == SHIM_KIND_MAPPING && at->addr >= e->key && at->addr - e->key < e->bytes) {
+        at->found = true;
+        at->vmm = e->peer;
+    }
+    return false;
+}
+
+/* A retained handle is one more reference to its allocation - each retain needs a cuMemRelease
+ * of its own - so, as the driver keeps the memory for it, the charge stays until the last
+ * release and the last unmapping. The handle's record counts the retains; a handle released
+ * while still mapped and retained again is recorded anew, naming the allocation of the mapping
+ * the address is in. Recorded under the handle's key lock, after the driver's answer (the
+ * handle is not known before it); cuMemRelease of the same handle waits on that lock. If the
+ * shim knows neither the handle nor a mapping at the address by then - another thread unmapped
+ * it after the driver answered, and the charge may be gone - the reference is given back and the
+ * retain answers as if that unmapping had come first (CUDA_ERROR_INVALID_VALUE), so memory is
+ * never held uncharged. */
+SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    REAL_OR_NOT_FOUND(cuMemRetainAllocationHandle);
+    CUresult rc = shim_real.cuMemRetainAllocationHandle(handle, addr);
+    if (!shim.memory_limited || rc != CUDA_SUCCESS)
+        return rc;
+    struct shim_lock *key_lock = shim_key_lock(SHIM_KIND_HANDLE, *handle);
+    struct shim_entry h;
+    if (shim_table_get(SHIM_KIND_HANDLE, *handle, &h)) {
+        h.refs++;
+        if (shim_table_add_refs(SHIM_KIND_VMM, h.peer, +1, NULL))
+            shim_table_put(&h);
+    } else {
+        struct mapping_at at = {.addr = key_of((CUdeviceptr)(uintptr_t)addr)};
+        shim_table_sweep(mapping_containing, NULL, &at);
+        if (at.found && shim_table_add_refs(SHIM_KIND_VMM, at.vmm, +1, NULL)) {
+            struct shim_entry fresh = {.key = *handle, .peer = at.vmm, .kind = SHIM_KIND_HANDLE,
+                                       .gpu = -1};
+            shim_table_put(&fresh);
+        } else {
+            SHIM_DEBUG("cuMemRetainAllocationHandle: no mapping recorded at the address; refused");
+            shim_real.cuMemRelease(*handle);
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
     shim_key_unlock(key_lock);
     return rc;
 }
@@ -810,14 +872,34 @@ SHIM_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgr
     return shim_real.cuGraphAddNode(node, graph, deps, count, params);
 }
 
+/* _v2 and CUDA 13.4.1's _v3 take the same arguments; `real` is the slot of the one called (read
+ * after shim_init, which fills it). */
+static CUresult add_node_with_edges(__typeof__(&cuGraphAddNode_v2) *real, CUgraphNode *node,
+                                    CUgraph graph, const CUgraphNode *deps, const void *edgeData,
+                                    size_t count, void *params)
+{
+    shim_init();
+    if (mem_alloc_node(params) && shim.memory_limited) {
+        SHIM_DEBUG("cuGraphAddNode refused: not accounted while a memory limit is in force");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (*real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    return (*real)(node, graph, deps, edgeData, count, params);
+}
+
 SHIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        const void *edgeData, size_t count, void *params)
 {
-    if (mem_alloc_node(params))
-        UNACCOUNTED_GUARD(cuGraphAddNode_v2);
-    else
-        REAL_OR_NOT_FOUND(cuGraphAddNode_v2);
-    return shim_real.cuGraphAddNode_v2(node, graph, deps, edgeData, count, params);
+    return add_node_with_edges(&shim_real.cuGraphAddNode_v2, node, graph, deps, edgeData, count,
+                               params);
+}
+
+SHIM_EXPORT CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       const void *edgeData, size_t count, void *params)
+{
+    return add_node_with_edges(&shim_real.cuGraphAddNode_v3, node, graph, deps, edgeData, count,
+                               params);
 }
 
 SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,

@@ -65,6 +65,7 @@ static const struct hook table[] = {
     H("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     H("cuMemCreate", 10020, cuMemCreate),
     H("cuMemRelease", 10020, cuMemRelease),
+    H("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     H("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
     H("cuMemMap", 10020, cuMemMap),
     H("cuMemUnmap", 10020, cuMemUnmap),
@@ -93,9 +94,12 @@ static const struct hook table[] = {
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
     H("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph),
     P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
+    H("cuStreamBeginCaptureToCig", 13020, cuStreamBeginCaptureToCig),
+    H("cuStreamBeginRecaptureToGraph", 13030, cuStreamBeginRecaptureToGraph),
     H("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
     H("cuGraphAddNode", 12020, cuGraphAddNode),
     H("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    H("cuGraphAddNode", 13041, cuGraphAddNode_v3),
     H("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 };
 

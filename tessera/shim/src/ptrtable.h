@@ -30,7 +30,8 @@ struct shim_entry {
     uint64_t pool;   /* DEVICE from a memory pool: the pool's id in pools.c; 0: none */
     int32_t gpu;     /* region GPU index charged, -1: not charged */
     int32_t device;  /* CUDA ordinal (charged entries, CONTEXT) */
-    uint32_t refs;   /* HANDLE: 1 while not released + one per mapping */
+    uint32_t refs;   /* VMM: 1 while its handle is not released + one per mapping and retain;
+                      * HANDLE: its cuMemRetainAllocationHandle references not yet released */
     uint8_t kind;    /* enum shim_kind; 0: empty */
     uint8_t reserved[3];
 };

@@ -48,6 +48,7 @@
     X_OPT(cuDeviceGetMemPool)                                                                     \
     X_OPT(cuMemCreate)                                                                            \
     X_OPT(cuMemRelease)                                                                           \
+    X_OPT(cuMemRetainAllocationHandle)                                                            \
     X_OPT(cuMemImportFromShareableHandle)                                                         \
     X_OPT(cuMemMap)                                                                               \
     X_OPT(cuMemUnmap)                                                                             \
@@ -70,9 +71,12 @@
     X_OPT(cuStreamBeginCapture_v2_ptsz)                                                           \
     X_OPT(cuStreamBeginCaptureToGraph)                                                            \
     X_OPT(cuStreamBeginCaptureToGraph_ptsz)                                                       \
+    X_OPT(cuStreamBeginCaptureToCig)                                                              \
+    X_OPT(cuStreamBeginRecaptureToGraph)                                                          \
     X_OPT(cuGraphAddMemAllocNode)                                                                 \
     X_OPT(cuGraphAddNode)                                                                         \
     X_OPT(cuGraphAddNode_v2)                                                                      \
+    X_OPT(cuGraphAddNode_v3)                                                                      \
     X_OPT(cuMipmappedArrayCreate)                                                                 \
     X(cuEventCreate)                                                                              \
     X(cuEventRecord)                                                                              \
