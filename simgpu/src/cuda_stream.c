@@ -378,8 +378,9 @@ SIMGPU_API CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
     return stream_get_ctx(stream, pctx, SIM_PER_THREAD);
 }
 
-/* A stream's priority, flags and id; the default streams have priority 0 and no flags. */
-enum stream_query { QUERY_PRIORITY, QUERY_FLAGS, QUERY_ID };
+/* A stream's priority, flags, id and device; the default streams have priority 0 and no
+ * flags. */
+enum stream_query { QUERY_PRIORITY, QUERY_FLAGS, QUERY_ID, QUERY_DEVICE };
 
 static CUresult stream_property(CUstream stream, enum stream_query what, void *out,
                                 enum sim_default_stream mode)
@@ -404,6 +405,9 @@ static CUresult stream_property(CUstream stream, enum stream_query what, void *o
         if (s->id == 0)
             s->id = ++last_id;
         *(unsigned long long *)out = s->id;
+        break;
+    case QUERY_DEVICE:
+        *(CUdevice *)out = s->ctx->device;
         break;
     }
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -440,26 +444,14 @@ SIMGPU_API CUresult cuStreamGetId_ptsz(CUstream stream, unsigned long long *stre
     return stream_property(stream, QUERY_ID, streamId, SIM_PER_THREAD);
 }
 
-static CUresult stream_get_device(CUstream stream, CUdevice *device, enum sim_default_stream mode)
-{
-    SIM_ENTER();
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s = NULL;
-    CUresult rc = sim_resolve_stream(stream, mode, &s);
-    if (rc == CUDA_SUCCESS)
-        *device = s->ctx->device;
-    return rc;
-}
-
 SIMGPU_API CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
 {
-    return stream_get_device(hStream, device, SIM_LEGACY);
+    return stream_property(hStream, QUERY_DEVICE, device, SIM_LEGACY);
 }
 
 SIMGPU_API CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
 {
-    return stream_get_device(hStream, device, SIM_PER_THREAD);
+    return stream_property(hStream, QUERY_DEVICE, device, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)

@@ -14,25 +14,6 @@ static void *lib;
 static unsigned char *cubin;
 static size_t cubin_size;
 
-static unsigned char *read_cubin(const char *dir, size_t *size)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/simgpu_sleep_sm90.cubin", dir);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL || fseek(f, 0, SEEK_END) != 0) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(2);
-    }
-    long len = ftell(f);
-    rewind(f);
-    unsigned char *data = malloc((size_t)len);
-    if (data == NULL || fread(data, 1, (size_t)len, f) != (size_t)len)
-        exit(2);
-    fclose(f);
-    *size = (size_t)len;
-    return data;
-}
-
 /* Load `size` bytes through a file (so the reader knows the size) and return the result. */
 static CUresult load_file(const void *data, size_t size, CUmodule *m)
 {
@@ -387,17 +368,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: image_formats IMAGE_DIR\n");
         return 2;
     }
-    cubin = read_cubin(argv[1], &cubin_size);
+    cubin = (unsigned char *)test_read_file(argv[1], "simgpu_sleep_sm90.cubin", &cubin_size);
     lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
-    LOAD(lib, cuInit);
-    LOAD(lib, cuDevicePrimaryCtxRetain);
-    LOAD(lib, cuCtxSetCurrent);
-    CUcontext ctx = NULL;
-    if (p_cuInit(0) != CUDA_SUCCESS || p_cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
-        p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-        fprintf(stderr, "no device\n");
-        return 2;
-    }
+    test_use_device0(lib);
     malformed_cubins();
     parameter_sections();
     malformed_fatbins();

@@ -2,9 +2,10 @@
  * What NVIDIA's Python clients (cuda.core, numba-cuda) need to create streams, load code and
  * launch kernels: stream priorities, flags and ids; libraries and kernels (cuLibrary*,
  * cuKernel*), a CUkernel launched in place of a CUfunction; module images as PTX, cubin and
- * fatbin; kernel parameter layouts; pointer attributes; occupancy. Usage: launch_api IMAGE_DIR, where IMAGE_DIR holds
- * simgpu_sleep_sm90.cubin and simgpu_sleep_sm80.cubin (tests/simgpu/images). Expects device 0
- * to have compute capability 9.0. The fatbins are built here, in the layout the simulator reads.
+ * fatbin; kernel parameter layouts; pointer attributes; occupancy. Usage: launch_api IMAGE_DIR,
+ * where IMAGE_DIR holds simgpu_sleep_sm90.cubin and simgpu_sleep_sm80.cubin (tests/simgpu/images).
+ * Expects device 0 to have compute capability 9.0 and a CUDA 12.8 driver or newer. The fatbins
+ * are built here, in the layout the simulator reads.
  */
 #include <stdbool.h>
 #include <unistd.h>
@@ -13,28 +14,6 @@
 
 static void *lib;
 static const char *image_dir;
-
-/* A whole file, with a NUL after it; exits if it cannot be read. */
-static char *read_file(const char *name, size_t *size)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", image_dir, name);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL || fseek(f, 0, SEEK_END) != 0) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(2);
-    }
-    long len = ftell(f);
-    rewind(f);
-    char *data = calloc(1, (size_t)len + 1);
-    if (data == NULL || fread(data, 1, (size_t)len, f) != (size_t)len) {
-        fprintf(stderr, "cannot read %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-    *size = (size_t)len;
-    return data;
-}
 
 /* Write bytes to a temporary file and return its path (static buffer). */
 static const char *temp_file(const void *data, size_t size)
@@ -348,8 +327,8 @@ static void images(void)
     LOAD(lib, cuModuleGetFunction);
     LOAD(lib, cuModuleUnload);
     size_t sm90_size = 0, sm80_size = 0;
-    char *sm90 = read_file("simgpu_sleep_sm90.cubin", &sm90_size);
-    char *sm80 = read_file("simgpu_sleep_sm80.cubin", &sm80_size);
+    char *sm90 = test_read_file(image_dir, "simgpu_sleep_sm90.cubin", &sm90_size);
+    char *sm80 = test_read_file(image_dir, "simgpu_sleep_sm80.cubin", &sm80_size);
     expect_image(sleep_kernel_ptx, CUDA_SUCCESS, "PTX");
     expect_image(sm90, CUDA_SUCCESS, "sm_90 cubin");
     expect_image(sm80, CUDA_ERROR_NO_BINARY_FOR_GPU, "sm_80 cubin");
@@ -644,15 +623,7 @@ int main(int argc, char **argv)
     }
     image_dir = argv[1];
     lib = test_open("TEST_LIBCUDA", "libcuda.so.1");
-    LOAD(lib, cuInit);
-    LOAD(lib, cuDevicePrimaryCtxRetain);
-    LOAD(lib, cuCtxSetCurrent);
-    CUcontext ctx = NULL;
-    if (p_cuInit(0) != CUDA_SUCCESS || p_cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
-        p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-        fprintf(stderr, "no device\n");
-        return 2;
-    }
+    test_use_device0(lib);
     streams();
     libraries();
     images();
