@@ -281,6 +281,39 @@ SIMGPU_API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
+SIMGPU_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    static unsigned long long last_id;
+    SIM_ENTER();
+    if (ctxId == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ctx == NULL)
+        ctx = sim_current_ctx();
+    pthread_mutex_lock(&sim_cuda.mu);
+    bool valid = sim_ctx_valid(ctx);
+    if (valid && ctx->id == 0)
+        ctx->id = ++last_id;
+    if (valid)
+        *ctxId = ctx->id;
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* Stream priorities run from 0 (least, the default) to -5 (greatest), as on an H100. */
+SIMGPU_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    SIM_ENTER();
+    CUcontext ctx = NULL;
+    CUresult rc = sim_require_ctx(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (leastPriority != NULL)
+        *leastPriority = SIM_STREAM_PRIORITY_LEAST;
+    if (greatestPriority != NULL)
+        *greatestPriority = SIM_STREAM_PRIORITY_GREATEST;
+    return CUDA_SUCCESS;
+}
+
 static CUresult ctx_synchronize(CUcontext ctx)
 {
     CUresult rc = named_ctx(ctx, &ctx);

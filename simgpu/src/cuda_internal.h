@@ -21,6 +21,8 @@ enum sim_tag {
     TAG_GRAPH = 0x47524131,
     TAG_GRAPH_EXEC = 0x47455831,
     TAG_ARRAY = 0x41525231,
+    TAG_LIBRARY = 0x4c494231,
+    TAG_KERNEL = 0x4b524e31,
 };
 
 struct CUstream_st {
@@ -30,6 +32,7 @@ struct CUstream_st {
     int priority;
     uint64_t last_end_ns; /* when the last work queued on this stream completes */
     CUgraph capture;      /* the graph being captured from this stream, or NULL */
+    unsigned long long id; /* cuStreamGetId: given on first request, unique in the process */
 };
 
 struct CUctx_st {
@@ -42,6 +45,7 @@ struct CUctx_st {
     uint64_t last_end_ns;    /* when all work queued in this context completes */
     uint64_t peers;          /* devices whose memory this context has peer access to (bits) */
     struct CUctx_st *next;   /* all live contexts of the process */
+    unsigned long long id;   /* cuCtxGetId: given on first request, unique in the process */
 };
 
 struct CUevent_st {
@@ -72,6 +76,10 @@ CUresult sim_cuda_enter(void);
         if (enter_rc_ != CUDA_SUCCESS)                                                            \
             return enter_rc_;                                                                     \
     } while (0)
+
+/* The stream priority range (cuCtxGetStreamPriorityRange); numerically lower is greater. */
+#define SIM_STREAM_PRIORITY_LEAST 0
+#define SIM_STREAM_PRIORITY_GREATEST (-5)
 
 /* What a call touching a GPU that has fallen off the bus returns. */
 #define SIM_CUDA_GPU_LOST CUDA_ERROR_DEVICE_UNAVAILABLE

@@ -1,30 +1,12 @@
 /*
- * Modules, functions, kernel launches and (minimal) graphs. Modules accept any image: the
- * simulator never runs device code, it only needs to know how long a launch of each function
- * occupies the GPU, which the configuration's [kernels] section says (a fixed duration, or
- * "param0": the first kernel parameter, a uint64 of nanoseconds), defaulting to
- * default_kernel_ns.
+ * Kernel launches and (minimal) graphs. A launch occupies the GPU for its function's duration
+ * (cuda_module.c); the handle may be a CUfunction or a library's CUkernel, which launches as its
+ * function in the current context.
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "cuda_internal.h"
-
-struct CUfunc_st {
-    uint32_t tag;
-    CUmodule module;
-    const struct sim_kernel_config *kernel; /* NULL: default duration */
-    struct CUfunc_st *next;
-    char name[];
-};
-
-struct CUmod_st {
-    uint32_t tag;
-    CUcontext ctx;
-    struct CUfunc_st *functions;
-};
+#include "cuda_module.h"
 
 struct sim_graph_node {
     uint64_t duration_ns; /* parameters are captured when the node is added, as CUDA does */
@@ -41,161 +23,6 @@ struct CUgraphExec_st {
     size_t count;
     struct sim_graph_node nodes[];
 };
-
-static CUresult load(CUmodule *module, const void *image)
-{
-    if (module == NULL || image == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUcontext ctx = NULL;
-    CUresult rc = sim_require_ctx(&ctx);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    CUmodule m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    m->tag = TAG_MODULE;
-    m->ctx = ctx;
-    *module = m;
-    return CUDA_SUCCESS;
-}
-
-SIMGPU_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
-    SIM_ENTER();
-    return load(module, image);
-}
-
-SIMGPU_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image,
-                                       unsigned int numOptions, void *options,
-                                       void **optionValues)
-{
-    SIM_ENTER();
-    if (numOptions > 0 && (options == NULL || optionValues == NULL))
-        return CUDA_ERROR_INVALID_VALUE;
-    return load(module, image);
-}
-
-SIMGPU_API CUresult cuModuleLoad(CUmodule *module, const char *fname)
-{
-    SIM_ENTER();
-    if (fname == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (access(fname, R_OK) != 0)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    return load(module, fname);
-}
-
-static bool module_valid(CUmodule m)
-{
-    return m != NULL && m->tag == TAG_MODULE;
-}
-
-SIMGPU_API CUresult cuModuleUnload(CUmodule module)
-{
-    SIM_ENTER();
-    pthread_mutex_lock(&sim_cuda.mu);
-    bool valid = module_valid(module);
-    if (valid)
-        module->tag = 0;
-    pthread_mutex_unlock(&sim_cuda.mu);
-    if (!valid)
-        return CUDA_ERROR_INVALID_HANDLE;
-    for (struct CUfunc_st *f = module->functions, *next = NULL; f != NULL; f = next) {
-        next = f->next;
-        free(f);
-    }
-    free(module);
-    return CUDA_SUCCESS;
-}
-
-static const struct sim_kernel_config *kernel_config(const char *name)
-{
-    const struct sim_config *cfg = &sim_cuda.rt.cfg;
-    for (int i = 0; i < cfg->kernel_count; i++) {
-        if (strcmp(cfg->kernels[i].name, name) == 0)
-            return &cfg->kernels[i];
-    }
-    return NULL;
-}
-
-SIMGPU_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule module, const char *name)
-{
-    SIM_ENTER();
-    if (hfunc == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&sim_cuda.mu);
-    CUresult rc = module_valid(module) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    struct CUfunc_st *f = NULL;
-    if (rc == CUDA_SUCCESS) {
-        f = module->functions;
-        while (f != NULL && strcmp(f->name, name) != 0)
-            f = f->next;
-    }
-    if (rc == CUDA_SUCCESS && f == NULL) {
-        f = calloc(1, sizeof *f + strlen(name) + 1);
-        if (f == NULL) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            f->tag = TAG_FUNCTION;
-            f->module = module;
-            f->kernel = kernel_config(name);
-            strcpy(f->name, name);
-            f->next = module->functions;
-            module->functions = f;
-        }
-    }
-    pthread_mutex_unlock(&sim_cuda.mu);
-    if (rc == CUDA_SUCCESS)
-        *hfunc = f;
-    return rc;
-}
-
-static bool function_valid(CUfunction f)
-{
-    return f != NULL && f->tag == TAG_FUNCTION && module_valid(f->module);
-}
-
-SIMGPU_API CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attrib, CUfunction hfunc)
-{
-    SIM_ENTER();
-    if (value == NULL || attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_SIMGPU_LIMIT)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!function_valid(hfunc))
-        return CUDA_ERROR_INVALID_HANDLE;
-    switch (attrib) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
-        *value = 1024;
-        break;
-    case CU_FUNC_ATTRIBUTE_NUM_REGS:
-        *value = 32;
-        break;
-    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: {
-        const struct sim_gpu_config *g = &sim_cuda.rt.cfg.gpus[hfunc->module->ctx->device];
-        *value = g->cc_major * 10 + g->cc_minor;
-        break;
-    }
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-        *value = -1;
-        break;
-    default:
-        *value = 0;
-    }
-    return CUDA_SUCCESS;
-}
-
-SIMGPU_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
-{
-    SIM_ENTER();
-    if (!function_valid(hfunc))
-        return CUDA_ERROR_INVALID_HANDLE;
-    /* Only the two attributes CUDA lets programs set; they do not change simulated timing. */
-    if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-        return value >= 0 && value <= 232448 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (attrib == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT)
-        return value >= -1 && value <= 100 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_INVALID_VALUE;
-}
 
 /* The first kernel parameter, from either kernelParams or the packed `extra` buffer. */
 static int first_param_u64(void **params, void **extra, uint64_t *out)
@@ -230,13 +57,16 @@ struct launch {
 /* Validate a launch and work out its duration (the checks a real launch fails with). */
 static CUresult prepare(const struct launch *l, uint64_t *duration)
 {
-    if (!function_valid(l->f))
+    if (!sim_function_valid(l->f) && !sim_kernel_valid((CUkernel)l->f))
         return CUDA_ERROR_INVALID_HANDLE;
     CUcontext ctx = NULL;
     CUresult rc = sim_require_ctx(&ctx);
+    CUfunction f = NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = sim_launch_function(l->f, ctx, &f);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (l->f->module->ctx->device != ctx->device)
+    if (f->module->ctx->device != ctx->device)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t threads = (uint64_t)l->block[0] * l->block[1] * l->block[2];
     uint64_t blocks = (uint64_t)l->grid[0] * l->grid[1] * l->grid[2];
@@ -251,7 +81,7 @@ static CUresult prepare(const struct launch *l, uint64_t *duration)
         if (blocks > per_sm * (uint64_t)sim_cuda.rt.cfg.gpus[ctx->device].sm_count)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
-    const struct sim_kernel_config *k = l->f->kernel;
+    const struct sim_kernel_config *k = f->kernel;
     if (k == NULL)
         *duration = sim_cuda.rt.cfg.default_kernel_ns;
     else if (!k->from_param0)

@@ -49,6 +49,7 @@ CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
 
 void sim_link_alloc(struct sim_alloc_rec *rec)
 {
+    rec->buffer_id = 0; /* a pool block handed out again is a new buffer */
     rec->next = allocations;
     allocations = rec;
 }
@@ -88,7 +89,7 @@ struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr)
     return NULL;
 }
 
-static struct sim_alloc_rec *find_containing(uintptr_t ptr)
+struct sim_alloc_rec *sim_find_containing(uintptr_t ptr)
 {
     for (struct sim_alloc_rec *r = allocations; r != NULL; r = r->next) {
         if (ptr >= r->base && ptr < r->base + r->size)
@@ -100,7 +101,7 @@ static struct sim_alloc_rec *find_containing(uintptr_t ptr)
 bool sim_device_range_valid(uintptr_t ptr, size_t bytes)
 {
     pthread_mutex_lock(&sim_cuda.mu);
-    const struct sim_alloc_rec *r = find_containing(ptr);
+    const struct sim_alloc_rec *r = sim_find_containing(ptr);
     bool ok = (r != NULL && r->kind != ALLOC_HOST && bytes <= r->base + r->size - ptr) ||
               sim_vmm_range_mapped(ptr, bytes);
     pthread_mutex_unlock(&sim_cuda.mu);
@@ -221,7 +222,7 @@ SIMGPU_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
 {
     SIM_ENTER();
     pthread_mutex_lock(&sim_cuda.mu);
-    const struct sim_alloc_rec *rec = find_containing((uintptr_t)dptr);
+    const struct sim_alloc_rec *rec = sim_find_containing((uintptr_t)dptr);
     CUresult rc = CUDA_ERROR_NOT_FOUND;
     if (rec != NULL && rec->kind != ALLOC_HOST) {
         if (pbase != NULL)

@@ -36,6 +36,7 @@ struct sim_alloc_rec {
     bool exported;                /* cuIpcGetMemHandle moved its backing to a file (cuda_ipc.c) */
     int ipc_refs;                 /* ALLOC_IPC: opens minus closes */
     char ipc_name[SIM_IPC_NAME_MAX]; /* exported or ALLOC_IPC: the file's name (cuda_ipc.c) */
+    unsigned long long buffer_id;    /* CU_POINTER_ATTRIBUTE_BUFFER_ID; 0 until first asked */
     struct sim_alloc_rec *next;
 };
 
@@ -70,6 +71,14 @@ struct sim_alloc_rec *sim_first_alloc(void);
 
 /* The allocation starting exactly at `ptr`, or NULL. Needs mu. */
 struct sim_alloc_rec *sim_find_alloc(uintptr_t ptr);
+
+/* The allocation containing `ptr`, or NULL. Needs mu. */
+struct sim_alloc_rec *sim_find_containing(uintptr_t ptr);
+
+/* The mapped VMM range containing `ptr` (cuda_vmm.c): its start, size and the handle types its
+ * allocation may be exported as. Needs mu. */
+bool sim_vmm_mapping_at(uintptr_t ptr, uintptr_t *base, size_t *size,
+                        unsigned long long *handle_types);
 
 /* Whether [ptr, ptr+bytes) lies in device memory of this process (any kind but host, or a
  * mapped VMM range). Takes mu. */

@@ -120,8 +120,10 @@ static CUresult create(CUstream *stream, unsigned int flags, int priority)
     s->tag = TAG_STREAM;
     s->ctx = ctx;
     s->flags = flags;
-    /* Priorities run from 0 (lowest) to -5 (highest); others are clamped, as documented. */
-    s->priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    /* Priorities outside the range are clamped to it, as documented. */
+    s->priority = priority > SIM_STREAM_PRIORITY_LEAST      ? SIM_STREAM_PRIORITY_LEAST
+                  : priority < SIM_STREAM_PRIORITY_GREATEST ? SIM_STREAM_PRIORITY_GREATEST
+                                                            : priority;
     *stream = s;
     return CUDA_SUCCESS;
 }
@@ -374,6 +376,82 @@ SIMGPU_API CUresult cuStreamGetCtx(CUstream stream, CUcontext *pctx)
 SIMGPU_API CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *pctx)
 {
     return stream_get_ctx(stream, pctx, SIM_PER_THREAD);
+}
+
+/* A stream's priority, flags, id and device; the default streams have priority 0 and no
+ * flags. */
+enum stream_query { QUERY_PRIORITY, QUERY_FLAGS, QUERY_ID, QUERY_DEVICE };
+
+static CUresult stream_property(CUstream stream, enum stream_query what, void *out,
+                                enum sim_default_stream mode)
+{
+    static unsigned long long last_id;
+    SIM_ENTER();
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = NULL;
+    CUresult rc = sim_resolve_stream(stream, mode, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&sim_cuda.mu);
+    switch (what) {
+    case QUERY_PRIORITY:
+        *(int *)out = s->priority;
+        break;
+    case QUERY_FLAGS:
+        *(unsigned int *)out = s->flags;
+        break;
+    case QUERY_ID:
+        if (s->id == 0)
+            s->id = ++last_id;
+        *(unsigned long long *)out = s->id;
+        break;
+    case QUERY_DEVICE:
+        *(CUdevice *)out = s->ctx->device;
+        break;
+    }
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuStreamGetPriority(CUstream stream, int *priority)
+{
+    return stream_property(stream, QUERY_PRIORITY, priority, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetPriority_ptsz(CUstream stream, int *priority)
+{
+    return stream_property(stream, QUERY_PRIORITY, priority, SIM_PER_THREAD);
+}
+
+SIMGPU_API CUresult cuStreamGetFlags(CUstream stream, unsigned int *flags)
+{
+    return stream_property(stream, QUERY_FLAGS, flags, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetFlags_ptsz(CUstream stream, unsigned int *flags)
+{
+    return stream_property(stream, QUERY_FLAGS, flags, SIM_PER_THREAD);
+}
+
+SIMGPU_API CUresult cuStreamGetId(CUstream stream, unsigned long long *streamId)
+{
+    return stream_property(stream, QUERY_ID, streamId, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetId_ptsz(CUstream stream, unsigned long long *streamId)
+{
+    return stream_property(stream, QUERY_ID, streamId, SIM_PER_THREAD);
+}
+
+SIMGPU_API CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
+{
+    return stream_property(hStream, QUERY_DEVICE, device, SIM_LEGACY);
+}
+
+SIMGPU_API CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
+{
+    return stream_property(hStream, QUERY_DEVICE, device, SIM_PER_THREAD);
 }
 
 SIMGPU_API CUresult cuEventCreate(CUevent *event, unsigned int flags)

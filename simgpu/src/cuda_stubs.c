@@ -11,17 +11,17 @@
 
 #define SIM_CUDA_STUBS(X)                                                                         \
     X(cuCtxGetLimit) X(cuCtxSetLimit) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig)               \
-    X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig) X(cuCtxGetStreamPriorityRange)          \
-    X(cuCtxResetPersistingL2Cache) X(cuCtxGetExecAffinity) X(cuCtxGetId)                          \
+    X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig)          \
+    X(cuCtxResetPersistingL2Cache) X(cuCtxGetExecAffinity)                          \
                       \
     X(cuDeviceGetP2PAttribute) X(cuDeviceGetLuid) X(cuDeviceGetProperties)                        \
     X(cuDeviceGetTexture1DLinearMaxWidth) X(cuDeviceGetNvSciSyncAttributes)                       \
     X(cuDeviceGetExecAffinitySupport) X(cuFlushGPUDirectRDMAWrites) X(cuModuleGetGlobal_v2)       \
-    X(cuModuleGetTexRef) X(cuModuleGetSurfRef) X(cuModuleLoadFatBinary)                           \
+    X(cuModuleGetTexRef) X(cuModuleGetSurfRef)                           \
     X(cuModuleGetLoadingMode) X(cuLinkCreate_v2) X(cuLinkAddData_v2) X(cuLinkAddFile_v2)          \
-    X(cuLinkComplete) X(cuLinkDestroy) X(cuLibraryLoadData) X(cuLibraryLoadFromFile)              \
-    X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuLibraryGetGlobal)          \
-    X(cuKernelGetFunction) X(cuKernelGetAttribute) X(cuKernelSetAttribute) X(cuMemHostAlloc)      \
+    X(cuLinkComplete) X(cuLinkDestroy)              \
+    X(cuLibraryGetGlobal)          \
+    X(cuMemHostAlloc)      \
     X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetFlags) X(cuMemHostRegister_v2)                  \
     X(cuMemHostUnregister)   \
     X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)           \
@@ -29,20 +29,20 @@
     X(cuMemcpy3DAsync_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyHtoA_v2) X(cuMemcpyAtoH_v2)           \
     X(cuMemsetD16_v2) X(cuMemsetD16Async) X(cuMemsetD2D8_v2) X(cuMemsetD2D16_v2)                  \
     X(cuMemsetD2D32_v2) X(cuMemPrefetchAsync) X(cuMemAdvise) X(cuMemRangeGetAttribute)            \
-    X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuPointerSetAttribute)                   \
+    X(cuPointerSetAttribute)                   \
     X(cuMemGetAccess)           \
     X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)               \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)     \
-    X(cuStreamGetPriority) X(cuStreamGetFlags) X(cuStreamGetId) X(cuStreamAddCallback)            \
+    X(cuStreamAddCallback)            \
     X(cuStreamAttachMemAsync)                                                                    \
     X(cuStreamGetCaptureInfo_v2) X(cuStreamGetAttribute)                                          \
     X(cuStreamSetAttribute) X(cuStreamCopyAttributes) X(cuStreamWaitValue32_v2)                   \
     X(cuStreamWriteValue32_v2) X(cuStreamBatchMemOp_v2) X(cuEventRecordWithFlags)                 \
-    X(cuLaunchHostFunc) X(cuLaunchCooperativeKernelMultiDevice) X(cuFuncSetCacheConfig)           \
-    X(cuFuncSetSharedMemConfig) X(cuFuncGetModule) X(cuFuncGetName)                               \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) X(cuOccupancyMaxPotentialBlockSize)   \
-    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuGraphAddMemcpyNode) X(cuGraphAddMemsetNode)    \
+    X(cuLaunchHostFunc) X(cuLaunchCooperativeKernelMultiDevice)           \
+    X(cuFuncSetSharedMemConfig)                               \
+                                                   \
+      \
+    X(cuGraphAddMemcpyNode) X(cuGraphAddMemsetNode)    \
     X(cuGraphAddEmptyNode) X(cuGraphAddHostNode) X(cuGraphClone) X(cuGraphGetNodes)               \
     X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecUpdate_v2) X(cuGraphUpload)                 \
     X(cuGraphKernelNodeGetParams_v2) X(cuGraphKernelNodeSetParams_v2) X(cuTexObjectCreate)        \
@@ -61,8 +61,8 @@
     X(cuMemsetD16_v2_ptds) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2_ptds)                       \
     X(cuMemsetD2D32_v2_ptds) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpy2DAsync_v2_ptsz)              \
     X(cuMemcpy3DAsync_v2_ptsz) X(cuMemsetD16Async_ptsz)                 \
-    X(cuMemPrefetchAsync_ptsz) X(cuStreamGetPriority_ptsz) X(cuStreamGetFlags_ptsz)               \
-    X(cuStreamGetId_ptsz) X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
+    X(cuMemPrefetchAsync_ptsz)               \
+    X(cuStreamAddCallback_ptsz) X(cuStreamAttachMemAsync_ptsz)              \
     X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetAttribute_ptsz) X(cuStreamSetAttribute_ptsz)   \
     X(cuStreamCopyAttributes_ptsz) X(cuStreamWaitValue32_v2_ptsz) X(cuStreamWriteValue32_v2_ptsz) \
     X(cuStreamBatchMemOp_v2_ptsz) X(cuEventRecordWithFlags_ptsz) X(cuLaunchHostFunc_ptsz)         \

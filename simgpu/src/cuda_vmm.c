@@ -262,6 +262,20 @@ bool sim_vmm_range_mapped(uintptr_t ptr, size_t bytes)
     return false;
 }
 
+bool sim_vmm_mapping_at(uintptr_t ptr, uintptr_t *base, size_t *size,
+                        unsigned long long *handle_types)
+{
+    for (const struct sim_mapping *m = mappings; m != NULL; m = m->next) {
+        if (ptr >= m->va && ptr - m->va < m->size) {
+            *base = m->va;
+            *size = m->size;
+            *handle_types = (unsigned long long)m->phys->handle_types;
+            return true;
+        }
+    }
+    return false;
+}
+
 SIMGPU_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                              CUmemGenericAllocationHandle handle, unsigned long long flags)
 {

@@ -3,9 +3,14 @@ their error codes; entry points the simulator lacks answer "not supported" inste
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from simgpu.node import NodeFactory
+
+IMAGES = Path(__file__).parent / "images"
+"""Cubins of the test programs' sleep kernel (see images/README.md)."""
 
 
 def test_cuda_driver_api_conformance(make_node: NodeFactory) -> None:
@@ -224,3 +229,41 @@ print(json.dumps(out))
         "mode_old": 25,
         "module": 3,  # NVML_ERROR_NOT_SUPPORTED
     }
+
+
+def test_streams_libraries_images_and_pointers_serve_cuda_python(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/launch_api.c passes: what cuda.core and numba-cuda need to create
+    streams, load code and launch. Stream priorities range from 0 to -5 (clamped, default 0),
+    streams report their flags and stable unique ids, contexts theirs; a library's kernel is one
+    handle per name, unknown names are CUDA_ERROR_NOT_FOUND, its function in each context
+    belongs to the library's module there, its attributes are its functions', and a CUkernel
+    launches like a CUfunction and occupies the GPU for the kernel's duration; PTX, cubin and
+    fatbin images are read for their entry functions, a cubin for another architecture (alone
+    or as a fatbin's only code) is CUDA_ERROR_NO_BINARY_FOR_GPU and a truncated one
+    CUDA_ERROR_INVALID_IMAGE; kernel parameter layouts come from PTX's .param list (aligned as
+    the ABI does) and from a cubin's .nv.info section; pointer attributes describe device,
+    managed, pinned host and pool memory, and memory CUDA does not know is an error singly and
+    defaults (ordinal -2) in bulk; occupancy answers are plausible for an H100; every new entry
+    point resolves at the CUDA version cuda-python asks for it, on a CUDA 12.9 node
+    (cuStreamGetDevice is 12.8's)."""
+    node = make_node(name="launch", driver_version="575.57.08", cuda_driver_version=12090)
+    done = node.program("launch_api", str(IMAGES))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_malformed_images_are_refused_each_in_its_own_way(make_node: NodeFactory) -> None:
+    """tests/simgpu/programs/image_formats.c passes: a cubin for another machine or class, with
+    bad section headers, a symbol table out of bounds, without strings, with a wrong symbol
+    size, unterminated strings or a kernel name outside them, or cut short is
+    CUDA_ERROR_INVALID_IMAGE, as is a fatbin of another version, cut short, with a too small
+    or too large entry, or whose PTX entry is not (terminated) PTX; an .entry without a name is
+    CUDA_ERROR_INVALID_PTX, and a directive in a comment names nothing. Bad section names or an
+    .nv.info section outside the file are CUDA_ERROR_INVALID_IMAGE; a kernel without one, a
+    record the reader cannot size or a PTX parameter list it does not read leave the parameters
+    unknown (CUDA_ERROR_NOT_SUPPORTED). The documented leniencies hold: a compressed fatbin
+    entry and text in no known format resolve any name, and nvcc's fatbin wrapper is followed
+    (one pointing nowhere, or at anything but a fatbin, is refused)."""
+    done = make_node(name="images").program("image_formats", str(IMAGES))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"

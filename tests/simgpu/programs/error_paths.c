@@ -76,6 +76,24 @@ static void cuda(void)
     LOAD(lib, cuFuncGetAttribute);
     LOAD(lib, cuGraphCreate);
     LOAD(lib, cuGetProcAddress);
+    LOAD(lib, cuCtxGetStreamPriorityRange);
+    LOAD(lib, cuCtxGetId);
+    LOAD(lib, cuStreamGetPriority);
+    LOAD(lib, cuStreamGetFlags);
+    LOAD(lib, cuStreamGetId);
+    LOAD(lib, cuLibraryLoadData);
+    LOAD(lib, cuLibraryLoadFromFile);
+    LOAD(lib, cuLibraryUnload);
+    LOAD(lib, cuLibraryGetKernel);
+    LOAD(lib, cuLibraryGetModule);
+    LOAD(lib, cuKernelGetFunction);
+    LOAD(lib, cuKernelGetName);
+    LOAD(lib, cuFuncGetName);
+    LOAD(lib, cuFuncGetModule);
+    LOAD(lib, cuOccupancyMaxActiveBlocksPerMultiprocessor);
+    LOAD(lib, cuOccupancyMaxPotentialBlockSize);
+    LOAD(lib, cuPointerGetAttribute);
+    LOAD(lib, cuPointerGetAttributes);
 
     int n = 0, major = 0, minor = 0;
     unsigned int flags = 0;
@@ -95,6 +113,13 @@ static void cuda(void)
     CUarray array = NULL;
     CUgraph graph = NULL;
     float ms = 0;
+    int least = 0, greatest = 0;
+    unsigned long long id = 0;
+    CUlibrary library = NULL;
+    CUkernel kernel = NULL;
+    const char *name = NULL;
+    CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    void *attr_data[] = {&flags};
     CUmemPoolProps pool_props;
     CUmemAllocationProp alloc_prop;
     memset(&pool_props, 0, sizeof pool_props);
@@ -129,6 +154,8 @@ static void cuda(void)
         ROW(p_cuStreamBeginCapture_v2(NULL, 0), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuStreamEndCapture(NULL, &graph), CUDA_ERROR_INVALID_CONTEXT),
         ROW(p_cuEventCreate(&event, 0), CUDA_ERROR_INVALID_CONTEXT),
+        ROW(p_cuCtxGetStreamPriorityRange(&least, &greatest), CUDA_ERROR_INVALID_CONTEXT),
+        ROW(p_cuCtxGetId(NULL, &id), CUDA_ERROR_INVALID_CONTEXT),
     };
     check(no_context, sizeof no_context / sizeof no_context[0]);
 
@@ -213,6 +240,39 @@ static void cuda(void)
             CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuGraphCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuGraphCreate(&graph, 1), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuCtxGetId(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamGetPriority(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamGetFlags(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuStreamGetId(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuLibraryLoadData(NULL, sleep_kernel_ptx, NULL, NULL, 0, NULL, NULL, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuLibraryLoadData(&library, NULL, NULL, NULL, 0, NULL, NULL, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuLibraryLoadData(&library, sleep_kernel_ptx, NULL, NULL, 1, NULL, NULL, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuLibraryLoadFromFile(&library, NULL, NULL, NULL, 0, NULL, NULL, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuLibraryUnload(NULL), CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuLibraryGetKernel(&kernel, NULL, "simgpu_sleep_ns"), CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuLibraryGetModule(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuKernelGetFunction(&func, NULL), CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuKernelGetName(&name, NULL), CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuFuncGetName(NULL, func), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuFuncGetName(&name, NULL), CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuFuncGetModule(NULL, func), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuOccupancyMaxActiveBlocksPerMultiprocessor(NULL, func, 128, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, NULL, 128, 0),
+            CUDA_ERROR_INVALID_HANDLE),
+        ROW(p_cuOccupancyMaxPotentialBlockSize(NULL, &n, func, NULL, 0, 0),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuPointerGetAttribute(&flags, (CUpointer_attribute)999, dptr),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuPointerGetAttributes(0, &attr, attr_data, dptr), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuPointerGetAttributes(1, NULL, attr_data, dptr), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuPointerGetAttributes(1, &attr, NULL, dptr), CUDA_ERROR_INVALID_VALUE),
     };
     check(in_context, sizeof in_context / sizeof in_context[0]);
 }

@@ -96,6 +96,40 @@ static const char sleep_kernel_ptx[] =
     "  ret;\n"
     "}\n";
 
+/* The whole file dir/name, with a NUL after it (the image test programs' cubins); exits with 2
+ * if it cannot be read. */
+static inline char *test_read_file(const char *dir, const char *name, size_t *size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    long len = f != NULL && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *data = len >= 0 ? (char *)calloc(1, (size_t)len + 1) : NULL;
+    if (data == NULL || fseek(f, 0, SEEK_SET) != 0 ||
+        fread(data, 1, (size_t)len, f) != (size_t)len) {
+        fprintf(stderr, "cannot read %s\n", path);
+        exit(2);
+    }
+    fclose(f);
+    *size = (size_t)len;
+    return data;
+}
+
+/* cuInit and device 0's primary context made current, for the programs that test what comes
+ * after; exits with 2 (no device) if that fails. */
+static inline void test_use_device0(void *lib)
+{
+    LOAD(lib, cuInit);
+    LOAD(lib, cuDevicePrimaryCtxRetain);
+    LOAD(lib, cuCtxSetCurrent);
+    CUcontext ctx = NULL;
+    if (p_cuInit(0) != CUDA_SUCCESS || p_cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+        p_cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        fprintf(stderr, "no device\n");
+        exit(2);
+    }
+}
+
 static inline void test_report_unchecked(void)
 {
     if (test_unchecked > 0)
