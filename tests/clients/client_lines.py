@@ -19,10 +19,13 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 @dataclass(frozen=True)
 class ClientLine:
-    """One line of NVIDIA's Python CUDA clients: the interpreter whose environment holds it."""
+    """One line of NVIDIA's Python CUDA clients: the interpreter whose environment holds it, and
+    the simulated node's driver versions it is run on (a driver of its CUDA generation)."""
 
     name: str
     python: Path
+    node: Mapping[str, object]
+    """simgpu.config.NodeSpec fields, passed on to ``make_claim``."""
 
     def argv(self, program: str, *args: str) -> list[str]:
         """The command that runs one of this tier's client programs with this line."""
@@ -34,6 +37,12 @@ class ClientLine:
 
 
 LINES: Sequence[ClientLine] = (
-    ClientLine("cuda12", Path(sys.executable)),
-    ClientLine("cuda13", REPO / ".venv-cuda13" / "bin" / "python"),
+    # The simulator's default node: a 550 driver, CUDA 12.4.
+    ClientLine("cuda12", Path(sys.executable), {}),
+    # A 580 driver, CUDA 13.0: what CUDA 13 clients need (cuda-bindings 13 resolves the 13.0 ABIs).
+    ClientLine(
+        "cuda13",
+        REPO / ".venv-cuda13" / "bin" / "python",
+        {"driver_version": "580.65.06", "cuda_driver_version": 13000},
+    ),
 )

@@ -28,7 +28,7 @@ def test_the_cap_holds_for_kernels_the_client_launches(
 ) -> None:
     """One process of a claim capped at 30 % keeps 4 kernels of 2 ms queued for 3 s through the
     client: its kernels take 30 % of the GPU's time, within 1 point."""
-    claim = make_claim(limits=[(0, None, CAP)], default_kernel_ns=KERNEL_NS)
+    claim = make_claim(limits=[(0, None, CAP)], default_kernel_ns=KERNEL_NS, **line.node)
     worker = claim.popen(line.argv("duty.py", library, str(KERNEL_NS), str(SECONDS), str(DEPTH)))
     out, err = worker.communicate(timeout=SECONDS + 120)
     assert worker.returncode == 0, err

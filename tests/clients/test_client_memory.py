@@ -65,7 +65,7 @@ def test_each_allocation_path_stops_exactly_at_the_limit(
     and then sees, through cuMemGetInfo, cuDeviceTotalMem and NVML v1 and v2, a device of 256 MiB
     with nothing free."""
     chosen = PATHS[path]
-    claim = make_claim(limits=[(0, LIMIT, 0)], memory_bytes=16 * GiB)
+    claim = make_claim(limits=[(0, LIMIT, 0)], memory_bytes=16 * GiB, **line.node)
     process = line.process(claim, chosen.api, chosen.env)
     try:
         assert process.ask("cuda")["rc"] == "0"

@@ -23,9 +23,9 @@ READINGS = "nvml 4 150"
 APIS = ["cuMemAlloc", "cuda.core.device", "numba.device_array"]
 
 
-def big_claim(make_claim: ClaimFactory) -> Claim:
+def big_claim(make_claim: ClaimFactory, line: ClientLine) -> Claim:
     """An 8 GiB claim on a 16 GiB GPU: the driver itself never refuses what the tests take."""
-    return make_claim(limits=[(0, LIMIT, 0)], memory_bytes=16 * GiB)
+    return make_claim(limits=[(0, LIMIT, 0)], memory_bytes=16 * GiB, **line.node)
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -35,7 +35,7 @@ def test_nvml_readings_in_the_holding_process_leave_its_memory_counted(
     """A process holding 5 GiB of an 8 GiB claim reads NVML memory info (v1 and v2) four times,
     0.15 s apart, and sees 5 GiB used each time; it is then refused the whole 8 GiB and granted
     the 3 GiB left."""
-    holder = line.process(big_claim(make_claim), api).holding(HELD)
+    holder = line.process(big_claim(make_claim, line), api).holding(HELD)
     try:
         assert holder.nvml_used(READINGS) == [HELD] * 8
         assert holder.ask(f"alloc {LIMIT}")["rc"] == OOM
@@ -52,7 +52,7 @@ def test_nvml_readings_in_one_process_leave_its_memory_counted_for_another(
     """While one process of the claim holds 5 GiB and reads NVML memory info four times 0.15 s
     apart, another process of the claim (the same client) reads it too, is refused the whole
     8 GiB and is granted the 3 GiB left."""
-    claim = big_claim(make_claim)
+    claim = big_claim(make_claim, line)
     holder = line.process(claim, api).holding(HELD)
     other = line.process(claim, api)
     try:
