@@ -54,6 +54,14 @@ def check(result: Any) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest) or None
 
 
+def device_zero() -> Any:
+    """Device 0 as a memory location: where pools and VMM allocations place their memory."""
+    location = driver.CUmemLocation()
+    location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    location.id = 0
+    return location
+
+
 class Bindings:
     """cuda-bindings, the driver API as NVIDIA's binding exposes it."""
 
@@ -71,8 +79,7 @@ class Bindings:
         if self.api == "cuMemAllocFromPoolAsync":
             props = driver.CUmemPoolProps()
             props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-            props.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            props.location.id = 0
+            props.location = device_zero()
             self.pool = check(driver.cuMemPoolCreate(props))
 
     def allocate(self, size: int) -> None:
@@ -99,8 +106,7 @@ class Bindings:
         """A VMM allocation as frameworks make one: reserve a range, create, map, grant access."""
         props = driver.CUmemAllocationProp()
         props.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        props.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        props.location.id = 0
+        props.location = device_zero()
         address = check(driver.cuMemAddressReserve(size, 0, 0, 0))
         handle = check(driver.cuMemCreate(size, props, 0))
         check(driver.cuMemMap(address, size, 0, handle, 0))
