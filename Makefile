@@ -12,12 +12,19 @@ PY := $(VENV)/bin/python
 # tools), and what checks and measures them.
 PY_SOURCES := tessera testbed simgpu demo tools tests benchmarks setup.py
 
-.PHONY: help test demo venv host-packages binaries simgpu images lint unit integration e2e clean
+# The CUDA 13 line of NVIDIA's Python clients (dev/clients-cuda13): a venv of its own, since
+# cuda-bindings 13 cannot share .venv with the CUDA 12 line; the real-client tier (tests/clients)
+# runs its client programs with this interpreter.
+CUDA13_VENV := .venv-cuda13
+CUDA13_STAMP := $(CUDA13_VENV)/.installed
+CUDA13_LIST := dev/clients-cuda13
+
+.PHONY: help test demo venv clients-cuda13 host-packages binaries simgpu images lint unit integration e2e clean
 
 help:
 	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
 	@echo "make demo   set everything up and run the demo"
-	@echo "make host-packages | binaries | simgpu | images | venv | lint | unit | integration | e2e | clean"
+	@echo "make host-packages | binaries | simgpu | images | venv | clients-cuda13 | lint | unit | integration | e2e | clean"
 
 # Reinstall when the dependency lists or their pins change; pip does nothing for what is already there.
 # The install also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and
@@ -31,6 +38,14 @@ $(VENV_STAMP): pyproject.toml dev/pyproject.toml constraints.txt $(wildcard tess
 	touch $@
 
 venv: $(VENV_STAMP)
+
+$(CUDA13_STAMP): $(CUDA13_LIST)/requirements.txt $(CUDA13_LIST)/constraints.txt
+	$(PYTHON) -m venv $(CUDA13_VENV)
+	$(CUDA13_VENV)/bin/pip install --quiet --constraint $(CUDA13_LIST)/constraints.txt pip
+	$(CUDA13_VENV)/bin/pip install --quiet --constraint $(CUDA13_LIST)/constraints.txt -r $(CUDA13_LIST)/requirements.txt
+	touch $@
+
+clients-cuda13: $(CUDA13_STAMP)
 
 # Debian packages the builds and the real nodes need (gcc, libseccomp-dev for runc, iproute2).
 host-packages:
@@ -53,7 +68,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/mypy $(PY_SOURCES)
 
-unit: venv simgpu
+unit: venv clients-cuda13 simgpu
 	$(PY) -m pytest -m "not integration and not e2e"
 
 integration: venv binaries
@@ -67,12 +82,12 @@ e2e: venv binaries
 # Where the time goes: a JUnit report (`$(PY) -m tools.test_durations` sums it per module) and the
 # slowest tests at the end of the output.
 TEST_REPORT := build/test-results/junit.xml
-test: venv binaries simgpu lint
+test: venv clients-cuda13 binaries simgpu lint
 	$(PY) -m pytest --junitxml=$(TEST_REPORT) --durations=25
 
 demo: venv binaries simgpu
 	$(PY) -m demo
 
 clean:
-	rm -rf build $(VENV) tessera/shim/lib tessera/shim/_format*.so *.egg-info dev/*.egg-info
+	rm -rf build $(VENV) $(CUDA13_VENV) tessera/shim/lib tessera/shim/_format*.so *.egg-info dev/*.egg-info
 	find tessera/proto -name '*_pb2.py' -delete -o -name '*_pb2_grpc.py' -delete

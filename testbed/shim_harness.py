@@ -15,7 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +131,12 @@ class Claim:
 
     def start(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a test program with pipes for stdin, stdout and stderr."""
+        return self.popen([str(self.programs / args[0]), *args[1:]], env)
+
+    def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start any command as a process of the claim, with pipes for stdin, stdout and stderr."""
         return subprocess.Popen(
-            [str(self.programs / args[0]), *args[1:]],
+            list(argv),
             env=self.env(**(env or {})),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -204,13 +208,16 @@ ClaimFactory = Callable[..., Claim]
 
 
 class ClaimProcess:
-    """A running ``shim_slots`` under a claim (tests/shim/programs/shim_slots.c): a process of the
-    claim that makes the calls it is told to, one command at a time, and lives until killed."""
+    """A running ``shim_slots`` under a claim (tests/shim/programs/shim_slots.c), or ``argv`` that
+    speaks its protocol (tests/clients/programs/client.py): a process of the claim that makes the
+    calls it is told to, one command at a time, and lives until killed."""
 
-    def __init__(self, claim: Claim) -> None:
+    def __init__(
+        self, claim: Claim, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         from simgpu.node import read_line
 
-        self.popen = claim.start("shim_slots")
+        self.popen = claim.start("shim_slots", env=env) if argv is None else claim.popen(argv, env)
         self.pid = int(values(read_line(self.popen, "ready"))["pid"])
 
     def ask(self, command: str) -> dict[str, str]:
@@ -239,6 +246,30 @@ class ClaimProcess:
     def kill(self) -> None:
         self.popen.kill()
         self.popen.wait()
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one duty-cycle worker achieved (``shim_probe duty``, or a client program's duty loop
+    that prints the same keys), in percent of its wall time.
+
+    A share is GPU time over the workload's wall time, so a busy machine can lower it (a workload
+    waiting for a CPU launches nothing) but never raise it: near a cap means at most ``tolerance``
+    points above it and at most ``tolerance`` points below it plus the time it waited."""
+
+    achieved: float
+    """Its kernels' GPU time."""
+    waited: float
+    """Time it was runnable but waited for a CPU: at most what a busy machine can have cost it."""
+
+    def near(self, target: float, tolerance: float) -> bool:
+        return target - tolerance - self.waited <= self.achieved <= target + tolerance
+
+
+def share_of(out: str) -> Share:
+    """The :class:`Share` a duty-cycle worker's output reports."""
+    v = values(out)
+    return Share(float(v["share"]), 100.0 * int(v["run_delay_ns"]) / int(v["elapsed_ns"]))
 
 
 def values(output: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
 from tests.unit.layout.layout_facts import REPO
-from tests.unit.packaging.constraints_file import pins
+from tests.unit.packaging.constraints_file import CUDA13_CLIENTS, pins
 
 PRODUCT = tomllib.loads((REPO / "pyproject.toml").read_text())
 DEVELOPMENT = tomllib.loads((REPO / "dev" / "pyproject.toml").read_text())
@@ -84,3 +84,31 @@ def test_this_environment_holds_the_pinned_version_of_everything_it_was_asked_fo
     assert {"kubernetes", "pytest", "protobuf", "urllib3"} <= set(closure)
     assert sorted(set(closure) - set(pinned)) == [], "installed but not pinned"
     assert {name: version for name, version in closure.items() if pinned[name] != version} == {}
+
+
+def cuda13_requirements() -> list[Requirement]:
+    """What the CUDA 13 client venv is asked for (dev/clients-cuda13/requirements.txt)."""
+    lines = (CUDA13_CLIENTS / "requirements.txt").read_text().splitlines()
+    return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("requirement", cuda13_requirements(), ids=str)
+def test_every_cuda13_client_requirement_is_a_range_pinned_inside_it(requirement: Requirement) -> None:
+    """The CUDA 13 client venv follows the same rule as the development environment: ranges where
+    they are asked for, one exact version of each in its own constraints file."""
+    pinned = pins(CUDA13_CLIENTS / "constraints.txt")
+    name = canonicalize_name(requirement.name)
+    assert {s.operator for s in requirement.specifier} == {">=", "<"}, requirement
+    assert name in pinned, f"{requirement} has no pin in {CUDA13_CLIENTS / 'constraints.txt'}"
+    assert requirement.specifier.contains(pinned[name], prereleases=True), f"{name}=={pinned[name]}"
+
+
+def test_the_cuda13_client_line_is_cuda_13_and_the_development_line_cuda_12() -> None:
+    """The two client lines the real-client tier runs differ in the driver API generation only:
+    cuda-bindings 12 in .venv, 13 in .venv-cuda13, with the same cuda-core and numba-cuda."""
+    cuda13 = pins(CUDA13_CLIENTS / "constraints.txt")
+    cuda12 = pins()
+    bindings = canonicalize_name("cuda-bindings")
+    assert (cuda12[bindings].major, cuda13[bindings].major) == (12, 13)
+    for name in ("cuda-core", "numba-cuda"):
+        assert cuda12[canonicalize_name(name)] == cuda13[canonicalize_name(name)], name
