@@ -178,6 +178,40 @@ def test_a_gang_that_only_fits_as_a_sum_waits_with_a_message_and_is_retried_when
     assert f"4 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
 
 
+def test_a_gpu_cordoned_by_a_device_taint_rule_is_never_counted_free_and_its_removal_admits(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """Two pods of 50Gi need both 80Gi GPUs of the node; a DeviceTaintRule (as docs/driver.md
+    writes one) cordons GPU 0, so the scheduler would refuse one pod: the Workload waits and says
+    why, and is Ready once the rule is deleted."""
+    name, uuids = node(80, 80)
+    device = queue_bed.gpu_devices(name, [80, 80])[0]["name"]
+    rule = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": unique_name("cordon")},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.tessera.dev", "pool": name, "device": device},
+            "taint": {"key": "gpu.tessera.dev/cordoned", "value": "maintenance", "effect": "NoSchedule"},
+        },
+    }
+    resource = client.ResourceV1Api(bed.api)
+    resource.create_device_taint_rule(client.V1DeviceTaintRule.model_validate(rule))
+    try:
+        job = queue_bed.gpu_job("cordoned", QUEUE, 2, 50 * 1024, annotations=pinned(uuids))
+        workload = submit(bed, team, job)
+        message = poll_until(
+            lambda: queue_bed.fit_refusal(bed.api, team, workload, CHECK), 60, "a Pending message"
+        )
+        assert message.startswith("needs 2 shares of 50Gi"), message
+        assert "the largest free share is 80Gi/100" in message, message
+        assert suspended(bed, team, "cordoned") is True
+    finally:
+        resource.delete_device_taint_rule(rule["metadata"]["name"])
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert f"2 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
+
+
 def test_shares_of_a_ready_workload_not_yet_placed_are_not_given_twice(
     bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
 ) -> None:
