@@ -1,10 +1,11 @@
 """Watched caches of everything a fit decision reads, with the indexes that keep it off the API.
 
 One list-then-watch per kind (``tessera.watching``): our driver's ResourceSlices (the GPUs),
-DeviceTaintRules (GPUs an operator cordoned), all ResourceClaims (what is allocated, and which pods'
-claims are), ResourceClaimTemplates (what a plain pod's claims will ask), pods (reduced to who owns them and whether they are placed), Kueue
-Workloads and our AdmissionChecks. Every change that can move a decision calls ``on_change``, so the
-controller re-decides on a watch event, never on a timer.
+DeviceTaintRules (GPUs an operator cordoned), all ResourceClaims (what is allocated, and which
+pods' claims are), ResourceClaimTemplates (what a plain pod's claims will ask), pods (reduced to who
+owns them and whether they are placed), Kueue Workloads and our AdmissionChecks. Every change that
+can move a decision calls ``on_change``, so the controller re-decides on a watch event, never on a
+timer.
 
 Objects are kept as plain JSON (the client's typed models are too slow to build by the thousand);
 pods are reduced to a small record on arrival.
