@@ -327,6 +327,24 @@ def test_a_template_a_tenant_wrote_with_a_forged_small_record_is_rejected_not_ad
     assert "asks for other GPU shares than its annotation" in rejected[1]
 
 
+def test_a_webhook_template_with_a_selector_added_by_hand_is_admitted_naming_it_as_not_judged(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """From where a tenant stands: the webhook's template for a 10 GiB share, with the webhook's
+    label and record, plus one CEL selector of its own. The record does not imply that selector, so
+    the check does not trust the record's selection: it reads the template by its structure and
+    names every selector it could not judge, the added one among them."""
+    node(40)
+    extra = 'device.attributes["gpu.tessera.dev"].index == 0'
+    queue_bed.plain_gpu_pod(
+        bed.api, team, "added", QUEUE, {"nvidia.com/gpumem": "10240"}, extra_selector=extra
+    )
+    workload = str(queue_bed.workload_of_job(bed.api, team, "added", kind="Pod")["metadata"]["name"])
+    ready = wait_for_state(bed, team, workload, "Ready")
+    message = queue_bed.check_state(ready, CHECK)["message"]
+    assert "selectors not judged here: " in message and extra in message, message
+
+
 def test_sigterm_stops_the_command_cleanly(bed: QueueBed) -> None:
     """Runs last in this module: the command exits 0 on SIGTERM."""
     bed.check.stop(grace=30)

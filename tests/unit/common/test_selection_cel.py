@@ -1,4 +1,5 @@
-"""The use/nouse annotations become CEL selectors; no annotation value can change an expression."""
+"""The use/nouse annotations become CEL selectors; no annotation value can change an expression,
+and none makes one longer than the API takes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from tessera.gpu_request import AnnotationError, selection_for
 from tessera.names import HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_USE_UUID
-from tessera.webhook.selectors import cel_string, selection_cel
+from tessera.selection_cel import cel_string, selection_cel
 
 UUID_ATTR = 'device.attributes["gpu.tessera.dev"].uuid'
 PRODUCT_ATTR = 'device.attributes["gpu.tessera.dev"].productName'

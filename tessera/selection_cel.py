@@ -1,6 +1,10 @@
 """A pod's GPU selection (tessera/gpu_request.py reads it from the four HAMi annotations) compiled
 into CEL selectors, with quoting done once here.
 
+In the shared core because both sides need the same text: the webhook writes these selectors into
+the templates it makes, and the admission check trusts a template's recorded request only when the
+template's selectors are exactly these (tessera/admissioncheck/podsets.py).
+
 Annotation values are user input that ends up inside a CEL expression the scheduler evaluates; every
 value becomes a CEL string literal through :func:`cel_string` and nothing else, so no value can add
 an operator, close a string or call a function.
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 from tessera.gpu_request import AnnotationError, Selection
 from tessera.names import (
+    DEVICE_CLASS,
     DRIVER_NAME,
     HAMI_NOUSE_TYPE,
     HAMI_NOUSE_UUID,
     HAMI_USE_TYPE,
     HAMI_USE_UUID,
+    MEMORY_CAPACITY,
     PRODUCT_ATTRIBUTE,
     UUID_ATTRIBUTE,
 )
@@ -82,3 +88,8 @@ def selection_cel(selection: Selection) -> list[str]:
                 "outside plain ASCII."
             )
     return [expression for _, expression in expressions]
+
+
+def size_selector(memory_bytes: int) -> str:
+    """CEL matching GPUs whose published memory is exactly ``memory_bytes``."""
+    return f'device.capacity["{DEVICE_CLASS}"].{MEMORY_CAPACITY}.compareTo(quantity("{memory_bytes}")) == 0'
