@@ -186,10 +186,11 @@ def test_a_gpu_cordoned_by_a_device_taint_rule_is_never_counted_free_and_its_rem
     why, and is Ready once the rule is deleted."""
     name, uuids = node(80, 80)
     device = queue_bed.gpu_devices(name, [80, 80])[0]["name"]
-    rule = {
+    rule_name = unique_name("cordon")
+    rule: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceTaintRule",
-        "metadata": {"name": unique_name("cordon")},
+        "metadata": {"name": rule_name},
         "spec": {
             "deviceSelector": {"driver": "gpu.tessera.dev", "pool": name, "device": device},
             "taint": {"key": "gpu.tessera.dev/cordoned", "value": "maintenance", "effect": "NoSchedule"},
@@ -207,7 +208,7 @@ def test_a_gpu_cordoned_by_a_device_taint_rule_is_never_counted_free_and_its_rem
         assert "the largest free share is 80Gi/100" in message, message
         assert suspended(bed, team, "cordoned") is True
     finally:
-        resource.delete_device_taint_rule(rule["metadata"]["name"])
+        resource.delete_device_taint_rule(rule_name)
     ready = wait_for_state(bed, team, workload, "Ready")
     assert f"2 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
 
