@@ -31,7 +31,9 @@ from tessera.names import (
 )
 
 CEL_EXPRESSION_MAX_LENGTH = 10 * 1024
-"""The API's bound on one CEL selector expression (resource.k8s.io/v1, 10 KiB)."""
+"""The API's bound on one CEL selector expression (resource.k8s.io/v1, 10 KiB). It counts bytes;
+every expression here is plain ASCII (:func:`cel_string` escapes the rest), so its length is its
+size."""
 
 _UUID_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].{UUID_ATTRIBUTE}'
 _PRODUCT_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"].{PRODUCT_ATTRIBUTE}'
