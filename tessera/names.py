@@ -100,6 +100,11 @@ HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
 
 HAMI_ANNOTATIONS = (HAMI_USE_UUID, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_NOUSE_TYPE)
 
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+"""The label that marks the templates the webhook writes (value ``WEBHOOK_MANAGED_BY``): the webhook
+uses an existing template only if it carries it, and the admission check trusts a template's
+recorded request only then."""
+
 WEBHOOK_MANAGED_BY = "tessera-webhook"
 """Value of app.kubernetes.io/managed-by on the ResourceClaimTemplates the webhook creates."""
 

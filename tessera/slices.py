@@ -5,6 +5,10 @@ The driver writes each GPU as a resource.k8s.io/v1 Device (tessera/driver/device
 Both read through :func:`published_gpus`, so a device the driver publishes means the same GPU to
 both, and a malformed or foreign device is skipped the same way.
 
+A GPU is tainted by its slice (the daemon's health and cordon taints) or by a DeviceTaintRule an
+operator writes (docs/driver.md "Cordoning a GPU"), which the scheduler treats exactly like a taint in
+the slice; :func:`with_taint_rules` adds the rules' taints to the GPUs they select.
+
 What a reader does with a tainted GPU is its own decision, made visibly with
 :attr:`PublishedGpu.schedulable`: the scheduler places nothing new on a GPU whose taint says
 NoSchedule or NoExecute, so the admission check leaves such GPUs out of today's free capacity; the
@@ -15,7 +19,7 @@ while the GPU may recover within minutes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tessera.names import (
@@ -110,4 +114,29 @@ def _published_gpu(node: str, pool: str, device: Mapping[str, Any]) -> Published
             for taint in device.get("taints") or []
             if taint.get("effect") in BLOCKING_TAINT_EFFECTS
         ),
+    )
+
+
+def with_taint_rules(gpus: Iterable[PublishedGpu], rules: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
+    """``gpus`` with the NoSchedule and NoExecute taints of the DeviceTaintRules (resource.k8s.io/v1,
+    as JSON) that select them added to their blocking taints. A rule selects a device when each of
+    its selector's ``driver``, ``pool`` and ``device`` that is set names it (an empty selector
+    selects every device); a rule without a selector selects none, as the API defines it."""
+    blocking = [
+        (selector, str(taint.get("key", "")))
+        for rule in rules
+        if (selector := (rule.get("spec") or {}).get("deviceSelector")) is not None
+        and (taint := (rule.get("spec") or {}).get("taint") or {}).get("effect") in BLOCKING_TAINT_EFFECTS
+    ]
+    out = []
+    for gpu in gpus:
+        added = tuple(key for selector, key in blocking if _selects(selector, gpu))
+        out.append(replace(gpu, blocking_taints=gpu.blocking_taints + added) if added else gpu)
+    return out
+
+
+def _selects(selector: Mapping[str, Any], gpu: PublishedGpu) -> bool:
+    return all(
+        selector.get(field) in (None, value)
+        for field, value in (("driver", DRIVER_NAME), ("pool", gpu.pool), ("device", gpu.name))
     )

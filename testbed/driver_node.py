@@ -110,6 +110,7 @@ class DriverNode:
         self.health_interval = health_interval
         self.cleanup_interval = cleanup_interval
         self.health_port = 0
+        self.exporter_health_port = 0
         self.metrics_address = metrics_address
         self.fixed_metrics_port = metrics_port
         """None: a free loopback port at each start (many test nodes share one host); a real node
@@ -161,6 +162,8 @@ class DriverNode:
             f"--state-dir={self.state_dir}",
             f"--metrics-port={self.metrics_port}",
             f"--metrics-address={self.metrics_address}",
+            f"--health-port={self.exporter_health_port}",
+            "--health-address=127.0.0.1",
             "--log-level=debug",
             *self.exporter_args,
         ]
@@ -174,6 +177,7 @@ class DriverNode:
             self.exporter.stop()
         self.starts += 1
         self.health_port = free_port()
+        self.exporter_health_port = free_port()
         self.metrics_port = self.fixed_metrics_port or free_port()
         env = process_env(self.simgpu.config)
         env.pop("KUBECONFIG", None)
@@ -201,11 +205,11 @@ class DriverNode:
 
     def get(self, path: str) -> tuple[int, str]:
         """GET one of the daemon's health endpoints: (status, body)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
+        return _get(self.health_port, path)
+
+    def exporter_get(self, path: str) -> tuple[int, str]:
+        """GET one of the exporter's health endpoints (/healthz, /readyz): (status, body)."""
+        return _get(self.exporter_health_port, path)
 
     @property
     def metrics_url(self) -> str:
@@ -266,6 +270,15 @@ class DriverNode:
         """Stop the daemon and remove its folder (the node's own folders are the node's)."""
         self.stop()
         shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` on a loopback health port: (status, body)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 @contextlib.contextmanager

@@ -280,11 +280,13 @@ def plain_gpu_pod(
     annotations: Mapping[str, str] | None = None,
     memory_sizes_gi: Sequence[int] = (80,),
     record: str | None = None,
+    extra_selector: str | None = None,
 ) -> None:
     """A plain pod in ``queue`` as the webhook leaves it: the HAMi ``limits`` converted by the
     webhook's own code into a ResourceClaimTemplate (created here) and a claim reference. With
-    ``record``, the template's gpu-request annotation says that instead: a tenant's forgery, since
-    a tenant may write templates in its own namespace."""
+    ``record``, the template's gpu-request annotation says that instead, and with ``extra_selector``
+    its request has that CEL selector too: a tenant's forgeries, since a tenant may write templates
+    in its own namespace."""
     container = {"name": "work", "image": "tessera.local/none", "resources": {"limits": dict(limits)}}
     request = read_request('container "work"', container, selection_for(annotations or {}))
     assert request is not None
@@ -292,6 +294,9 @@ def plain_gpu_pod(
     template = claim_template(namespace, 'container "work"', request, fleet)
     if record is not None:
         template["spec"]["metadata"]["annotations"][GPU_REQUEST_ANNOTATION] = record
+    if extra_selector is not None:
+        body = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        body.setdefault("selectors", []).append({"cel": {"expression": extra_selector}})
     client.ResourceV1Api(api).create_namespaced_resource_claim_template(
         namespace, client.V1ResourceClaimTemplate.model_validate(template)
     )

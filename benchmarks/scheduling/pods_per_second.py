@@ -69,18 +69,18 @@ from tessera.names import (
     HAMI_GPUMEM_PERCENTAGE,
     HAMI_USE_TYPE,
 )
+from tessera.selection_cel import cel_string
 from tessera.watching import watch_forever
 from tessera.webhook.conversion import claim_template, template_name
 from tessera.webhook.fleet import Fleet, fleet_from_slices
 from tessera.webhook.mutation import pod_claim_name
-from tessera.webhook.selectors import cel_string
 from testbed import queue_bed
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import device_class
 from testbed.polling import poll_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MEASURED = ["tessera/webhook/conversion.py", "tessera/webhook/selectors.py", "tessera/driver/devices.py"]
+MEASURED = ["tessera/webhook/conversion.py", "tessera/selection_cel.py", "tessera/driver/devices.py"]
 """The code whose output the scheduler reads: the claim the webhook writes and the device the driver
 publishes."""
 EXCLUSIVE_DRIVER = "exclusive.bench.dev"

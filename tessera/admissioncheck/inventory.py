@@ -1,10 +1,11 @@
 """Watched caches of everything a fit decision reads, with the indexes that keep it off the API.
 
-One list-then-watch per kind (``tessera.watching``): our driver's ResourceSlices (the GPUs), all
-ResourceClaims (what is allocated, and which pods' claims are), ResourceClaimTemplates (what a plain
-pod's claims will ask), pods (reduced to who owns them and whether they are placed), Kueue
-Workloads and our AdmissionChecks. Every change that can move a decision calls ``on_change``, so the
-controller re-decides on a watch event, never on a timer.
+One list-then-watch per kind (``tessera.watching``): our driver's ResourceSlices (the GPUs),
+DeviceTaintRules (GPUs an operator cordoned), all ResourceClaims (what is allocated, and which
+pods' claims are), ResourceClaimTemplates (what a plain pod's claims will ask), pods (reduced to who
+owns them and whether they are placed), Kueue Workloads and our AdmissionChecks. Every change that
+can move a decision calls ``on_change``, so the controller re-decides on a watch event, never on a
+timer.
 
 Objects are kept as plain JSON (the client's typed models are too slow to build by the thousand);
 pods are reduced to a small record on arrival.
@@ -23,7 +24,7 @@ from kubernetes import client
 
 from tessera.names import CORES_CAPACITY, DRIVER_NAME, MEMORY_CAPACITY
 from tessera.quantity import quantity_to_int
-from tessera.slices import GpuKey, PublishedGpu, published_gpus
+from tessera.slices import GpuKey, PublishedGpu, published_gpus, with_taint_rules
 from tessera.watching import watch_forever
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,13 @@ class PodRecord:
     role_hash: str
 
 
-def gpus_from_slices(slices: Iterable[Mapping[str, Any]]) -> list[PublishedGpu]:
-    """Our driver's GPUs that can take new shares now: tainted (unhealthy) ones are left out, as the
-    scheduler leaves them out (tessera/slices.py)."""
-    return [gpu for gpu in published_gpus(slices) if gpu.schedulable]
+def gpus_from_slices(
+    slices: Iterable[Mapping[str, Any]], taint_rules: Iterable[Mapping[str, Any]] = ()
+) -> list[PublishedGpu]:
+    """Our driver's GPUs that can take new shares now: those tainted NoSchedule or NoExecute, in
+    their slice (unhealthy, cordoned) or by a DeviceTaintRule, are left out, as the scheduler leaves
+    them out (tessera/slices.py)."""
+    return [gpu for gpu in with_taint_rules(published_gpus(slices), taint_rules) if gpu.schedulable]
 
 
 def allocated_usage(claims: Iterable[Mapping[str, Any]]) -> dict[GpuKey, tuple[int, int]]:
@@ -123,6 +127,7 @@ class Inventory:
         self._on_change = on_change
         self.lock = threading.RLock()
         self.slices: dict[str, Mapping[str, Any]] = {}
+        self.taint_rules: dict[str, Mapping[str, Any]] = {}
         self.claims: dict[Key, Mapping[str, Any]] = {}
         self.templates: dict[Key, Mapping[str, Any]] = {}
         self.pods: dict[str, PodRecord] = {}
@@ -172,8 +177,14 @@ class Inventory:
     def _on_slices(self, kind: str, obj: Mapping[str, Any]) -> None:
         with self.lock:
             self._replace_or_update(self.slices, lambda o: o["metadata"]["name"], kind, obj)
-            self.gpus = gpus_from_slices(self.slices.values())
+            self.gpus = gpus_from_slices(self.slices.values(), self.taint_rules.values())
         self._changed("slices", kind)
+
+    def _on_taint_rules(self, kind: str, obj: Mapping[str, Any]) -> None:
+        with self.lock:
+            self._replace_or_update(self.taint_rules, lambda o: o["metadata"]["name"], kind, obj)
+            self.gpus = gpus_from_slices(self.slices.values(), self.taint_rules.values())
+        self._changed("devicetaintrules", kind)
 
     def _on_claims(self, kind: str, obj: Mapping[str, Any]) -> None:
         with self.lock:
@@ -241,6 +252,7 @@ class Inventory:
                 self._on_slices,
                 {"field_selector": f"spec.driver={DRIVER_NAME}"},
             ),
+            ("devicetaintrules", self._resource.list_device_taint_rule, self._on_taint_rules, {}),
             ("claims", self._resource.list_resource_claim_for_all_namespaces, self._on_claims, {}),
             (
                 "templates",

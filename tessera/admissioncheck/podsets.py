@@ -9,7 +9,10 @@ Three kinds of pod template, three readings, none of which parses CEL:
   creation) is read from the request the webhook recorded in the template's annotation
   ``gpu.tessera.dev/gpu-request``, once its spec is seen to ask the same counts, memory and cores
   (a template written by hand to look like the webhook's must not pass a small record off for a big
-  request);
+  request). The record's GPU selection is trusted only when the template is the webhook's own: it
+  carries the webhook's managed-by label and exactly the CEL selectors the record implies
+  (tessera/selection_cel.py, the text the webhook writes). Otherwise it is read as a template a user
+  wrote, below: an extra selector must not hide behind a record that says "any GPU";
 - a template that references a ResourceClaimTemplate a user wrote is read from its structure:
   requests of our DeviceClass, ``exactly`` or ``firstAvailable``, sized by their capacity. Its CEL
   selectors cannot be judged here; the share is sized as if any GPU matched, and the Ready message
@@ -32,8 +35,16 @@ from tessera.gpu_request import (
     selection_for,
     share_of,
 )
-from tessera.names import CORES_CAPACITY, DEVICE_CLASS, GPU_REQUEST_ANNOTATION, MEMORY_CAPACITY
+from tessera.names import (
+    CORES_CAPACITY,
+    DEVICE_CLASS,
+    GPU_REQUEST_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MEMORY_CAPACITY,
+    WEBHOOK_MANAGED_BY,
+)
 from tessera.quantity import quantity_to_int
+from tessera.selection_cel import selection_cel, size_selector
 
 
 class Undecidable(Exception):
@@ -111,13 +122,43 @@ def requests_from_claim_template(
         raise RecordError(
             f"annotation {GPU_REQUEST_ANNOTATION} of ResourceClaimTemplate {where} is not text."
         )
-    recorded = request_of(request_from_annotation(value))
-    if _sizes(requests_from_claim_spec(spec.get("spec") or {}, [])) != _sizes([recorded]):
+    gpu = request_from_annotation(value)
+    recorded = request_of(gpu)
+    claim_spec = spec.get("spec") or {}
+    if _sizes(requests_from_claim_spec(claim_spec, [])) != _sizes([recorded]):
         raise RecordError(
             f"ResourceClaimTemplate {where} asks for other GPU shares than its annotation "
             f"{GPU_REQUEST_ANNOTATION} records."
         )
-    return [recorded]
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) == WEBHOOK_MANAGED_BY and _selectors(claim_spec) == _implied_selectors(
+        gpu
+    ):
+        return [recorded]
+    return requests_from_claim_spec(claim_spec, unknown)
+
+
+def _selectors(claim_spec: Mapping[str, Any]) -> list[list[str]]:
+    """The CEL expressions of each request body (``exactly`` or a subrequest) of our class, in order."""
+    out: list[list[str]] = []
+    for request in (claim_spec.get("devices") or {}).get("requests") or []:
+        bodies = [request["exactly"]] if request.get("exactly") else request.get("firstAvailable") or []
+        out.extend(
+            [(s.get("cel") or {}).get("expression", "") for s in body.get("selectors") or []]
+            for body in bodies
+            if body.get("deviceClassName") == DEVICE_CLASS
+        )
+    return out
+
+
+def _implied_selectors(gpu: GpuRequest) -> list[list[str]]:
+    """What :func:`_selectors` reads from the claim spec the webhook writes for ``gpu``
+    (tessera/webhook/conversion.py claim_spec): the selection's CEL, after each memory size's
+    selector for a converted percentage."""
+    own = selection_cel(gpu.selection)
+    if gpu.memory is not None:
+        return [own]
+    return [[size_selector(size), *own] for size in gpu.memory_sizes]
 
 
 def requests_from_template(

@@ -6,7 +6,7 @@ health service, with NVML's reason; both are lifted when it answers again. The h
 the complete list every time (devices left out become Unknown at the kubelet).
 
 NVML itself can wedge: a call that neither answers nor fails (a driver stuck in the kernel). The
-poll therefore runs on a thread of its own under a watchdog: a poll that has not returned within
+poll therefore runs under a watchdog (tessera/watchdog.py): a poll that has not returned within
 the NVML timeout makes every GPU's health unknown (reported UNKNOWN, tainted with a key of its own,
 and the daemon not ready), logged once; when the stuck call returns, the next results replace that.
 A hung call cannot be cancelled, so no new poll starts until it has returned.
@@ -35,6 +35,7 @@ from tessera.proto.health.v1 import api_pb2 as v1
 from tessera.proto.health.v1 import api_pb2_grpc as v1_grpc
 from tessera.proto.health.v1alpha1 import api_pb2 as v1alpha1
 from tessera.proto.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from tessera.watchdog import Hung, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -198,34 +199,32 @@ def poll_forever(
 ) -> None:
     """Poll every ``interval`` seconds until ``stop``, each poll under the watchdog: one that has not
     returned after ``nvml_timeout`` seconds marks the GPUs unmonitored until it does."""
+    watchdog = Watchdog(nvml_timeout, "nvml-health-call")
     while not stop.is_set():
-        _poll_watched(tracker, problem_of, nvml_timeout, stop, layout_of)
+        _poll_watched(tracker, problem_of, watchdog, stop, layout_of)
         stop.wait(interval)
+
+
+_POLL = "health poll"
+"""The watchdog's one key: a poll asks NVML about every GPU, so a hang is every GPU's."""
 
 
 def _poll_watched(
     tracker: HealthTracker,
     problem_of: Callable[[str], str | None],
-    nvml_timeout: float,
+    watchdog: Watchdog,
     stop: threading.Event,
     layout_of: MigLayout | None,
 ) -> None:
-    returned = threading.Event()
-
-    def poll() -> None:
-        try:
-            tracker.poll(problem_of, layout_of)
-        except Exception:
-            log.exception("GPU health poll failed")
-        finally:
-            returned.set()
-
-    threading.Thread(target=poll, name="nvml-health-call", daemon=True).start()
-    if not returned.wait(nvml_timeout):
-        tracker.set_unmonitored(f"NVML did not answer within {nvml_timeout:g} s")
-        while not returned.wait(1.0):
+    try:
+        watchdog.call(_POLL, lambda: tracker.poll(problem_of, layout_of))
+    except Hung as hung:
+        tracker.set_unmonitored(str(hung))
+        while not watchdog.wait_returned(_POLL, 1.0):
             if stop.is_set():
                 return
+    except Exception:
+        log.exception("GPU health poll failed")
     tracker.set_unmonitored(None)
 
 

@@ -113,11 +113,24 @@ class GpuSample:
 
 class Nvml:
     """An initialised NVML, shared by discovery and the health poller (NVML is process-global;
-    one init, one shutdown)."""
+    one init, one shutdown).
+
+    Calls about one GPU are serialised by that GPU's own lock, never by one lock for all: a call
+    wedged on one GPU (a stuck driver) must not hold up the calls about the others, which the
+    exporter's per-GPU watchdog (tessera/exporter/watched_nvml.py) relies on. NVML itself is
+    thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        """Held while listing every GPU."""
+        self._guard = threading.Lock()
+        self._gpu_locks: dict[str, threading.Lock] = {}
         pynvml.nvmlInit()
+
+    def _lock_of(self, uuid: str) -> threading.Lock:
+        """GPU ``uuid``'s own lock."""
+        with self._guard:
+            return self._gpu_locks.setdefault(uuid, threading.Lock())
 
     def close(self) -> None:
         pynvml.nvmlShutdown()
@@ -153,7 +166,7 @@ class Nvml:
         """Whether GPU ``uuid`` is in MIG mode now and its instances; None when NVML cannot say
         (a lost GPU: its health says so). An operator may switch the mode while the daemon runs;
         the health poll asks this to notice."""
-        with self._lock:
+        with self._lock_of(uuid):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 enabled = _mig_enabled(handle)
@@ -166,7 +179,7 @@ class Nvml:
         """NVML's reason the GPU ``uuid`` cannot be used now ("GPU is lost"), or None if it answers.
 
         A lost GPU fails its handle lookup or its first query."""
-        with self._lock:
+        with self._lock_of(uuid):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -177,7 +190,7 @@ class Nvml:
     def sample(self, uuid: str) -> GpuSample:
         """Memory, utilisation, temperature, power and per-process SM utilisation of GPU ``uuid``
         (pynvml.NVMLError if the GPU cannot be found at all)."""
-        with self._lock:
+        with self._lock_of(uuid):
             handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
             memory = _optional(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
             utilization = _optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
@@ -196,7 +209,7 @@ class Nvml:
     def compute_memory(self, uuid: str) -> dict[int, int | None] | None:
         """Only :attr:`GpuSample.compute_memory` of GPU ``uuid``: one NVML call, for a check that runs
         several times a second (pynvml.NVMLError if the GPU cannot be found at all)."""
-        with self._lock:
+        with self._lock_of(uuid):
             return _compute_memory(pynvml.nvmlDeviceGetHandleByUUID(uuid))
 
 

@@ -34,6 +34,7 @@ from tessera.exporter.containers import ContainerIndex
 from tessera.exporter.events import PodEvents
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.server import MetricsServer
+from tessera.exporter.watched_nvml import WatchedNvml
 from tessera.kube import api_client
 from tessera.names import METRICS_PORT
 from tessera.quantity import quantity_to_int
@@ -115,6 +116,24 @@ def parser() -> argparse.ArgumentParser:
         "seconds between two checks for a bypass (more than 0, less than 1)",
         float,
     )
+    setting(
+        p,
+        "--nvml-timeout",
+        "TESSERA_EXPORTER_NVML_TIMEOUT",
+        2.0,
+        "seconds an NVML call on one GPU may take; a GPU whose call has not returned is left out of "
+        "scrapes and bypass checks (a wedged driver) until it does",
+        float,
+    )
+    setting(
+        p,
+        "--nvml-restart-after",
+        "TESSERA_EXPORTER_NVML_RESTART_AFTER",
+        60.0,
+        "seconds an NVML call may stay unreturned before /healthz fails, so that the kubelet restarts "
+        "the exporter",
+        float,
+    )
     command.log_flags(p, "TESSERA_")
     return p
 
@@ -141,8 +160,9 @@ class Exporter(Stoppable):
         self._checks: threading.Thread | None = None
 
     def start(self) -> None:
-        self._nvml = nvml = Nvml()
-        gpus = devices.shareable(nvml.gpus())
+        self._nvml = Nvml()
+        gpus = devices.shareable(self._nvml.gpus())
+        nvml = WatchedNvml(self._nvml, gpus, self._args.nvml_timeout, self._args.nvml_restart_after)
         index = ContainerIndex(client.CoreV1Api(self._kube).list_pod_for_all_namespaces, self._node)
 
         def watch() -> None:
@@ -155,20 +175,18 @@ class Exporter(Stoppable):
 
         threading.Thread(target=watch, name="pod-watch", daemon=True).start()
 
-        def problems() -> Mapping[str, str]:
-            return {g.uuid: p for g in gpus if (p := nvml.problem(g.uuid)) is not None}
-
         sources = Sources(
             node=self._node,
             claims_dir=self._claims_dir,
             gpus=gpus,
             sample=nvml.sample,
-            problems=problems,
+            problems=nvml.problems,
             records=self._records,
             containers=index.containers,
             container=index.container,
         )
         metrics = DaemonMetrics(self._node)
+        metrics.nvml_hung.set_function(nvml.hung)
         registry = CollectorRegistry()
         registry.register(GpuCollector(sources, metrics))
         events = PodEvents(client.CoreV1Api(self._kube).create_namespaced_event, self._node)
@@ -188,7 +206,9 @@ class Exporter(Stoppable):
         self._server.start()
         if self._args.health_port:
             endpoints = Endpoints(
-                healthz=lambda: (self.fatal is None, "the pod watch failed; stopping"),
+                healthz=lambda: (
+                    nvml.alive() if self.fatal is None else (False, "the pod watch failed; stopping")
+                ),
                 readyz=lambda: (index.synced.is_set(), "the node's pods are not listed yet"),
             )
             self._health = HttpServer("health", self._args.health_address, self._args.health_port, endpoints)
@@ -242,6 +262,13 @@ def exporter(args: argparse.Namespace) -> Exporter:
         raise command.UsageError(f"the metrics port must be 1-65535, not {args.metrics_port}")
     if not 0 <= args.health_port <= 65535:
         raise command.UsageError(f"the health port must be 0-65535, not {args.health_port}")
+    if not args.nvml_timeout > 0:
+        raise command.UsageError(f"the NVML timeout must be more than 0 seconds, not {args.nvml_timeout}")
+    if not args.nvml_restart_after >= args.nvml_timeout:
+        raise command.UsageError(
+            f"--nvml-restart-after ({args.nvml_restart_after:g} s) must be at least --nvml-timeout "
+            f"({args.nvml_timeout:g} s)"
+        )
     if args.bypass_tolerance < 0:
         raise command.UsageError(f"the bypass tolerance must be 0 or more, not {args.bypass_tolerance}")
     if not 0 <= args.bypass_bound <= 10:

@@ -22,12 +22,15 @@ claim's processes; where the driver gives no per-process samples, from the GPU t
 charged the claim between two scrapes.
 
 A failure in one claim or one GPU drops that part's series and counts an error by source; it never
-fails the scrape.
+fails the scrape. A GPU whose NVML call hangs is one such failure: the exporter calls NVML under a
+watchdog (tessera/exporter/watched_nvml.py), so the scrape goes on without that GPU's NVML series.
+Concurrent scrapes collect one at a time (they share the caches above).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ from tessera.exporter.containers import ContainerRef
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.reading import Claim, ClaimReader
 from tessera.shim import format as shim_format
+from tessera.watchdog import Hung
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +164,9 @@ class GpuCollector(Collector):
         scrape: logged when it starts and when it ends, not at every scrape."""
         self._outside: dict[str, set[int]] = {}
         """GPU UUID -> pids holding memory there that no claim accounts for, at the last scrape."""
+        self._collecting = threading.Lock()
+        """Held through one collection: concurrent scrapes share the reader's cache and the last
+        scrape's readings above, so they collect one at a time."""
 
     def describe(self) -> Iterable[Metric]:
         """Families without samples: registering must not run a whole collection."""
@@ -170,7 +177,9 @@ class GpuCollector(Collector):
         self._metrics.scrapes.inc()
         started = time.perf_counter()
         try:
-            yield from self._collect()
+            with self._collecting:
+                families = self._collect()
+            yield from families
             yield from self._metrics.registry.collect()  # last: this scrape's count and errors
         finally:
             self._metrics.duration.observe(time.perf_counter() - started)
@@ -197,6 +206,8 @@ class GpuCollector(Collector):
         for gpu in self._s.gpus:
             try:
                 out[gpu.uuid] = self._s.sample(gpu.uuid)
+            except Hung:  # a wedged driver: counted at each scrape, logged once where it is called
+                self._metrics.errors["nvml"].inc()
             except Exception as error:  # a lost GPU: its NVML series go, the rest stay
                 self._error("nvml", "GPU %s: %s", gpu.uuid, error)
         return out

@@ -74,6 +74,14 @@ class DaemonMetrics:
             registry=registry,
         )
         self.errors = {source: errors.labels(node, source) for source in ERROR_SOURCES}
+        self.nvml_hung = Gauge(
+            "tessera_exporter_nvml_hung_gpus",
+            "GPUs whose last NVML call has not returned within --nvml-timeout (a wedged driver): their "
+            "NVML series are left out of each scrape until it returns, and /healthz fails once one has "
+            "been hung for --nvml-restart-after seconds.",
+            ["node"],
+            registry=registry,
+        ).labels(node)
         self.bypass_checks = Counter(
             "tessera_exporter_bypass_checks",
             "Checks the bypass loop has made (driver memory against each claim's usage region and "

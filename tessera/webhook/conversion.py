@@ -27,14 +27,15 @@ from tessera.names import (
     GPU_REQUEST_ANNOTATION,
     HAMI_GPUMEM,
     HAMI_GPUMEM_PERCENTAGE,
+    MANAGED_BY_LABEL,
     MEMORY_CAPACITY,
     MIG_DEVICE_CLASS,
     MIG_PROFILE_ATTRIBUTE,
     WEBHOOK_MANAGED_BY,
 )
 from tessera.quantity import MiB
+from tessera.selection_cel import cel_string, selection_cel, size_selector
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.selectors import cel_string, selection_cel
 
 REQUEST_NAME = "gpu"
 """The one request of every share claim the webhook writes."""
@@ -50,10 +51,6 @@ DISTINCT_GPU_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
 """The attribute a claim's constraint keeps distinct so that the shares of one request go to different
 GPUs (the driver publishes ``uuid`` in its own domain), as ``nvidia.com/gpu: N`` means in HAMi."""
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-"""The label that marks the templates the webhook writes (value ``WEBHOOK_MANAGED_BY``): templates.py
-uses an existing template only if it carries it, and watches the templates by it."""
-
 
 def _device_request(count: int, selectors: list[str], memory_bytes: int, cores: int | None) -> dict[str, Any]:
     capacity = {MEMORY_CAPACITY: f"{memory_bytes // MiB}Mi"}
@@ -68,11 +65,6 @@ def _device_request(count: int, selectors: list[str], memory_bytes: int, cores: 
         request["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
     request["capacity"] = {"requests": capacity}
     return request
-
-
-def size_selector(memory_bytes: int) -> str:
-    """CEL matching GPUs whose published memory is exactly ``memory_bytes``."""
-    return f'device.capacity["{DEVICE_CLASS}"].{MEMORY_CAPACITY}.compareTo(quantity("{memory_bytes}")) == 0'
 
 
 def converted(where: str, request: GpuRequest, fleet: Fleet) -> GpuRequest:

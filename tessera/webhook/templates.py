@@ -29,10 +29,9 @@ from kubernetes.client import ApiException
 
 from tessera.gpu_request import Refusal
 from tessera.kube import raw_json
-from tessera.names import WEBHOOK_MANAGED_BY
+from tessera.names import MANAGED_BY_LABEL, WEBHOOK_MANAGED_BY
 from tessera.quantity import parse_quantity
 from tessera.watching import WatchThread
-from tessera.webhook.conversion import MANAGED_BY_LABEL
 
 _FORGOTTEN = 4096
 """UIDs of deleted templates remembered, so a verification that raced the deletion is not cached."""

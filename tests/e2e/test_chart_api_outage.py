@@ -8,7 +8,10 @@ placed, prepared and runs with its share.
 NVML hanging on one GPU of a node (the simulated driver's nvml_hang, as a wedged driver hangs):
 every GPU of that node is tainted unmonitored, so a GPU pod created meanwhile lands on the other
 node; the daemon says why it is not ready and stays alive; when NVML answers again the taints go,
-and the running pod kept its container and its limits throughout.
+and the running pod kept its container and its limits throughout. The exporter beside it, which
+asks NVML about each GPU under a watchdog, keeps serving the other GPU's series, and once the call
+has been hung past its bound its liveness fails and the kubelet restarts the exporter container,
+never the plugin's.
 
 It stops the API server, so it runs on a control plane and nodes of its own, not the session's.
 tests/integration/test_driver_outages.py holds the same outage, and a black hole to the API server,
@@ -27,6 +30,7 @@ from functools import partial
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from simgpu.config import GpuFaults
 from tessera.kube import api_client, raw_json
@@ -37,6 +41,7 @@ from testbed.chart_bed import (
     ROLLOUT_TIMEOUT,
     ChartBed,
     enforcement_script,
+    scrape,
     wait_rolled_out,
 )
 from testbed.cluster import LocalCluster
@@ -50,6 +55,11 @@ from tests.conftest import made_namespace
 pytestmark = pytest.mark.e2e
 
 OUTAGE_SECONDS = 60
+EXPORTER_HEALTH_PORT = 51516
+"""The exporter's /healthz and /readyz (exporter.healthPort's default), on its node's address."""
+EXPORTER_RESTART_SECONDS = 300
+"""How long the kubelet may take to restart a hung exporter: its --nvml-restart-after (60 s), then
+three failed liveness probes 10 s apart, with room for a slow, shared test machine."""
 SCHEDULER_RECOVERY_SECONDS = 180
 """How long the real kube-scheduler may take to place a pod after a minute without an API server:
 its informers back off up to 30 s with as much jitter again (70 s in a run on this test bed)."""
@@ -232,3 +242,71 @@ def test_nvml_hanging_on_one_gpu_taints_its_node_unmonitored_and_costs_running_s
         poll_until(partial(ready, node.address), 120, f"the daemon on {node.name} ready again")
         assert daemon_containers(bed) == daemons, "a daemon's container was restarted"
         assert_share_kept(bed, namespace, "steady", container)
+
+
+def gpu_series(address: str, family: str) -> set[str]:
+    """The device_index of every GPU with a ``family`` sample in one scrape of the node's exporter."""
+    return {
+        sample.labels["device_index"]
+        for parsed in text_string_to_metric_families(scrape(address))
+        for sample in parsed.samples
+        if sample.name == family
+    }
+
+
+def hung_gpus(address: str) -> float:
+    """tessera_exporter_nvml_hung_gpus in one scrape of the node's exporter."""
+    [value] = [
+        sample.value
+        for parsed in text_string_to_metric_families(scrape(address))
+        for sample in parsed.samples
+        if sample.name == "tessera_exporter_nvml_hung_gpus"
+    ]
+    return float(value)
+
+
+def exporter_healthz(address: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{EXPORTER_HEALTH_PORT}/healthz", timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:  # restarting: nothing listens for a moment
+        return 0, str(error)
+
+
+def test_nvml_hanging_on_one_gpu_costs_the_exporter_its_series_and_the_kubelet_restarts_it(
+    outage_bed: ChartBed,
+) -> None:
+    bed = outage_bed
+    wait_rolled_out(bed)
+    node = bed.nodes[0]
+    [pod] = [p["metadata"]["name"] for p in bed.pods("kubeletplugin") if p["spec"]["nodeName"] == node.name]
+    before = daemon_containers(bed)
+    used = "tessera_gpu_memory_used_bytes"
+    assert gpu_series(node.address, used) == {"0", "1"}
+
+    charts.simulated_gpus(node, {0: GpuFaults(nvml_hang=True)})
+    try:
+        poll_until(
+            lambda: gpu_series(node.address, used) == {"1"}, 120, "GPU 0's series left out, GPU 1's kept"
+        )
+        assert hung_gpus(node.address) == 1
+        poll_until(lambda: exporter_healthz(node.address)[0] == 503, 180, "the exporter's liveness to fail")
+        assert "an NVML call has not returned" in exporter_healthz(node.address)[1]
+
+        def exporter_restarted() -> bool:
+            now = daemon_containers(bed)
+            return now[(pod, "exporter")][1] > before[(pod, "exporter")][1]
+
+        poll_until(exporter_restarted, EXPORTER_RESTART_SECONDS, "the kubelet to restart the exporter")
+        after = daemon_containers(bed)
+        plugins = {key: value for key, value in after.items() if key[1] != "exporter"}
+        assert plugins == {key: value for key, value in before.items() if key[1] != "exporter"}, (
+            "a plugin container was restarted"
+        )
+    finally:
+        charts.simulated_gpus(node)
+
+    wait_rolled_out(bed)
+    poll_until(lambda: gpu_series(node.address, used) == {"0", "1"}, 180, "both GPUs' series back")

@@ -178,6 +178,41 @@ def test_a_gang_that_only_fits_as_a_sum_waits_with_a_message_and_is_retried_when
     assert f"4 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
 
 
+def test_a_gpu_cordoned_by_a_device_taint_rule_is_never_counted_free_and_its_removal_admits(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """Two pods of 50Gi need both 80Gi GPUs of the node; a DeviceTaintRule (as docs/driver.md
+    writes one) cordons GPU 0, so the scheduler would refuse one pod: the Workload waits and says
+    why, and is Ready once the rule is deleted."""
+    name, uuids = node(80, 80)
+    device = queue_bed.gpu_devices(name, [80, 80])[0]["name"]
+    rule_name = unique_name("cordon")
+    rule: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": rule_name},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.tessera.dev", "pool": name, "device": device},
+            "taint": {"key": "gpu.tessera.dev/cordoned", "value": "maintenance", "effect": "NoSchedule"},
+        },
+    }
+    resource = client.ResourceV1Api(bed.api)
+    resource.create_device_taint_rule(client.V1DeviceTaintRule.model_validate(rule))
+    try:
+        job = queue_bed.gpu_job("cordoned", QUEUE, 2, 50 * 1024, annotations=pinned(uuids))
+        workload = submit(bed, team, job)
+        message = poll_until(
+            lambda: queue_bed.fit_refusal(bed.api, team, workload, CHECK), 60, "a Pending message"
+        )
+        assert message.startswith("needs 2 shares of 50Gi"), message
+        assert "the largest free share is 80Gi/100" in message, message
+        assert suspended(bed, team, "cordoned") is True
+    finally:
+        resource.delete_device_taint_rule(rule_name)
+    ready = wait_for_state(bed, team, workload, "Ready")
+    assert f"2 pods on {name}" in queue_bed.check_state(ready, CHECK)["message"]
+
+
 def test_shares_of_a_ready_workload_not_yet_placed_are_not_given_twice(
     bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
 ) -> None:
@@ -291,6 +326,24 @@ def test_a_template_a_tenant_wrote_with_a_forged_small_record_is_rejected_not_ad
     finally:
         history.stop()
     assert "asks for other GPU shares than its annotation" in rejected[1]
+
+
+def test_a_webhook_template_with_a_selector_added_by_hand_is_admitted_naming_it_as_not_judged(
+    bed: QueueBed, team: str, node: Callable[..., tuple[str, list[str]]]
+) -> None:
+    """From where a tenant stands: the webhook's template for a 10 GiB share, with the webhook's
+    label and record, plus one CEL selector of its own. The record does not imply that selector, so
+    the check does not trust the record's selection: it reads the template by its structure and
+    names every selector it could not judge, the added one among them."""
+    node(40)
+    extra = 'device.attributes["gpu.tessera.dev"].index == 0'
+    queue_bed.plain_gpu_pod(
+        bed.api, team, "added", QUEUE, {"nvidia.com/gpumem": "10240"}, extra_selector=extra
+    )
+    workload = str(queue_bed.workload_of_job(bed.api, team, "added", kind="Pod")["metadata"]["name"])
+    ready = wait_for_state(bed, team, workload, "Ready")
+    message = queue_bed.check_state(ready, CHECK)["message"]
+    assert "selectors not judged here: " in message and extra in message, message
 
 
 def test_sigterm_stops_the_command_cleanly(bed: QueueBed) -> None:

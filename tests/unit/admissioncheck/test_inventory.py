@@ -25,6 +25,50 @@ def test_the_drivers_devices_become_gpus_and_tainted_or_foreign_ones_do_not() ->
     assert gpus[0].product == "NVIDIA A100-SXM4-80GB"
 
 
+def taint_rule(effect: str, **selector: str) -> dict[str, Any]:
+    """A DeviceTaintRule as docs/driver.md writes one, selecting by ``selector`` (driver, pool, device)."""
+    taint = {"key": "gpu.tessera.dev/cordoned", "value": "maintenance", "effect": effect}
+    return {"metadata": {"name": "cordon"}, "spec": {"deviceSelector": selector, "taint": taint}}
+
+
+def test_a_gpu_a_device_taint_rule_cordons_with_noschedule_or_noexecute_is_never_free() -> None:
+    slices = [
+        a_slice("node-a", gpu_devices("node-a", [80, 80])),
+        a_slice("node-b", gpu_devices("node-b", [80])),
+    ]
+    names = [d["name"] for d in gpu_devices("node-a", [80, 80])]
+    for effect in ("NoSchedule", "NoExecute"):
+        rule = taint_rule(effect, driver="gpu.tessera.dev", pool="node-a", device=names[0])
+        gpus = gpus_from_slices(slices, [rule])
+        assert [g.uuid for g in gpus] == ["GPU-node-a-1", "GPU-node-b-0"], effect
+
+
+def test_a_device_taint_rule_selects_by_each_field_it_sets_and_an_empty_selector_takes_every_gpu() -> None:
+    slices = [
+        a_slice("node-a", gpu_devices("node-a", [80, 80])),
+        a_slice("node-b", gpu_devices("node-b", [80])),
+    ]
+
+    def free(rule: dict[str, Any]) -> list[str]:
+        return [g.uuid for g in gpus_from_slices(slices, [rule])]
+
+    assert free(taint_rule("NoSchedule", pool="node-a")) == ["GPU-node-b-0"]
+    assert free(taint_rule("NoSchedule", driver="other.example.com")) == [
+        "GPU-node-a-0",
+        "GPU-node-a-1",
+        "GPU-node-b-0",
+    ], "another driver's rule"
+    assert free(taint_rule("NoSchedule")) == [], "an empty selector selects every device"
+    no_selector = taint_rule("NoSchedule")
+    del no_selector["spec"]["deviceSelector"]
+    assert len(free(no_selector)) == 3, "no selector selects no device"
+
+
+def test_a_device_taint_rule_with_effect_none_is_a_dry_run_that_leaves_the_gpu_free() -> None:
+    slices = [a_slice("node-a", gpu_devices("node-a", [80]))]
+    assert [g.uuid for g in gpus_from_slices(slices, [taint_rule("None", pool="node-a")])] == ["GPU-node-a-0"]
+
+
 def claim(device: str, memory: str, cores: str, allocated: bool = True) -> dict[str, Any]:
     status: dict[str, Any] = {}
     if allocated:

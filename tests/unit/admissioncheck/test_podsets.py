@@ -18,7 +18,8 @@ from tessera.admissioncheck.podsets import (
 )
 from tessera.gpu_request import RecordError, Refusal, Selection, selection_for
 from tessera.names import GPU_REQUEST_ANNOTATION
-from tessera.quantity import GiB
+from tessera.quantity import GiB, MiB
+from tessera.selection_cel import selection_cel
 from tessera.webhook.admission import admit
 from tests.unit.webhook.webhook_samples import FLEET, apply_patch, container, decoded_patch, pod
 from tests.unit.webhook.webhook_samples import request as review_request
@@ -262,3 +263,48 @@ def test_a_hand_written_copy_of_the_webhooks_cel_without_its_record_is_read_by_i
     (request,) = requests_from_claim_template("team/t", template, unknown)
     assert request == Request(1, (Choice(memory=40 * GiB), Choice(memory=20 * GiB)))
     assert len(unknown) == 2 and all("compareTo" in expression for expression in unknown)
+
+
+EXTRA = 'device.attributes["gpu.tessera.dev"].index == 3'
+
+
+def test_a_record_beside_a_selector_it_does_not_imply_is_not_trusted_and_the_selector_is_named() -> None:
+    """The webhook's own template plus one CEL selector written by hand: the record says "any GPU"
+    but the scheduler will also apply the extra selector, so the template is read by its structure
+    and the extra selector is named as not judged."""
+    template = recorded_template({"nvidia.com/gpumem": "1024"})
+    body = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    body["selectors"] = [{"cel": {"expression": EXTRA}}]
+    unknown: list[str] = []
+    (request,) = requests_from_claim_template("team/t", template, unknown)
+    assert request == Request(1, (Choice(memory=1024 * MiB),))
+    assert unknown == [EXTRA]
+
+
+def test_a_record_whose_template_lacks_the_webhooks_label_is_not_trusted() -> None:
+    """The webhook's template for an A100-only share, its selection judged from the record; the
+    same template without the webhook's label is read by its structure, its selector named."""
+    _, templates = converted_podset({"nvidia.com/gpumem": "1024"}, {"nvidia.com/use-gputype": "A100"})
+    (template,) = copy.deepcopy(list(templates.values()))
+    judged: list[str] = []
+    (trusted,) = requests_from_claim_template("team/t", template, judged)
+    assert judged == [] and trusted.choices[0].selection == Selection(use_types=("a100",))
+
+    del template["metadata"]["labels"]
+    unknown: list[str] = []
+    (request,) = requests_from_claim_template("team/t", template, unknown)
+    assert request == Request(1, (Choice(memory=1024 * MiB),))
+    assert unknown == selection_cel(Selection(use_types=("a100",)))
+
+
+def test_a_percentage_records_size_selectors_are_implied_and_one_more_is_not() -> None:
+    template = recorded_template({"nvidia.com/gpumem-percentage": "50"})
+    unknown: list[str] = []
+    requests_from_claim_template("team/t", template, unknown)
+    assert unknown == []
+    template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][1]["selectors"].append(
+        {"cel": {"expression": EXTRA}}
+    )
+    (request,) = requests_from_claim_template("team/t", template, unknown)
+    assert request == Request(1, (Choice(memory=40 * GiB), Choice(memory=20 * GiB)))
+    assert EXTRA in unknown

@@ -54,6 +54,11 @@ def test_a_bypass_action_other_than_stop_or_report_is_refused(capsys: pytest.Cap
             ["--node-name=n", "--bypass-period=1"],
             "the bypass period must be more than 0 and less than 1 second, not 1.0",
         ),
+        (["--node-name=n", "--nvml-timeout=0"], "the NVML timeout must be more than 0 seconds, not 0.0"),
+        (
+            ["--node-name=n", "--nvml-timeout=5", "--nvml-restart-after=2"],
+            "--nvml-restart-after (2 s) must be at least --nvml-timeout (5 s)",
+        ),
     ],
 )
 def test_bad_settings_stop_it_with_one_sentence(

@@ -11,16 +11,15 @@ from tessera.driver.devices import device
 from tessera.gpu_request import GpuRequest, Refusal, Selection, request_from_annotation
 from tessera.names import DRIVER_NAME, GPU_REQUEST_ANNOTATION
 from tessera.quantity import GiB, MiB
+from tessera.selection_cel import selection_cel, size_selector
 from tessera.webhook.conversion import (
     DISTINCT_GPU_ATTRIBUTE,
     claim_template,
     converted,
-    size_selector,
     template_name,
 )
 from tessera.webhook.conversion import claim_spec as spec_of_converted
 from tessera.webhook.fleet import Fleet
-from tessera.webhook.selectors import selection_cel
 from tests.unit.driver.driver_samples import gpu
 from tests.unit.webhook.webhook_samples import FLEET
 

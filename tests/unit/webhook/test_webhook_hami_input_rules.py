@@ -273,3 +273,21 @@ def test_a_mig_container_needs_no_opt_out_but_hears_about_hami_core_variables() 
     decision = decide(pod(container(limits={"nvidia.com/mig-1g.10gb": 1}, env=env)))
     (warning,) = decision.response["response"]["warnings"]
     assert "CUDA_DEVICE_SM_LIMIT is HAMi-core's and is ignored" in warning
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"nvidia.com/gpumem": 4000}, {"nvidia.com/mig-1g.10gb": 1}],
+    ids=["share", "mig"],
+)
+def test_a_pod_whose_selection_passes_the_apis_cel_bound_is_denied_with_the_sentence(
+    limits: dict[str, Any],
+) -> None:
+    overlong = pod(container(limits=limits), annotations={"nvidia.com/use-gputype": "\U0001f600" * 2048})
+    decision = decide(overlong)
+    response = decision.response["response"]
+    assert decision.outcome == "denied" and response["allowed"] is False
+    assert response["status"]["message"] == (
+        "annotation nvidia.com/use-gputype makes a GPU selector of 20569 characters, more than the "
+        "10240 the API takes; list fewer entries or fewer characters outside plain ASCII."
+    )

@@ -1,4 +1,5 @@
-"""The use/nouse annotations become CEL selectors; no annotation value can change an expression."""
+"""The use/nouse annotations become CEL selectors; no annotation value can change an expression,
+and none makes one longer than the API takes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from tessera.gpu_request import AnnotationError, selection_for
 from tessera.names import HAMI_NOUSE_TYPE, HAMI_NOUSE_UUID, HAMI_USE_TYPE, HAMI_USE_UUID
-from tessera.webhook.selectors import cel_string, selection_cel
+from tessera.selection_cel import cel_string, selection_cel
 
 UUID_ATTR = 'device.attributes["gpu.tessera.dev"].uuid'
 PRODUCT_ATTR = 'device.attributes["gpu.tessera.dev"].productName'
@@ -131,3 +132,30 @@ def test_cel_string_round_trips_every_string_it_accepts(value: str) -> None:
         return
     assert _LITERAL.fullmatch(literal)
     assert unquote(literal) == value
+
+
+def test_a_selection_whose_selector_would_pass_the_apis_bound_is_refused_in_one_sentence() -> None:
+    """2048 characters outside the basic plane (within the annotation's own bound) escape to over
+    20 000 characters of CEL; the API takes 10 KiB per expression."""
+    with pytest.raises(AnnotationError) as refused:
+        selectors_for({HAMI_USE_TYPE: "\U0001f600" * 2048})
+    assert str(refused.value) == (
+        "annotation nvidia.com/use-gputype makes a GPU selector of 20569 characters, more than the "
+        "10240 the API takes; list fewer entries or fewer characters outside plain ASCII."
+    )
+
+
+def test_a_selector_up_to_the_apis_bound_is_kept_and_one_character_more_is_refused() -> None:
+    """Each "é" is a six-character escape: the longest value kept makes an expression within six
+    characters of the bound, and one more "é" is refused."""
+    kept: list[str] = []
+    count = 0
+    while True:
+        try:
+            kept = selectors_for({HAMI_NOUSE_TYPE: "é" * (count + 1)})
+        except AnnotationError as refused:
+            assert str(refused).startswith(f"annotation {HAMI_NOUSE_TYPE} makes a GPU selector of ")
+            break
+        count += 1
+    (expression,) = kept
+    assert 10240 - 6 < len(expression) <= 10240

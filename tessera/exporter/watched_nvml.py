@@ -1,0 +1,99 @@
+"""The exporter's NVML calls, each under the watchdog (tessera/watchdog.py) with one key per GPU.
+
+A GPU whose NVML call hangs (a wedged driver) must cost only its own series: its figures are left
+out of each scrape (counted as an ``nvml`` error), it reads unhealthy, and the bypass loop skips
+it, while every other GPU's calls go on. At most one thread per GPU is ever stuck, so scrapes
+never pile threads up. A call that stays hung past ``restart_after`` seconds fails the exporter's
+liveness: the kubelet then restarts the container, and a fresh process gets a fresh NVML.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+from tessera.driver.discovery import Gpu, GpuSample
+from tessera.watchdog import Hung, Watchdog
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class NvmlQueries(Protocol):
+    """The part of tessera.driver.discovery.Nvml the exporter asks about each GPU."""
+
+    def sample(self, uuid: str) -> GpuSample: ...
+    def problem(self, uuid: str) -> str | None: ...
+    def compute_memory(self, uuid: str) -> dict[int, int | None] | None: ...
+
+
+class WatchedNvml:
+    """``nvml``'s per-GPU queries, each waited for at most ``timeout`` seconds."""
+
+    def __init__(self, nvml: NvmlQueries, gpus: Sequence[Gpu], timeout: float, restart_after: float) -> None:
+        if not restart_after >= timeout:
+            raise ValueError(
+                f"the NVML restart bound ({restart_after:g} s) must be at least its timeout ({timeout:g} s)"
+            )
+        self._nvml = nvml
+        self._gpus = list(gpus)
+        self._watchdog = Watchdog(timeout, "nvml-call")
+        self._restart_after = restart_after
+        self._lock = threading.Lock()
+        self._said_hung: set[str] = set()
+        """GPUs whose hang is logged: once when it starts, once when NVML answers again."""
+
+    def sample(self, uuid: str) -> GpuSample:
+        """NVML's figures for the GPU; ``Hung`` when its NVML does not answer."""
+        return self._call(uuid, self._nvml.sample)
+
+    def compute_memory(self, uuid: str) -> dict[int, int | None] | None:
+        """NVML's process list of the GPU; ``Hung`` when its NVML does not answer."""
+        return self._call(uuid, self._nvml.compute_memory)
+
+    def problems(self) -> Mapping[str, str]:
+        """GPU UUID -> why it is unhealthy now, a GPU whose NVML does not answer included."""
+        out = {}
+        for gpu in self._gpus:
+            try:
+                problem = self._call(gpu.uuid, self._nvml.problem)
+            except Hung as hung:
+                problem = str(hung)
+            if problem is not None:
+                out[gpu.uuid] = problem
+        return out
+
+    def _call(self, uuid: str, query: Callable[[str], T]) -> T:
+        try:
+            result = self._watchdog.call(uuid, lambda: query(uuid))
+        except Hung as hung:
+            with self._lock:
+                first = uuid not in self._said_hung
+                self._said_hung.add(uuid)
+            if first:
+                log.error("GPU %s: %s; leaving it out of scrapes and checks until it does", uuid, hung)
+            raise
+        with self._lock:
+            back = uuid in self._said_hung
+            self._said_hung.discard(uuid)
+        if back:
+            log.info("GPU %s: NVML answers again", uuid)
+        return result
+
+    def hung(self) -> int:
+        """GPUs whose NVML call has not returned within the timeout, now."""
+        return len(self._watchdog.hung_for())
+
+    def alive(self) -> tuple[bool, str]:
+        """Liveness: false once an NVML call has been hung for longer than ``restart_after``."""
+        overdue = {uuid: s for uuid, s in self._watchdog.hung_for().items() if s > self._restart_after}
+        if not overdue:
+            return True, "ok"
+        named = ", ".join(f"{uuid} ({seconds:.0f} s)" for uuid, seconds in sorted(overdue.items(), key=str))
+        return (
+            False,
+            f"an NVML call has not returned for over {self._restart_after:g} s on GPU {named}",
+        )
