@@ -71,6 +71,23 @@ def device_statuses(
     return entries
 
 
+def status_apply(
+    claim: Mapping[str, Any], driver: str, pool: str, problem: str | None, now: datetime
+) -> dict[str, Any] | None:
+    """The server-side apply that writes the claim's entries for ``driver`` on ``pool`` (None when the
+    claim has none there): pure."""
+    entries = device_statuses(claim, driver, pool, problem, now)
+    if not entries:
+        return None
+    meta = claim["metadata"]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+        "status": {"devices": entries},
+    }
+
+
 class ClaimStatusWriter:
     def __init__(
         self, resource: client.ResourceV1Api, driver: str, node: str, capacity: int = QUEUE_CLAIMS
@@ -115,16 +132,10 @@ class ClaimStatusWriter:
                 )
 
     def _write(self, claim: Mapping[str, Any], problem: str | None) -> None:
-        meta = claim["metadata"]
-        entries = device_statuses(claim, self._driver, self._pool, problem, datetime.now(UTC))
-        if not entries:
+        body = status_apply(claim, self._driver, self._pool, problem, datetime.now(UTC))
+        if body is None:
             return
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
-            "status": {"devices": entries},
-        }
+        meta = body["metadata"]
         self._resource.patch_namespaced_resource_claim_status(
             meta["name"],
             meta["namespace"],

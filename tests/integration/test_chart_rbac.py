@@ -1,7 +1,7 @@
 """What each of the chart's service accounts may do, asked of the real API server's authorizer
 (SubjectAccessReview) after a `helm install`: everything its component uses is allowed, and a list
-of what it must never do is denied. Which node's slices the plugin may write is a matter for the
-admission policy, not RBAC: tests/integration/test_slice_policy.py."""
+of what it must never do is denied. Which node's slices and claim statuses the plugin may write is a
+matter for the admission policy and the API server, not RBAC: tests/integration/test_node_credentials.py."""
 
 from __future__ import annotations
 

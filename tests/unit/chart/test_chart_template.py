@@ -440,13 +440,16 @@ def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
     ]
 
 
-def test_the_slice_policy_compares_the_tokens_node_with_the_slices(default: list[dict[str, Any]]) -> None:
+def test_the_slice_policy_compares_the_tokens_node_and_our_driver_with_the_slices(
+    default: list[dict[str, Any]],
+) -> None:
     policy = find(default, "ValidatingAdmissionPolicy")
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
     assert "system:serviceaccount:tessera:tessera-kubeletplugin" in spec["matchConditions"][0]["expression"]
     assert "authentication.kubernetes.io/node-name" in spec["variables"][0]["expression"]
+    assert "variables.slice.spec.driver == 'gpu.tessera.dev'" in [v["expression"] for v in spec["validations"]]
     binding = find(default, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 

@@ -5,8 +5,8 @@ product installs the product's commands and the development distribution the tes
 from __future__ import annotations
 
 import ast
-import re
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
