@@ -117,6 +117,10 @@ PLUGIN_MUST_NOT = [
         for verb in ("create", "update", "patch", "delete")
     ),
     Ask("update", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    # Another node's claims (the API server asks arbitrary-node for a claim not allocated to the
+    # token's node) and any claim's allocation: tests/integration/test_node_credentials.py.
+    Ask("arbitrary-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims/binding", namespace=ANYWHERE) for verb in ("update", "patch")),
     Ask(
         "associated-node:patch",
         f"{RESOURCE}/resourceclaims/driver",
