@@ -323,6 +323,7 @@ def test_the_api_server_accepts_every_network_policy_as_rendered(
     assert {p["metadata"]["name"] for p in policies} == {
         "tessera-webhook",
         "tessera-kubeletplugin",
+        "tessera-exporter",
         *(["tessera-admissioncheck"] if values else []),
     }
     networking = client.NetworkingV1Api(kube)

@@ -100,16 +100,14 @@ PLUGIN_MUST = [
     # no more than the node's kubelet credentials (on the host the daemon runs on) already read.
     Ask("list", "nodes"),
     Ask("watch", "nodes"),
-    Ask("list", "pods"),
-    Ask("watch", "pods"),
     Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
     Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
-    # tessera/exporter/events.py: an Event on the pod whose process the bypass loop stopped.
-    Ask("create", "events", namespace=ANYWHERE),
 ]
 PLUGIN_MUST_NOT = [
-    # Events are written once each, never changed, read or removed.
-    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "patch", "delete", "list")),
+    # The exporter's, under an account of its own: the plugin reads no pod and writes no Event.
+    Ask("list", "pods"),
+    Ask("watch", "pods"),
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("create", "update", "patch", "delete", "list")),
     Ask("patch", f"{RESOURCE}/resourceslices"),
     Ask("deletecollection", f"{RESOURCE}/resourceslices"),
     *(
@@ -147,6 +145,29 @@ PLUGIN_MUST_NOT = [
     Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicies"),
     Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicybindings"),
     Ask("escalate", "rbac.authorization.k8s.io/clusterroles"),
+]
+
+EXPORTER_MUST = [
+    # tessera/exporter/containers.py: the pods bound to its node (field selector spec.nodeName).
+    Ask("list", "pods"),
+    Ask("watch", "pods"),
+    # tessera/exporter/events.py: an Event on the pod whose process the bypass loop stopped.
+    Ask("create", "events", namespace=ANYWHERE),
+]
+EXPORTER_MUST_NOT = [
+    # Events are written once each, never changed, read or removed.
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "patch", "delete", "list")),
+    Ask("get", "pods", namespace=ANYWHERE),
+    Ask("delete", "pods", namespace=ANYWHERE),
+    Ask("create", "pods/exec", namespace=ANYWHERE),
+    Ask("get", "secrets", namespace=ANYWHERE),
+    # The node daemon's objects are the plugin's alone.
+    *(Ask(verb, f"{RESOURCE}/resourceslices") for verb in ("list", "create", "update", "delete")),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("get", "list")),
+    Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+    Ask("get", "nodes", name="some-node"),
+    Ask("patch", "nodes", name="some-node"),
 ]
 
 WEBHOOK_MUST = [
@@ -190,6 +211,11 @@ def test_the_kubelet_plugin_may_do_what_the_driver_needs(kube: client.ApiClient,
 
 def test_the_kubelet_plugin_may_do_nothing_else(kube: client.ApiClient, release: Release) -> None:
     assert failures(kube, release, "kubeletplugin", PLUGIN_MUST_NOT, False, node="some-node") == []
+
+
+def test_the_exporter_may_do_what_it_needs_and_nothing_else(kube: client.ApiClient, release: Release) -> None:
+    assert failures(kube, release, "exporter", EXPORTER_MUST, True, node="some-node") == []
+    assert failures(kube, release, "exporter", EXPORTER_MUST_NOT, False, node="some-node") == []
 
 
 def test_the_webhook_may_do_what_it_needs(kube: client.ApiClient, release: Release) -> None:
