@@ -91,10 +91,10 @@ class ChartBed:
         tails: dict[str, str] = {}
         for node in self.nodes:
             tails.update(node.log_tails())
-        for component in ("kubeletplugin", "webhook", "admissioncheck"):
+        for component in ("kubeletplugin", "exporter", "webhook", "admissioncheck"):
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
-                for container in pod["spec"]["containers"]:  # the daemon's pod has two
+                for container in pod["spec"]["containers"]:
                     key = f"pod {name} container {container['name']}"
                     try:
                         tails[key] = str(
@@ -198,10 +198,12 @@ def confined_to_release_nodes(values: Mapping[str, Any], release: str) -> dict[s
 
 
 def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
-    """Until the DaemonSet has one ready, current pod on each node, and the webhook (and the
-    admission check, where the values enable it) all their replicas; a rollout that does not finish
-    fails with the release namespace's events."""
+    """Until the DaemonSets have one ready, current pod on each node (the exporter's where the values
+    enable it), and the webhook (and the admission check, where the values enable it) all their
+    replicas; a rollout that does not finish fails with the release namespace's events."""
     workloads = [f"daemonset/{bed.release}-kubeletplugin", f"deployment/{bed.release}-webhook"]
+    if bed.values.get("exporter", {}).get("enabled", True):
+        workloads.append(f"daemonset/{bed.release}-exporter")
     if bed.values.get("queue", {}).get("admissionCheck", {}).get("enabled"):
         workloads.append(f"deployment/{bed.release}-admissioncheck")
     for workload in workloads:

@@ -1,9 +1,10 @@
 """Tessera's node daemon on a test-bed node, over simulated GPUs, under the chart's RBAC.
 
 What the DaemonSet will do on a real cluster, done with processes: the daemon (``tessera-driver``)
-and, beside it, the metrics exporter (``tessera-exporter``, the DaemonSet's second container) run
+and, beside it, the metrics exporter (``tessera-exporter``, the chart's second DaemonSet) run
 with the simulated driver's environment, authenticated as a service account that holds only the
-ClusterRole rules the chart installs (``charts/tessera/files/kubeletplugin-rules.yaml``), pointed at
+ClusterRole rules the chart installs (``charts/tessera/files/kubeletplugin-rules.yaml``; the exporter
+its own, ``exporter-rules.yaml``), pointed at
 the node's kubelet root and CDI folder. Prepared containers get the simulated libraries and the
 node's simulator state through the daemon's own CDI edits (``--driver-source own``), exactly as a node
 without NVIDIA's toolkit gets the real ones. Works for real nodes (kubelet, containerd) and for
@@ -40,24 +41,34 @@ from testbed.process import ManagedProcess, free_port
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
-RULES_FILE = REPO / "charts" / "tessera" / "files" / "kubeletplugin-rules.yaml"
+CHART_FILES = REPO / "charts" / "tessera" / "files"
+RULES_FILE = CHART_FILES / "kubeletplugin-rules.yaml"
+EXPORTER_RULES_FILE = CHART_FILES / "exporter-rules.yaml"
 NAMESPACE = "tessera-system"
 ACCOUNT = "tessera-driver"
+EXPORTER_ACCOUNT = "tessera-exporter"
 
 
-def driver_kubeconfig(cluster: LocalCluster, node_name: str, path: Path) -> Path:
-    """A kubeconfig for the daemon's service account, bound to the chart's ClusterRole rules only.
+def driver_kubeconfig(
+    cluster: LocalCluster,
+    node_name: str,
+    path: Path,
+    rules_file: Path = RULES_FILE,
+    account: str = ACCOUNT,
+) -> Path:
+    """A kubeconfig for the daemon's service account (or, with ``rules_file`` and ``account``, the
+    exporter's), bound to the chart's ClusterRole rules only, as the chart gives each its own.
 
     The token is bound to the Node, so it carries the node's name as a DaemonSet pod's token does:
     the API server then lets it write claim status only for claims allocated on that node."""
     token = service_account_token(
         api_client(cluster.admin_kubeconfig),
         NAMESPACE,
-        ACCOUNT,
-        yaml.safe_load(RULES_FILE.read_text()),
+        account,
+        yaml.safe_load(rules_file.read_text()),
         bound_to={"apiVersion": "v1", "kind": "Node", "name": node_name},
     )
-    return token_kubeconfig(cluster, token, ACCOUNT, path)
+    return token_kubeconfig(cluster, token, account, path)
 
 
 def ensure_device_class(kube: client.ApiClient) -> None:
@@ -107,6 +118,9 @@ class DriverNode:
         self.boot_id_file = self.work_dir / "boot_id"
         self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
         self.kubeconfig = driver_kubeconfig(cluster, node_name, self.work_dir / "kubeconfig")
+        self.exporter_kubeconfig = driver_kubeconfig(
+            cluster, node_name, self.work_dir / "exporter.kubeconfig", EXPORTER_RULES_FILE, EXPORTER_ACCOUNT
+        )
         self.health_interval = health_interval
         self.cleanup_interval = cleanup_interval
         self.health_port = 0
@@ -158,7 +172,7 @@ class DriverNode:
             "-m",
             "tessera.exporter.cli",
             f"--node-name={self.node_name}",
-            f"--kubeconfig={self.kubeconfig}",
+            f"--kubeconfig={self.exporter_kubeconfig}",
             f"--state-dir={self.state_dir}",
             f"--metrics-port={self.metrics_port}",
             f"--metrics-address={self.metrics_address}",

@@ -4,7 +4,12 @@ Prepare must see the claim's allocation and UID (the proto carries only namespac
 A cache kept by one watch answers almost every call without a round trip; a miss (the watch has not
 seen the claim yet, or its copy has another UID or no allocation) falls back to one GET, so the
 cache can only make prepare faster, never wrong. Only claims with a result for this driver on this
-node's pool are kept.
+node's pool are kept; the clean-up sweep reads the same cache (tessera/driver/cleanup.py).
+
+The watch is cluster-wide because the API offers nothing narrower: a ResourceClaim's selectable
+fields are metadata.name and metadata.namespace only (Kubernetes v1.37), and nothing labels a claim
+with the node it is allocated to. So each node's watch carries every claim's changes, and the
+cache holds this node's claims only; ``--no-watch-claims`` trades the watch for one GET per prepare.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class ClaimCache:
     def run(self, stop: threading.Event) -> None:
         watch_forever(
             self._resource.list_resource_claim_for_all_namespaces,
-            self._on_event,
+            self.on_event,
             stop,
             "ResourceClaims",
             reachability=self._reachability,
@@ -57,7 +62,7 @@ class ClaimCache:
         results = (allocation.get("devices") or {}).get("results") or []
         return any(r.get("driver") == self._driver and r.get("pool") == self._pool for r in results)
 
-    def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         with self._lock:
             if kind == "SYNCED":
                 self._claims = {c["metadata"]["uid"]: c for c in obj["items"] if self._ours(c)}

@@ -5,6 +5,10 @@ was down, a prepare that was cut short, folders left after the checkpoint was lo
 rebooted — is this module's. A checkpointed or on-host claim whose ResourceClaim is gone, has another
 UID, or is no longer allocated to this node is unprepared. After a checkpoint loss or a reboot, a
 claim that still exists and is allocated here is prepared again from the API.
+
+Each claim is looked up through the claim cache (tessera/driver/claims.py): one the node's watch holds
+costs nothing, and only one it does not hold (gone, most likely, or not seen yet) costs a GET. So a
+sweep of a node whose claims are all alive makes no API call, where it used to make one per claim.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 import threading
 
 from tessera.driver.allocation import AllocationError
-from tessera.driver.claims import ClaimCache
+from tessera.driver.claims import ClaimCache, ClaimNotFound
 from tessera.driver.config import DriverConfig
 from tessera.driver.state import DeviceState, claim_identity
 
@@ -34,8 +38,9 @@ def sweep(config: DriverConfig, state: DeviceState, claims: ClaimCache, reprepar
         identities[uid] = (identity[0], identity[1])
     removed = 0
     for uid, (namespace, name) in sorted(identities.items()):
-        claim = claims.read(namespace, name)
-        if claim is None or claim["metadata"]["uid"] != uid:
+        try:
+            claim = claims.get(namespace, name, uid)
+        except ClaimNotFound:
             log.info("ResourceClaim %s/%s (%s) is gone; unpreparing it", namespace, name, uid)
             state.unprepare(uid)
             removed += 1

@@ -96,7 +96,8 @@ def parser() -> argparse.ArgumentParser:
         "--watch-claims",
         "TESSERA_WATCH_CLAIMS",
         True,
-        "cache allocated ResourceClaims from a cluster-wide watch; off: one GET per prepared claim",
+        "cache this node's ResourceClaims from a cluster-wide watch (the API cannot select claims by node); "
+        "off: one GET per prepared claim at each prepare and each clean-up sweep",
     )
     setting(
         p,

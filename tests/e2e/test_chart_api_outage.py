@@ -102,11 +102,12 @@ def ready(address: str) -> bool:
 
 
 def daemon_containers(bed: ChartBed) -> dict[tuple[str, str], tuple[str, int]]:
-    """Each container of each daemon pod (the plugin and the exporter): (pod, container) ->
+    """Each container of each node pod (the plugin's and the exporter's): (pod, container) ->
     (container ID, restart count)."""
     return {
         (pod["metadata"]["name"], c["name"]): (c["containerID"], c["restartCount"])
-        for pod in bed.pods("kubeletplugin")
+        for component in ("kubeletplugin", "exporter")
+        for pod in bed.pods(component)
         for c in pod["status"]["containerStatuses"]
     }
 

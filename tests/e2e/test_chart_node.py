@@ -84,10 +84,16 @@ def test_helm_install_runs_the_daemonset_and_the_webhook_as_pods_from_the_local_
     assert sorted(p["spec"]["nodeName"] for p in daemons) == sorted(n.name for n in bed.nodes)
     manifest = load_manifest()
     driver_image = f"tessera.local/{manifest.images['driver'].repository}:{project_version()}"
+    exporters = bed.pods("exporter")
+    assert sorted(p["spec"]["nodeName"] for p in exporters) == sorted(n.name for n in bed.nodes)
+    # The kubelet plugin and the exporter run apart, in pods of their own, from the driver's image;
+    # only the exporter's shares the host's PIDs.
     for pod in daemons:
-        # The kubelet plugin and the exporter run apart, both from the driver's image.
-        containers = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
-        assert containers == {"plugin": driver_image, "exporter": driver_image}
+        assert {c["name"]: c["image"] for c in pod["spec"]["containers"]} == {"plugin": driver_image}
+        assert not pod["spec"].get("hostPID")
+    for pod in exporters:
+        assert {c["name"]: c["image"] for c in pod["spec"]["containers"]} == {"exporter": driver_image}
+        assert pod["spec"]["hostPID"] is True
     webhooks = bed.pods("webhook")
     assert len(webhooks) == 2
     assert all(

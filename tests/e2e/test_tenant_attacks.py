@@ -278,10 +278,12 @@ def container_figures(text: str, namespace: str, pod: str) -> dict[str, float]:
 
 
 def daemon_restarts(bed: ChartBed) -> dict[str, int]:
-    """Each node-daemon container (by pod UID and name) and its restart count."""
+    """Each container of the node's pods, the plugin's and the exporter's (by pod UID and name), and
+    its restart count."""
     return {
         f"{pod['metadata']['uid']}/{status['name']}": status["restartCount"]
-        for pod in bed.pods("kubeletplugin")
+        for component in ("kubeletplugin", "exporter")
+        for pod in bed.pods(component)
         for status in pod["status"].get("containerStatuses") or []
     }
 

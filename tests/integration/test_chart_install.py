@@ -177,6 +177,7 @@ def test_install_creates_every_object_and_uninstall_leaves_nothing(
         # NOTES.txt tells the user how to check the install and run a first workload.
         notes = helm(tmp_path, "get", "notes", release, "-n", namespace, kubeconfig=cluster.admin_kubeconfig)
         assert f"rollout status daemonset/{release}-kubeletplugin" in notes.stdout
+        assert f"rollout status daemonset/{release}-exporter" in notes.stdout
         assert f"helm test {release} -n {namespace}" in notes.stdout
         assert "nvidia.com/gpumem: 8000" in notes.stdout
     finally:
@@ -323,6 +324,7 @@ def test_the_api_server_accepts_every_network_policy_as_rendered(
     assert {p["metadata"]["name"] for p in policies} == {
         "tessera-webhook",
         "tessera-kubeletplugin",
+        "tessera-exporter",
         *(["tessera-admissioncheck"] if values else []),
     }
     networking = client.NetworkingV1Api(kube)

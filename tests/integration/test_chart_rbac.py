@@ -1,7 +1,7 @@
 """What each of the chart's service accounts may do, asked of the real API server's authorizer
 (SubjectAccessReview) after a `helm install`: everything its component uses is allowed, and a list
-of what it must never do is denied. Which node's slices the plugin may write is a matter for the
-admission policy, not RBAC: tests/integration/test_slice_policy.py."""
+of what it must never do is denied. Which node's slices and claim statuses the plugin may write is a
+matter for the admission policy and the API server, not RBAC: tests/integration/test_node_credentials.py."""
 
 from __future__ import annotations
 
@@ -100,16 +100,14 @@ PLUGIN_MUST = [
     # no more than the node's kubelet credentials (on the host the daemon runs on) already read.
     Ask("list", "nodes"),
     Ask("watch", "nodes"),
-    Ask("list", "pods"),
-    Ask("watch", "pods"),
     Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
     Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
-    # tessera/exporter/events.py: an Event on the pod whose process the bypass loop stopped.
-    Ask("create", "events", namespace=ANYWHERE),
 ]
 PLUGIN_MUST_NOT = [
-    # Events are written once each, never changed, read or removed.
-    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "patch", "delete", "list")),
+    # The exporter's, under an account of its own: the plugin reads no pod and writes no Event.
+    Ask("list", "pods"),
+    Ask("watch", "pods"),
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("create", "update", "patch", "delete", "list")),
     Ask("patch", f"{RESOURCE}/resourceslices"),
     Ask("deletecollection", f"{RESOURCE}/resourceslices"),
     *(
@@ -117,6 +115,10 @@ PLUGIN_MUST_NOT = [
         for verb in ("create", "update", "patch", "delete")
     ),
     Ask("update", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    # Another node's claims (the API server asks arbitrary-node for a claim not allocated to the
+    # token's node) and any claim's allocation: tests/integration/test_node_credentials.py.
+    Ask("arbitrary-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims/binding", namespace=ANYWHERE) for verb in ("update", "patch")),
     Ask(
         "associated-node:patch",
         f"{RESOURCE}/resourceclaims/driver",
@@ -143,6 +145,29 @@ PLUGIN_MUST_NOT = [
     Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicies"),
     Ask("delete", "admissionregistration.k8s.io/validatingadmissionpolicybindings"),
     Ask("escalate", "rbac.authorization.k8s.io/clusterroles"),
+]
+
+EXPORTER_MUST = [
+    # tessera/exporter/containers.py: the pods bound to its node (field selector spec.nodeName).
+    Ask("list", "pods"),
+    Ask("watch", "pods"),
+    # tessera/exporter/events.py: an Event on the pod whose process the bypass loop stopped.
+    Ask("create", "events", namespace=ANYWHERE),
+]
+EXPORTER_MUST_NOT = [
+    # Events are written once each, never changed, read or removed.
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "patch", "delete", "list")),
+    Ask("get", "pods", namespace=ANYWHERE),
+    Ask("delete", "pods", namespace=ANYWHERE),
+    Ask("create", "pods/exec", namespace=ANYWHERE),
+    Ask("get", "secrets", namespace=ANYWHERE),
+    # The node daemon's objects are the plugin's alone.
+    *(Ask(verb, f"{RESOURCE}/resourceslices") for verb in ("list", "create", "update", "delete")),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("get", "list")),
+    Ask("patch", f"{RESOURCE}/resourceclaims/status", namespace=ANYWHERE),
+    Ask("associated-node:patch", f"{RESOURCE}/resourceclaims/driver", name=DRIVER_NAME, namespace=ANYWHERE),
+    Ask("get", "nodes", name="some-node"),
+    Ask("patch", "nodes", name="some-node"),
 ]
 
 WEBHOOK_MUST = [
@@ -186,6 +211,11 @@ def test_the_kubelet_plugin_may_do_what_the_driver_needs(kube: client.ApiClient,
 
 def test_the_kubelet_plugin_may_do_nothing_else(kube: client.ApiClient, release: Release) -> None:
     assert failures(kube, release, "kubeletplugin", PLUGIN_MUST_NOT, False, node="some-node") == []
+
+
+def test_the_exporter_may_do_what_it_needs_and_nothing_else(kube: client.ApiClient, release: Release) -> None:
+    assert failures(kube, release, "exporter", EXPORTER_MUST, True, node="some-node") == []
+    assert failures(kube, release, "exporter", EXPORTER_MUST_NOT, False, node="some-node") == []
 
 
 def test_the_webhook_may_do_what_it_needs(kube: client.ApiClient, release: Release) -> None:

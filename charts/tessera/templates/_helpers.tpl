@@ -83,6 +83,48 @@ the host's device nodes, which only a privileged container does. */}}
 {{- if ne .Values.kubeletPlugin.driverSource "nvidia-toolkit" -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+The node's host folders and files that the plugin and the exporter mount one by one (those not
+under hostPaths.nodeRoot, which its own mount reaches), as JSON {"mounts": [{name, path, type,
+readOnly}]}: one list, so the two DaemonSets cannot disagree on a path. Use with fromJson.
+*/}}
+{{- define "tessera.node.hostMounts" -}}
+{{- $root := . -}}
+{{- $p := .Values.kubeletPlugin -}}
+{{- $h := $p.hostPaths -}}
+{{- $privileged := include "tessera.kubeletPlugin.privileged" . -}}
+{{- $mounts := list -}}
+{{- $mounts = append $mounts (dict "name" "plugins-registry" "path" (printf "%s/plugins_registry" $h.kubeletRoot) "type" "DirectoryOrCreate" "readOnly" false) -}}
+{{- $mounts = append $mounts (dict "name" "plugins" "path" (printf "%s/plugins" $h.kubeletRoot) "type" "DirectoryOrCreate" "readOnly" false) -}}
+{{- $mounts = append $mounts (dict "name" "cdi" "path" $h.cdiDir "type" "DirectoryOrCreate" "readOnly" false) -}}
+{{- $mounts = append $mounts (dict "name" "state" "path" $h.stateDir "type" "DirectoryOrCreate" "readOnly" false) -}}
+{{- $mounts = append $mounts (dict "name" "nvml" "path" (printf "%s/libnvidia-ml.so.1" $h.driverLibraryDir) "type" "File" "readOnly" true) -}}
+{{- if $privileged -}}
+{{- $mounts = append $mounts (dict "name" "cuda" "path" (printf "%s/libcuda.so.1" $h.driverLibraryDir) "type" "File" "readOnly" true) -}}
+{{- if ne $h.deviceDir "/dev" -}}
+{{- $mounts = append $mounts (dict "name" "devices" "path" $h.deviceDir "type" "Directory" "readOnly" true) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $p.driverSource "auto" -}}
+{{- /* auto looks for NVIDIA's toolkit spec in the standard CDI folders too. */ -}}
+{{- range $i, $dir := list "/etc/cdi" "/var/run/cdi" -}}
+{{- if ne $dir $h.cdiDir -}}
+{{- $mounts = append $mounts (dict "name" (printf "toolkit-cdi-%d" $i) "path" $dir "type" "DirectoryOrCreate" "readOnly" true) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $h.bootIdFile "/proc/sys/kernel/random/boot_id" -}}
+{{- $mounts = append $mounts (dict "name" "boot-id" "path" $h.bootIdFile "type" "File" "readOnly" true) -}}
+{{- end -}}
+{{- $own := list -}}
+{{- range $mounts -}}
+{{- if not (include "tessera.underNodeRoot" (dict "root" $root "path" .path)) -}}
+{{- $own = append $own . -}}
+{{- end -}}
+{{- end -}}
+{{- dict "mounts" $own | toJson -}}
+{{- end -}}
+
 {{- define "tessera.webhook.configurationName" -}}{{ include "tessera.webhook.name" . }}{{- end -}}
 
 {{/*

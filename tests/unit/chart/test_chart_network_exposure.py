@@ -29,6 +29,7 @@ PROMETHEUS_PEER = {
 WORKLOADS = {
     "tessera-webhook": ("Deployment", "tessera-webhook"),
     "tessera-kubeletplugin": ("DaemonSet", "tessera-kubeletplugin"),
+    "tessera-exporter": ("DaemonSet", "tessera-exporter"),
     "tessera-admissioncheck": ("Deployment", "tessera-admissioncheck"),
 }
 
@@ -76,7 +77,7 @@ def container_ports(objects: list[dict[str, Any]], policy: str) -> dict[str, int
 def admitted(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
     """Each port the policy admits, with its peers (None: from any source)."""
     out: dict[int, list[dict[str, Any]] | None] = {}
-    for rule in policy["spec"]["ingress"]:
+    for rule in policy["spec"].get("ingress", []):
         assert [p["protocol"] for p in rule["ports"]] == ["TCP"] * len(rule["ports"])
         for port in rule["ports"]:
             out[port["port"]] = rule.get("from")
@@ -111,10 +112,15 @@ def test_the_webhook_admits_the_api_server_on_https_and_prometheus_on_metrics(
 def test_only_prometheus_reaches_the_exporter_and_no_one_the_health_port(
     default: list[dict[str, Any]],
 ) -> None:
-    ports = container_ports(default, "tessera-kubeletplugin")
-    assert admitted(policies(default)["tessera-kubeletplugin"]) == {ports["metrics"]: [PROMETHEUS_PEER]}
-    for health in ("health", "exporter-health"):
-        assert ports[health] not in admitted(policies(default)["tessera-kubeletplugin"])
+    ports = container_ports(default, "tessera-exporter")
+    assert admitted(policies(default)["tessera-exporter"]) == {ports["metrics"]: [PROMETHEUS_PEER]}
+    assert ports["exporter-health"] not in admitted(policies(default)["tessera-exporter"])
+
+
+def test_no_one_reaches_the_plugin_but_its_own_node(default: list[dict[str, Any]]) -> None:
+    """The plugin serves the kubelet on unix sockets; its health port is for the kubelet's probes,
+    which come from the pod's own node, which a NetworkPolicy always admits."""
+    assert admitted(policies(default)["tessera-kubeletplugin"]) == {}
 
 
 def test_only_prometheus_reaches_the_admission_checks_metrics(with_check: list[dict[str, Any]]) -> None:
@@ -140,14 +146,15 @@ def test_scrapers_and_extra_rules_are_values(home: Path) -> None:
         home / "widened",
         {"networkPolicy": {"scrapers": [scrapers], "exporter": {"extraIngress": [extra]}}},
     )
-    rules = policies(objects)["tessera-kubeletplugin"]["spec"]["ingress"]
+    rules = policies(objects)["tessera-exporter"]["spec"]["ingress"]
     # The list replaces the default peer whole (a map would merge into it).
     assert rules == [{"ports": [{"port": 31995, "protocol": "TCP"}], "from": [scrapers]}, extra]
 
 
-def test_without_the_exporter_the_daemon_admits_nothing(home: Path) -> None:
+def test_without_the_exporter_no_policy_admits_scrapers_to_the_node(home: Path) -> None:
     objects = render(home / "no-exporter", {"exporter": {"enabled": False, "service": {"enabled": False}}})
-    assert policies(objects)["tessera-kubeletplugin"]["spec"]["ingress"] == []
+    assert "tessera-exporter" not in policies(objects)
+    assert admitted(policies(objects)["tessera-kubeletplugin"]) == {}
 
 
 def test_a_daemon_on_the_host_network_gets_no_policy_that_would_not_apply(home: Path) -> None:
@@ -186,8 +193,11 @@ def test_the_exporter_service_is_headless_and_lists_every_daemon(default: list[d
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 31995, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    assert service["spec"]["selector"] == find(default, "DaemonSet")["spec"]["selector"]["matchLabels"]
-    assert "metrics" in container_ports(default, "tessera-kubeletplugin")
+    assert (
+        service["spec"]["selector"]
+        == find(default, "DaemonSet", "tessera-exporter")["spec"]["selector"]["matchLabels"]
+    )
+    assert "metrics" in container_ports(default, "tessera-exporter")
 
 
 def test_the_service_monitor_follows_the_headless_service(home: Path) -> None:
@@ -203,7 +213,7 @@ def test_the_pod_monitor_keeps_the_tenants_labels(home: Path) -> None:
     monitor = find(objects, "PodMonitor")
     assert (
         monitor["spec"]["selector"]["matchLabels"]
-        == find(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]
+        == find(objects, "DaemonSet", "tessera-exporter")["spec"]["selector"]["matchLabels"]
     )
     # The series carry namespace, pod and container of the workload, not of the daemon's pod.
     assert [(e["port"], e["honorLabels"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [

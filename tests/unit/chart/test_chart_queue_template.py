@@ -443,7 +443,7 @@ def test_no_pod_of_the_chart_gets_service_variables(home: Path) -> None:
     objects = render(home / "links", BOTH_ON, extra=WITH_KUEUE)
     workloads = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
     assert {o["kind"] for o in workloads} == {"Deployment", "DaemonSet"}
-    assert len(workloads) == 3
+    assert len(workloads) == 4
     for workload in workloads:
         assert workload["spec"]["template"]["spec"]["enableServiceLinks"] is False, workload["metadata"][
             "name"

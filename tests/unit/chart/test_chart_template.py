@@ -47,13 +47,15 @@ def refusal(home: Path, values: dict[str, Any]) -> str:
 
 
 def plugin_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    container: dict[str, Any] = find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    (container,) = find(objects, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert isinstance(container, dict)
     return container
 
 
 def exporter_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    containers = find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
-    (container,) = [c for c in containers if c["name"] == "exporter"]
+    (container,) = find(objects, "DaemonSet", "tessera-exporter")["spec"]["template"]["spec"]["containers"]
     assert isinstance(container, dict)
     return container
 
@@ -192,7 +194,7 @@ def test_images_default_to_the_app_version_and_can_be_overridden(
 def test_the_daemonset_runs_on_gpu_nodes_with_rolling_update_socket_names(
     default: list[dict[str, Any]],
 ) -> None:
-    daemonset = find(default, "DaemonSet")
+    daemonset = find(default, "DaemonSet", "tessera-kubeletplugin")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -207,12 +209,12 @@ def test_the_daemonset_runs_on_gpu_nodes_with_rolling_update_socket_names(
     assert "metrics-port" not in args  # the exporter is a process of its own
 
 
-def test_the_exporter_runs_beside_the_plugin_in_its_own_container_with_its_own_probes(
+def test_the_exporter_runs_beside_the_plugin_in_a_daemonset_of_its_own_with_its_own_probes(
     default: list[dict[str, Any]],
 ) -> None:
-    """Its own process, so that nothing a scrape meets can stop a prepare: probes of its own, on a
-    port of its own (a proxy in front of /metrics leaves them alone), and the plugin's do not
-    depend on it."""
+    """Its own process and pod, so that nothing a scrape meets can stop a prepare: probes of its own,
+    on a port of its own (a proxy in front of /metrics leaves them alone), its own account, on the
+    same nodes as the plugin."""
     container = exporter_container(default)
     assert container["command"] == ["tessera-exporter"]
     assert container["image"] == plugin_container(default)["image"]
@@ -229,8 +231,14 @@ def test_the_exporter_runs_beside_the_plugin_in_its_own_container_with_its_own_p
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "exporter-health"}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "exporter-health"}
     assert [p["name"] for p in plugin_container(default)["ports"]] == ["health"]
-    template = find(default, "DaemonSet")["spec"]["template"]
-    assert template["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "plugin"
+    exporter = find(default, "DaemonSet", "tessera-exporter")
+    plugin = find(default, "DaemonSet", "tessera-kubeletplugin")
+    assert exporter["spec"]["template"]["spec"]["serviceAccountName"] == "tessera-exporter"
+    assert exporter["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "exporter"
+    for scheduling in ("nodeSelector", "tolerations"):
+        assert (
+            exporter["spec"]["template"]["spec"][scheduling] == plugin["spec"]["template"]["spec"][scheduling]
+        )
 
 
 def test_the_daemons_probes_use_its_health_port(default: list[dict[str, Any]]) -> None:
@@ -244,7 +252,7 @@ def test_the_daemons_probes_use_its_health_port(default: list[dict[str, Any]]) -
 
 def test_every_host_path_is_mounted_at_its_own_path(default: list[dict[str, Any]]) -> None:
     """The daemon writes these paths into what the kubelet and the runtime read on the host."""
-    pod = find(default, "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(default, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths
@@ -265,7 +273,7 @@ def test_every_host_path_is_mounted_at_its_own_path(default: list[dict[str, Any]
 
 
 def test_with_the_toolkit_the_daemon_is_not_privileged(default: list[dict[str, Any]]) -> None:
-    pod = find(default, "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(default, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     security = pod["containers"][0]["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
@@ -279,9 +287,10 @@ def test_the_exporter_reads_host_pids_with_only_kill_and_the_daemons_state_read_
 ) -> None:
     """It matches NVML's host PIDs to containers by /proc/<pid>/cgroup, which anyone may read: the
     pod shares the host's PIDs for it. Its one capability, KILL, stops a claim's process that took
-    GPU memory around the shim whatever user it runs as; the plugin holds none."""
-    pod = find(default, "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
+    GPU memory around the shim whatever user it runs as; the plugin holds none, and its pod keeps a
+    PID namespace of its own, so it can neither see nor signal the node's processes."""
+    assert find(default, "DaemonSet", "tessera-exporter")["spec"]["template"]["spec"]["hostPID"] is True
+    assert "hostPID" not in find(default, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     security = exporter_container(default)["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
@@ -310,19 +319,18 @@ def test_the_bypass_action_tolerance_and_bound_reach_the_exporter_and_report_nee
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_without_the_exporter_the_daemon_needs_no_host_pids_and_no_capabilities(home: Path) -> None:
+def test_without_the_exporter_nothing_of_it_is_installed(home: Path) -> None:
     objects = render(home / "no-exporter", {"exporter": {"enabled": False, "service": {"enabled": False}}})
-    pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
-    assert "hostPID" not in pod
+    pod = find(objects, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["plugin"]
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert "Service" not in {o["kind"] for o in objects if "exporter" in o["metadata"]["name"]}
+    assert [o["kind"] for o in objects if "exporter" in o["metadata"]["name"]] == []
 
 
 @pytest.mark.parametrize("source", ["own", "auto"])
 def test_a_daemon_that_mounts_the_driver_itself_is_privileged(home: Path, source: str) -> None:
     objects = render(home / source, {"kubeletPlugin": {"driverSource": source}})
-    pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(objects, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     assert pod["containers"][0]["securityContext"]["privileged"] is True
     # No toolkit brings the device nodes NVML opens: only a privileged container sees the host's.
     assert exporter_container(objects)["securityContext"]["privileged"] is True
@@ -333,7 +341,7 @@ def test_a_daemon_that_mounts_the_driver_itself_is_privileged(home: Path, source
 
 def test_test_bed_nodes_share_one_host_folder_and_expand_their_node_name(home: Path) -> None:
     objects = render(home / "test-bed", TEST_BED_VALUES)
-    pod = find(objects, "DaemonSet")["spec"]["template"]["spec"]
+    pod = find(objects, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]
     host_paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
     assert host_paths == [NODE_ROOT]
     assert {"name": "node-root", "mountPath": NODE_ROOT} in pod["containers"][0]["volumeMounts"]
@@ -374,6 +382,15 @@ def rules_of(objects: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return rules
 
 
+def test_the_exporters_role_is_exactly_its_rules_file(default: list[dict[str, Any]]) -> None:
+    expected = yaml.safe_load((FILES / "exporter-rules.yaml").read_text())
+    assert rules_of(default, "tessera-exporter") == expected
+    binding = find(default, "ClusterRoleBinding", "tessera-exporter")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tessera-exporter", "namespace": "tessera"}
+    ]
+
+
 def test_the_plugins_role_is_exactly_its_rules_file(default: list[dict[str, Any]]) -> None:
     expected = yaml.safe_load((FILES / "kubeletplugin-rules.yaml").read_text())
     assert rules_of(default, "tessera-kubeletplugin") == expected
@@ -382,7 +399,7 @@ def test_the_plugins_role_is_exactly_its_rules_file(default: list[dict[str, Any]
         {"kind": "ServiceAccount", "name": "tessera-kubeletplugin", "namespace": "tessera"}
     ]
     assert (
-        find(default, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
+        find(default, "DaemonSet", "tessera-kubeletplugin")["spec"]["template"]["spec"]["serviceAccountName"]
         == "tessera-kubeletplugin"
     )
 
@@ -440,13 +457,18 @@ def test_by_default_the_webhook_may_read_and_update_only_its_shared_secret(
     ]
 
 
-def test_the_slice_policy_compares_the_tokens_node_with_the_slices(default: list[dict[str, Any]]) -> None:
+def test_the_slice_policy_compares_the_tokens_node_and_our_driver_with_the_slices(
+    default: list[dict[str, Any]],
+) -> None:
     policy = find(default, "ValidatingAdmissionPolicy")
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
     assert "system:serviceaccount:tessera:tessera-kubeletplugin" in spec["matchConditions"][0]["expression"]
     assert "authentication.kubernetes.io/node-name" in spec["variables"][0]["expression"]
+    assert "variables.slice.spec.driver == 'gpu.tessera.dev'" in [
+        v["expression"] for v in spec["validations"]
+    ]
     binding = find(default, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
@@ -664,7 +686,7 @@ def test_monitoring_objects_carry_the_shipped_rules_and_dashboard(home: Path) ->
     monitor = find(objects, "PodMonitor")
     assert (
         monitor["spec"]["selector"]["matchLabels"]
-        == find(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]
+        == find(objects, "DaemonSet", "tessera-exporter")["spec"]["selector"]["matchLabels"]
     )
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     service_monitor = render(home / "service-monitor", {"exporter": {"serviceMonitor": {"enabled": True}}})
@@ -703,19 +725,25 @@ def test_helm_test_runs_a_claim_pod_and_a_hami_pod_outside_the_release_namespace
         assert "hook-succeeded" in hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
 
 
-@pytest.mark.parametrize(
-    "ports",
-    [{"kubeletPlugin": {"hostNetwork": True}}, {"exporter": {"hostPort": {"enabled": True}}}],
-    ids=["host-network", "exporter-host-port"],
-)
-def test_a_surge_rollout_that_could_never_place_its_new_pod_is_refused(
-    home: Path, ports: dict[str, Any]
-) -> None:
-    """On the host network or with a hostPort, the surge pod asks for the ports the old pod holds:
-    the scheduler never places it and the rollout stops, so the chart refuses before installing."""
-    message = refusal(home, ports)
+def test_a_surge_rollout_that_could_never_place_its_new_pod_is_refused(home: Path) -> None:
+    """On the host network the surge pod asks for the health port the old pod holds: the scheduler
+    never places it and the rollout stops, so the chart refuses before installing."""
+    host_network = {"kubeletPlugin": {"hostNetwork": True}}
+    message = refusal(home, host_network)
     assert "kubeletPlugin.updateStrategy.rollingUpdate.maxSurge is 1" in message
     replace_in_turn = {"updateStrategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}
-    values = {**ports, "kubeletPlugin": {**ports.get("kubeletPlugin", {}), **replace_in_turn}}
-    strategy = find(render(home / "in-turn", values), "DaemonSet")["spec"]["updateStrategy"]
+    values = {"kubeletPlugin": {"hostNetwork": True, **replace_in_turn}}
+    strategy = find(render(home / "in-turn", values), "DaemonSet", "tessera-kubeletplugin")["spec"][
+        "updateStrategy"
+    ]
     assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_the_exporters_host_port_leaves_the_plugins_surge_rollout_alone(home: Path) -> None:
+    """The exporter is a DaemonSet of its own, replaced in turn (its host port cannot surge), so the
+    plugin's pods, which hold no host port, keep their surge rollout."""
+    objects = render(home / "exporter-host-port", {"exporter": {"hostPort": {"enabled": True}}})
+    plugin = find(objects, "DaemonSet", "tessera-kubeletplugin")["spec"]["updateStrategy"]
+    exporter = find(objects, "DaemonSet", "tessera-exporter")["spec"]["updateStrategy"]
+    assert plugin["rollingUpdate"]["maxSurge"] == 1
+    assert exporter == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,13 @@ def test_no_two_test_modules_share_a_name() -> None:
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_the_driver_package_names_every_one_of_its_modules() -> None:
+    """tessera/driver/__init__.py is where a reader learns the daemon's layout: a module it does not
+    name is one the reader will not look for."""
+    import tessera.driver
+
+    described = set(re.findall(r"\b[a-z_]+\b", tessera.driver.__doc__ or ""))
+    modules = {path.stem for path in (REPO / "tessera" / "driver").glob("*.py") if path.stem != "__init__"}
+    assert modules - described == set()

@@ -1,14 +1,20 @@
-"""The chart's ValidatingAdmissionPolicy on the real API server: a node's kubelet plugin writes its own
-node's ResourceSlices and no other node's.
+"""A node's daemon credentials on the real API server: the kubelet plugin writes its own node's
+ResourceSlices of its own driver and the status of the claims allocated to its node, and nothing of
+another node's.
 
 The plugin's credentials here are what a DaemonSet pod's are: a token of the chart's plugin account
 that names its node (``kubectl create token --bound-object-kind Node``: the TokenRequest API with the
 Node as bound object), so the API server adds ``authentication.kubernetes.io/node-name`` to the user.
+Slices are the chart's ValidatingAdmissionPolicy's to guard; claim statuses the API server's own
+(``resourceclaims/driver`` with ``associated-node:patch``, which holds only for a claim whose
+allocation selects the token's node, and ``resourceclaims/binding`` for the allocation itself, which
+the plugin is not granted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +22,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tessera.driver.claim_status import status_apply
 from tessera.kube import api_client, raw_json
 from tessera.names import DRIVER_NAME
 from testbed.accounts import token_kubeconfig
 from testbed.cluster import LocalCluster
+from testbed.dra_objects import allocated_claim
 from testbed.polling import poll_until
 from tests.chart_helm import Release, installed
 
@@ -61,15 +69,15 @@ def plugin_client(
     return client.ResourceV1Api(api_client(kubeconfig))
 
 
-def slice_body(node: str | None, name: str) -> client.V1ResourceSlice:
-    """A slice as the driver publishes it for ``node`` (None: one for all nodes)."""
+def slice_body(node: str | None, name: str, driver: str = DRIVER_NAME) -> client.V1ResourceSlice:
+    """A slice as ``driver`` publishes it for ``node`` (None: one for all nodes)."""
     where: dict[str, Any] = {"nodeName": node} if node else {"allNodes": True}
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
         "spec": {
-            "driver": DRIVER_NAME,
+            "driver": driver,
             "pool": {"name": node or "fleet", "generation": 1, "resourceSliceCount": 1},
             **where,
             "devices": [{"name": "gpu-0"}],
@@ -177,3 +185,129 @@ def test_a_plugin_token_that_names_no_node_writes_no_slice(
     slices.append(f"{own}-{DRIVER_NAME}")
     message = refusal(lambda: unbound.create_resource_slice(slice_body(own, f"{own}-{DRIVER_NAME}")))
     assert "credentials name no node" in message
+
+
+def test_a_plugin_writes_no_slice_of_another_driver_on_its_own_node(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    release: Release,
+    nodes: tuple[str, str],
+    slices: list[str],
+    tmp_path: Path,
+) -> None:
+    own, other = nodes
+    admin = client.ResourceV1Api(kube)
+    plugin = plugin_client(cluster, kube, release, tmp_path, own)
+    wait_for_the_policy(plugin, admin, other)
+
+    slices.append(f"{own}-gpu.example.com")
+    message = refusal(
+        lambda: plugin.create_resource_slice(slice_body(own, f"{own}-gpu.example.com", "gpu.example.com"))
+    )
+    assert (
+        f"may write only the ResourceSlices of driver {DRIVER_NAME}, not those of driver gpu.example.com"
+        in message
+    )
+
+    # Nor take over one that driver published there.
+    theirs = f"{own}-gpu.example.com"
+    existing = admin.create_resource_slice(slice_body(own, theirs, "gpu.example.com"))
+    assert "not those of driver gpu.example.com" in refusal(lambda: plugin.delete_resource_slice(theirs))
+    existing.spec.pool.generation = 2
+    assert "not those of driver gpu.example.com" in refusal(
+        lambda: plugin.replace_resource_slice(theirs, existing)
+    )
+
+
+# ------------------------------------------------------------------------------------ claim status
+
+
+def write_status(plugin: client.ResourceV1Api, claim: tuple[str, str, str], node: str) -> None:
+    """What the daemon on ``node`` writes into the claim after a prepare (tessera/driver/claim_status.py):
+    a Ready condition on the claim's shares in ``node``'s pool."""
+    namespace, name, _ = claim
+    stored = raw_json(plugin.read_namespaced_resource_claim(name, namespace, _preload_content=False))
+    body = status_apply(stored, DRIVER_NAME, node, None, datetime.now(UTC))
+    assert body is not None, f"claim {name} has no share in {node}'s pool"
+    plugin.patch_namespaced_resource_claim_status(
+        name,
+        namespace,
+        body,
+        field_manager=f"{DRIVER_NAME}/{node}",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
+def ready_conditions(admin: client.ResourceV1Api, claim: tuple[str, str, str]) -> list[str]:
+    namespace, name, _ = claim
+    stored = raw_json(admin.read_namespaced_resource_claim(name, namespace, _preload_content=False))
+    return [
+        c["status"]
+        for device in (stored.get("status") or {}).get("devices") or []
+        for c in device.get("conditions") or []
+    ]
+
+
+def status_refusal(call: Callable[[], object]) -> str:
+    """The API server's message refusing a status write (403 from RBAC or a policy, 422 from the
+    claim's own authorization of ``status.devices``)."""
+    with pytest.raises(ApiException) as caught:
+        call()
+    assert caught.value.status in (403, 422), caught.value.body
+    return str(caught.value.body)
+
+
+def test_a_plugin_writes_the_status_of_its_own_nodes_claims_and_not_of_another_nodes(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    release: Release,
+    nodes: tuple[str, str],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    own, other = nodes
+    admin = client.ResourceV1Api(kube)
+    mine = allocated_claim(admin, namespace, own, "gpu-0", "mine")
+    theirs = allocated_claim(admin, namespace, other, "gpu-0", "theirs")
+    plugin = plugin_client(cluster, kube, release, tmp_path, own)
+
+    write_status(plugin, mine, own)
+    assert ready_conditions(admin, mine) == ["True"]
+
+    # The other node's claim, written as that node's daemon would write it: refused, left unwritten.
+    # For a claim not allocated to the token's node the API server asks arbitrary-node:patch, which
+    # the plugin's account does not hold.
+    message = status_refusal(lambda: write_status(plugin, theirs, other))
+    assert "cannot arbitrary-node:patch" in message, message
+    assert ready_conditions(admin, theirs) == []
+
+    # Its own claim's allocation is the scheduler's: the plugin cannot take it back.
+    namespace_, name, _ = mine
+    message = status_refusal(
+        lambda: plugin.patch_namespaced_resource_claim_status(
+            name, namespace_, {"status": {"allocation": None}}, _content_type="application/merge-patch+json"
+        )
+    )
+    assert "resourceclaims/binding" in message, message
+    assert raw_json(admin.read_namespaced_resource_claim(name, namespace_, _preload_content=False))["status"][
+        "allocation"
+    ]
+
+
+def test_a_plugin_token_that_names_no_node_writes_no_claim_status(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    release: Release,
+    nodes: tuple[str, str],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    own, _ = nodes
+    admin = client.ResourceV1Api(kube)
+    mine = allocated_claim(admin, namespace, own, "gpu-0", "mine")
+    unbound = plugin_client(cluster, kube, release, tmp_path, None)
+
+    message = status_refusal(lambda: write_status(unbound, mine, own))
+    assert "cannot arbitrary-node:patch" in message, message
+    assert ready_conditions(admin, mine) == []
