@@ -113,7 +113,9 @@ void sim_memory_release_context(CUcontext ctx)
     struct sim_alloc_rec *r = allocations;
     while (r != NULL) {
         struct sim_alloc_rec *next = r->next;
-        if (r->ctx == ctx) {
+        if (r->ctx == ctx && r->kind == ALLOC_GRAPH) {
+            sim_graph_mem_free(r); /* to the graph memory cache, which outlives contexts */
+        } else if (r->ctx == ctx) {
             if (r->kind == ALLOC_POOL)
                 sim_pool_forget(r);
             sim_free_rec(r);
@@ -197,6 +199,9 @@ static CUresult free_kind(uintptr_t ptr, bool host)
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     if (rec != NULL && rec->kind == ALLOC_POOL && !host) {
         sim_pool_return_block(rec); /* a stream-ordered allocation: to its pool, as CUDA does */
+        rc = CUDA_SUCCESS;
+    } else if (rec != NULL && rec->kind == ALLOC_GRAPH && !host) {
+        sim_graph_mem_free(rec); /* a graph allocation: to the device's graph memory cache */
         rc = CUDA_SUCCESS;
     } else if (rec != NULL && rec->kind != ALLOC_IPC && (rec->kind == ALLOC_HOST) == host) {
         sim_free_rec(rec);
