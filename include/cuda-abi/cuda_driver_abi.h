@@ -607,7 +607,6 @@ typedef enum CUgraphNodeType_enum {
     CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
     CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
 } CUgraphNodeType;
-#define TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC CU_GRAPH_NODE_TYPE_MEM_ALLOC
 
 /* An allocation node: the pool properties say where, dptr is set when the node is added. The
  * CUDA 11.4 layout and the CUDA 12.2 _v2 one (inside CUgraphNodeParams) are the same. */
@@ -655,6 +654,12 @@ CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
 CUresult cuDeviceGraphMemTrim(CUdevice device);
 CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
 CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+/* The CUDA 10 name of cuGraphInstantiate_v2's ABI, still exported by drivers; and CUDA 12's
+ * instantiation with a CUDA_GRAPH_INSTANTIATE_PARAMS block (passed through, never read). */
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,
+                            char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, void *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph, void *params);
 CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
                         void *params);
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
