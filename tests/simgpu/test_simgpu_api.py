@@ -280,8 +280,11 @@ def test_graph_memory_nodes_take_device_memory_at_launch_and_keep_it_cached_unti
     cuDeviceGraphMemTrim; an executable whose allocation is still live cannot be relaunched
     (CUDA_ERROR_INVALID_VALUE), a graph with memory nodes has one executable at a time, and a
     launch beyond the device is CUDA_ERROR_OUT_OF_MEMORY, taking nothing. cuGraphAddNode(_v2)
-    adds the same nodes, captured cuMemAllocAsync/cuMemFreeAsync become them, and only the
-    high-water marks can be reset."""
+    adds the same nodes (other types are CUDA_ERROR_NOT_SUPPORTED, edge data is refused),
+    captured cuMemAllocAsync/cuMemFreeAsync become them (freeing in a capture what no graph
+    allocated is CUDA_ERROR_INVALID_VALUE, and an executable with memory nodes is not launched
+    into a capture), cuGraphGetNodes fills no more than it has room for, and only the high-water
+    marks can be reset."""
     done = make_node(name="graphmem").program("graph_mem_api")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"

@@ -84,7 +84,10 @@ static void alloc_and_free_nodes(CUstream stream, uint64_t baseline)
     EXPECT_EQ(p_cuMemFree_v2(plain), CUDA_SUCCESS);
 
     CUgraphNode nodes[4] = {NULL};
-    size_t count = 0;
+    size_t count = 1; /* room for fewer than there are: filled, and the count left as it was */
+    EXPECT_EQ(p_cuGraphGetNodes(g, nodes, &count), CUDA_SUCCESS);
+    EXPECT_EQ(count, 1);
+    EXPECT_TRUE(nodes[0] == a);
     EXPECT_EQ(p_cuGraphGetNodes(g, NULL, &count), CUDA_SUCCESS);
     EXPECT_EQ(count, 2);
     count = 4;
@@ -222,6 +225,9 @@ static void generic_node_additions(void)
     np.type = (CUgraphNodeType)5; /* an empty node: not modelled */
     EXPECT_EQ(p_cuGraphAddNode(&x, g, NULL, 0, &np), CUDA_ERROR_NOT_SUPPORTED);
     EXPECT_EQ(p_cuGraphAddNode(&x, g, NULL, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    int edge = 0; /* edge data other than the default is not modelled */
+    EXPECT_EQ(p_cuGraphAddNode_v2(&x, g, &a, &edge, 1, &np), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuGraphAddNode(&x, g, NULL, 1, &np), CUDA_ERROR_INVALID_VALUE);
     CUDA_MEM_ALLOC_NODE_PARAMS bad = alloc_params(0);
     EXPECT_EQ(p_cuGraphAddMemAllocNode(&x, g, NULL, 0, &bad), CUDA_ERROR_INVALID_VALUE);
     bad = alloc_params(MiB);
@@ -248,6 +254,8 @@ static void captured_allocation(CUstream stream, uint64_t baseline)
     LOAD(lib, cuGraphExecDestroy);
     LOAD(lib, cuGraphDestroy);
     LOAD(lib, cuDeviceGraphMemTrim);
+    LOAD(lib, cuMemAlloc_v2);
+    LOAD(lib, cuMemFree_v2);
 
     CUgraph g = NULL;
     CUdeviceptr dptr = 0;
@@ -268,6 +276,17 @@ static void captured_allocation(CUstream stream, uint64_t baseline)
     EXPECT_EQ(type, CU_GRAPH_NODE_TYPE_MEM_FREE);
     CUgraphExec e = NULL;
     EXPECT_EQ(p_cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    /* Freeing in a capture what no graph allocated is refused; an executable with memory nodes
+     * is not launched into a capture (a child graph with memory nodes is not modelled). */
+    CUdeviceptr plain = 0;
+    CUgraph other = NULL;
+    EXPECT_EQ(p_cuMemAlloc_v2(&plain, MiB), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuStreamBeginCapture_v2(stream, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFreeAsync(plain, stream), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(p_cuGraphLaunch(e, stream), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(p_cuStreamEndCapture(stream, &other), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(other), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuMemFree_v2(plain), CUDA_SUCCESS);
     EXPECT_EQ(p_cuGraphLaunch(e, stream), CUDA_SUCCESS);
     EXPECT_EQ(graph_attr(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 16 * MiB);
     EXPECT_EQ(p_cuGraphExecDestroy(e), CUDA_SUCCESS);
