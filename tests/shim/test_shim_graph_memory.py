@@ -90,3 +90,27 @@ def test_graph_memory_passes_through_without_memory_limit(
     assert done.returncode == 0, done.stderr
     assert values(done.stdout)["instantiate_rc"] == "0"
     assert "refused" not in done.stderr
+
+
+def test_instantiation_the_driver_refuses_charges_nothing(make_claim: ClaimFactory) -> None:
+    """A graph with memory nodes has one executable at a time: instantiating it again while the
+    first exists is the driver's CUDA_ERROR_INVALID_VALUE, and the charge made for it beforehand
+    is given back (the claim still holds only the first executable's bound)."""
+    claim = make_claim()
+    done = claim.run("shim_probe", "graph_mem", "node", str(64 * MiB), "twice")
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout)["twice_rc"] == "1"  # CUDA_ERROR_INVALID_VALUE
+    assert used(done.stdout, "twice") == 64 * MiB
+    assert used(done.stdout, "trimmed") == 0
+    assert region_used(claim) == 0
+
+
+def test_graph_with_memory_on_two_devices_is_refused(make_claim: ClaimFactory) -> None:
+    """One executable's memory is charged on one device: a graph allocating on two devices is
+    refused at instantiation with CUDA_ERROR_NOT_SUPPORTED, charging nothing, and says why."""
+    claim = make_claim(limits=[(0, 256 * MiB, 0), (1, 256 * MiB, 0)], gpus=2)
+    done = claim.run("shim_probe", "graph_mem", "two_devices", str(8 * MiB))
+    assert done.returncode == 0, done.stderr
+    assert values(done.stdout)["instantiate_rc"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
+    assert "graph with memory on CUDA devices 0 and 1 refused" in done.stderr
+    assert region_used(claim) == 0

@@ -27,9 +27,11 @@
  *                                          and over: the launch-to-completion latency's percentiles
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live),
  *                                          cuMemGetInfo_v2, launch of a one-node graph
- *   shim_probe graph_mem HOW BYTES [again] a graph allocating BYTES (HOW: node addnode capture
- *                                          capture_ptsz pool) instantiated, launched, destroyed,
- *                                          trimmed; "again": a second one before the trim
+ *   shim_probe graph_mem HOW BYTES [again|twice]   a graph allocating BYTES (HOW: node
+ *                                          two_devices addnode capture capture_ptsz pool)
+ *                                          instantiated, launched, destroyed, trimmed; "again": a
+ *                                          second one before the trim; "twice": the same graph
+ *                                          instantiated again while the first executable exists
  *   shim_probe signals                     the application's signal handlers survive CUDA use
  *
  * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
@@ -254,7 +256,8 @@ static int mode_alloc(int argc, char **argv)
 
 /* API async/pool on a created stream, async_ptsz/pool_ptsz on the per-thread default stream. */
 /* A graph that allocates BYTES and frees them, built as `how` says: "node" (cuGraphAddMemAllocNode
- * and cuGraphAddMemFreeNode), "addnode" (cuGraphAddNode), or captured from a stream: "capture"
+ * and cuGraphAddMemFreeNode), "two_devices" (BYTES on this device and BYTES on the next, not
+ * freed), "addnode" (cuGraphAddNode), or captured from a stream: "capture"
  * (cuMemAllocAsync/cuMemFreeAsync), "capture_ptsz" (their _ptsz forms on the per-thread default
  * stream), "pool" (cuMemAllocFromPoolAsync from the device's pool). */
 static CUgraph build_graph(const char *how, size_t bytes)
@@ -274,6 +277,15 @@ static CUgraph build_graph(const char *how, size_t bytes)
         CHECK(p_cuGraphCreate(&g, 0));
         CHECK(p_cuGraphAddMemAllocNode(&a, g, NULL, 0, &p));
         CHECK(p_cuGraphAddMemFreeNode(&f, g, &a, 1, p.dptr));
+        return g;
+    }
+    if (strcmp(how, "two_devices") == 0) {
+        LOAD(lib, cuGraphAddMemAllocNode);
+        CUgraphNode a = NULL, b = NULL;
+        CHECK(p_cuGraphCreate(&g, 0));
+        CHECK(p_cuGraphAddMemAllocNode(&a, g, NULL, 0, &p));
+        p.poolProps.location.id = device + 1;
+        CHECK(p_cuGraphAddMemAllocNode(&b, g, &a, 1, &p));
         return g;
     }
     if (strcmp(how, "addnode") == 0) {
@@ -339,10 +351,11 @@ static CUgraphExec instantiate_and_launch(CUgraph g, const char *prefix)
     return e;
 }
 
-/* graph_mem HOW BYTES [again]: a graph allocating BYTES (build_graph) instantiated and launched,
- * then its executable destroyed and the graph memory trimmed, reporting the charge at each step.
- * With "again", a second such graph is instantiated after the first executable is destroyed but
- * before any trim, and destroyed. */
+/* graph_mem HOW BYTES [again|twice]: a graph allocating BYTES (build_graph) instantiated and
+ * launched, then its executable destroyed and the graph memory trimmed, reporting the charge at
+ * each step. With "again", a second such graph is instantiated after the first executable is
+ * destroyed but before any trim, and destroyed; with "twice", the graph is instantiated a second
+ * time while its first executable exists (which the driver refuses). */
 static int mode_graph_mem(int argc, char **argv)
 {
     if (argc < 4)
@@ -358,6 +371,12 @@ static int mode_graph_mem(int argc, char **argv)
     CUgraph g = build_graph(argv[2], bytes);
     report("built: ");
     CUgraphExec e = instantiate_and_launch(g, "");
+    if (argc > 4 && strcmp(argv[4], "twice") == 0) {
+        LOAD(lib, cuGraphInstantiateWithFlags);
+        CUgraphExec e2 = NULL;
+        printf("twice_rc=%d\n", (int)p_cuGraphInstantiateWithFlags(&e2, g, 0));
+        report("twice: ");
+    }
     if (e != NULL)
         CHECK(p_cuGraphExecDestroy(e));
     report("destroyed: ");
