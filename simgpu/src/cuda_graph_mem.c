@@ -65,9 +65,8 @@ static CUresult new_block(CUdevice dev, size_t bytes, struct sim_graph_block **o
     struct sim_graph_block *b = calloc(1, sizeof *b);
     if (b == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
+    void *map = sim_backing_map(bytes);
+    if (map == NULL) {
         free(b);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -319,15 +318,20 @@ SIMGPU_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *d
     return CUDA_SUCCESS;
 }
 
+/* The checks the attribute calls share: a usable device, then a value to read or write. */
+static CUresult attribute_args(CUdevice device, const void *value)
+{
+    CUresult rc = sim_check_device(device);
+    return rc != CUDA_SUCCESS ? rc : value == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
 SIMGPU_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
                                                  void *value)
 {
     SIM_ENTER();
-    CUresult rc = sim_check_device(device);
+    CUresult rc = attribute_args(device, value);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (value == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.mu);
     const struct sim_graph_mem *m = &devices[device];
     rc = CUDA_SUCCESS;
@@ -355,11 +359,11 @@ SIMGPU_API CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_att
                                                  void *value)
 {
     SIM_ENTER();
-    CUresult rc = sim_check_device(device);
+    CUresult rc = attribute_args(device, value);
     if (rc != CUDA_SUCCESS)
         return rc;
     /* Only the high-water marks can be set, and only reset to 0 (to the current value). */
-    if (value == NULL || *(cuuint64_t *)value != 0 ||
+    if (*(cuuint64_t *)value != 0 ||
         (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_cuda.mu);

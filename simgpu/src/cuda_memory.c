@@ -14,6 +14,13 @@ static size_t round_up(size_t v, size_t unit)
     return (v + unit - 1) / unit * unit;
 }
 
+void *sim_backing_map(size_t bytes)
+{
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return map == MAP_FAILED ? NULL : map;
+}
+
 CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
                    struct sim_alloc_rec **out)
 {
@@ -28,9 +35,8 @@ CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
             return rc;
         }
     }
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
+    void *map = sim_backing_map(bytes);
+    if (map == NULL) {
         if (kind != ALLOC_HOST)
             sim_mem_release(&sim_cuda.rt.node, rec->handle);
         free(rec);

@@ -46,6 +46,9 @@ struct sim_alloc_rec {
 /* Bytes are accounted in units of this, as real allocators round small requests up. */
 #define SIM_ALLOC_ROUNDING 512u
 
+/* Host address space backing `bytes` of device memory (private, reserved lazily), or NULL. */
+void *sim_backing_map(size_t bytes);
+
 /* Reserve device memory and map backing for it; the record is linked into the registry. Not
  * for ALLOC_POOL: pool blocks are carved from their pool's reservation (cuda_pool.c). */
 CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,

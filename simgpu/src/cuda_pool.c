@@ -193,11 +193,10 @@ static CUresult carve(CUmemoryPool pool, size_t bytes, struct sim_alloc_rec **ou
     struct sim_alloc_rec *rec = calloc(1, sizeof *rec);
     if (rec == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    struct sim_pool_chunk *chunk = map == MAP_FAILED ? NULL : chunk_for(pool, block_bytes(bytes));
+    void *map = sim_backing_map(bytes);
+    struct sim_pool_chunk *chunk = map == NULL ? NULL : chunk_for(pool, block_bytes(bytes));
     if (chunk == NULL) {
-        if (map != MAP_FAILED)
+        if (map != NULL)
             munmap(map, bytes);
         free(rec);
         return CUDA_ERROR_OUT_OF_MEMORY;
