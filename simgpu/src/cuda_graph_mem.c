@@ -14,12 +14,14 @@
 #include "cuda_memory.h"
 #include "devmem.h"
 
-/* One allocation node's memory: created with the node, gone once neither its graph nor an
- * executable refers to it and it holds no physical memory. */
+/* One allocation node's memory: created with the node, gone once neither its graph, an
+ * executable nor a free node (of any graph or executable) refers to it and it holds no physical
+ * memory. */
 struct sim_graph_block {
     struct sim_alloc_rec rec; /* the allocation's record, linked into the registry while live */
     CUdevice device;
     bool in_graph, in_exec, live, reserved;
+    int free_refs; /* free nodes naming it, in graphs and executables */
     uint32_t handle; /* the physical reservation, while `reserved` */
     struct sim_graph_block *next;
 };
@@ -40,7 +42,7 @@ static uint64_t physical_bytes(const struct sim_graph_block *b)
 /* Free a block nothing refers to any more. Needs mu. */
 static void collect(struct sim_graph_block *b)
 {
-    if (b->in_graph || b->in_exec || b->live || b->reserved)
+    if (b->in_graph || b->in_exec || b->live || b->reserved || b->free_refs > 0)
         return;
     for (struct sim_graph_block **link = &blocks; *link != NULL; link = &(*link)->next) {
         if (*link == b) {
@@ -135,28 +137,44 @@ static struct sim_graph_block *block_at(CUdeviceptr dptr)
     return NULL;
 }
 
+/* A graph's or an executable's node goes: it no longer keeps its block. */
+static void let_go(const struct sim_graph_node *node, bool of_exec)
+{
+    struct sim_graph_block *b = node->block;
+    if (node->kind == SIM_NODE_MEM_FREE)
+        b->free_refs--;
+    else if (node->kind == SIM_NODE_MEM_ALLOC && of_exec)
+        b->in_exec = false;
+    else if (node->kind == SIM_NODE_MEM_ALLOC)
+        b->in_graph = false;
+    else
+        return;
+    collect(b);
+}
+
 CUresult sim_graph_mem_add_free(CUgraph graph, CUdeviceptr dptr, CUgraphNode *out)
 {
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_graph_node n = {.kind = SIM_NODE_MEM_FREE, .block = block_at(dptr)};
-    pthread_mutex_unlock(&sim_cuda.mu);
     /* Only a graph allocation can be freed by a free node, and only once in a graph. */
-    if (n.block == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    for (const struct sim_graph_node *g = graph->first; g != NULL; g = g->next) {
+    CUresult rc = n.block == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    for (const struct sim_graph_node *g = graph->first; g != NULL && rc == CUDA_SUCCESS;
+         g = g->next) {
         if (g->kind == SIM_NODE_MEM_FREE && g->block == n.block)
-            return CUDA_ERROR_INVALID_VALUE;
+            rc = CUDA_ERROR_INVALID_VALUE;
     }
-    return sim_graph_append_node(graph, &n, out);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_graph_append_node(graph, &n, out);
+    if (rc == CUDA_SUCCESS)
+        n.block->free_refs++; /* the node names it: kept while the node exists */
+    pthread_mutex_unlock(&sim_cuda.mu);
+    return rc;
 }
 
 void sim_graph_mem_graph_destroyed(const struct sim_graph_node *node)
 {
-    if (node->kind != SIM_NODE_MEM_ALLOC)
-        return;
     pthread_mutex_lock(&sim_cuda.mu);
-    node->block->in_graph = false;
-    collect(node->block);
+    let_go(node, false);
     pthread_mutex_unlock(&sim_cuda.mu);
 }
 
@@ -171,6 +189,8 @@ CUresult sim_graph_mem_instantiate(const struct sim_graph_node *nodes, size_t co
     for (size_t i = 0; i < count && rc == CUDA_SUCCESS; i++) {
         if (nodes[i].kind == SIM_NODE_MEM_ALLOC)
             nodes[i].block->in_exec = true;
+        else if (nodes[i].kind == SIM_NODE_MEM_FREE)
+            nodes[i].block->free_refs++;
     }
     pthread_mutex_unlock(&sim_cuda.mu);
     return rc;
@@ -179,12 +199,8 @@ CUresult sim_graph_mem_instantiate(const struct sim_graph_node *nodes, size_t co
 void sim_graph_mem_exec_destroyed(const struct sim_graph_node *nodes, size_t count)
 {
     pthread_mutex_lock(&sim_cuda.mu);
-    for (size_t i = 0; i < count; i++) {
-        if (nodes[i].kind == SIM_NODE_MEM_ALLOC) {
-            nodes[i].block->in_exec = false;
-            collect(nodes[i].block);
-        }
-    }
+    for (size_t i = 0; i < count; i++)
+        let_go(&nodes[i], true);
     pthread_mutex_unlock(&sim_cuda.mu);
 }
 

@@ -277,7 +277,8 @@ def test_graph_memory_nodes_take_device_memory_at_launch_and_keep_it_cached_unti
     device (cuMemGetInfo, CU_GRAPH_MEM_ATTR_USED_MEM_*) and is usable; a free node, cuMemFree or
     cuMemFreeAsync gives it to the device's graph memory cache, which keeps it reserved
     (RESERVED_MEM_*, cuMemGetInfo) through graph and executable destruction until
-    cuDeviceGraphMemTrim; an executable whose allocation is still live cannot be relaunched
+    cuDeviceGraphMemTrim; a free node in another graph frees it, after the allocating graph and
+    executable are gone; an executable whose allocation is still live cannot be relaunched
     (CUDA_ERROR_INVALID_VALUE), a graph with memory nodes has one executable at a time, and a
     launch beyond the device is CUDA_ERROR_OUT_OF_MEMORY, taking nothing. cuGraphAddNode(_v2)
     adds the same nodes (other types are CUDA_ERROR_NOT_SUPPORTED, edge data is refused),

@@ -168,6 +168,42 @@ static void allocation_left_live(CUstream stream, uint64_t baseline)
     EXPECT_EQ(free_bytes(), baseline);
 }
 
+/* A free node in another graph than the allocation's frees it, and keeps naming it after the
+ * allocating graph and executable are gone. */
+static void freed_by_another_graph(CUstream stream, uint64_t baseline)
+{
+    LOAD(lib, cuGraphCreate);
+    LOAD(lib, cuGraphAddMemAllocNode);
+    LOAD(lib, cuGraphAddMemFreeNode);
+    LOAD(lib, cuGraphInstantiateWithFlags);
+    LOAD(lib, cuGraphLaunch);
+    LOAD(lib, cuGraphExecDestroy);
+    LOAD(lib, cuGraphDestroy);
+    LOAD(lib, cuDeviceGraphMemTrim);
+
+    CUgraph alloc_graph = NULL, free_graph = NULL;
+    CUgraphNode a = NULL, f = NULL;
+    CUgraphExec alloc_exec = NULL, free_exec = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS p = alloc_params(8 * MiB);
+    EXPECT_EQ(p_cuGraphCreate(&alloc_graph, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphCreate(&free_graph, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphAddMemAllocNode(&a, alloc_graph, NULL, 0, &p), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphAddMemFreeNode(&f, free_graph, NULL, 0, p.dptr), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphInstantiateWithFlags(&alloc_exec, alloc_graph, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphInstantiateWithFlags(&free_exec, free_graph, 0), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphLaunch(alloc_exec, stream), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphExecDestroy(alloc_exec), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(alloc_graph), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuGraphDestroy(free_graph), CUDA_SUCCESS);
+    EXPECT_EQ(graph_attr(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 8 * MiB);
+    EXPECT_EQ(p_cuGraphLaunch(free_exec, stream), CUDA_SUCCESS);
+    EXPECT_EQ(graph_attr(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);
+    EXPECT_EQ(p_cuGraphLaunch(free_exec, stream), CUDA_SUCCESS); /* nothing live to free */
+    EXPECT_EQ(p_cuGraphExecDestroy(free_exec), CUDA_SUCCESS);
+    EXPECT_EQ(p_cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    EXPECT_EQ(free_bytes(), baseline);
+}
+
 /* More than the device has: the node is only an address, the launch is out of memory. */
 static void launch_beyond_the_device(CUstream stream, uint64_t baseline)
 {
@@ -335,6 +371,7 @@ int main(void)
     uint64_t baseline = free_bytes();
     alloc_and_free_nodes(stream, baseline);
     allocation_left_live(stream, baseline);
+    freed_by_another_graph(stream, baseline);
     launch_beyond_the_device(stream, baseline);
     generic_node_additions();
     captured_allocation(stream, baseline);
