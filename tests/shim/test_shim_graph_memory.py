@@ -114,3 +114,19 @@ def test_graph_with_memory_on_two_devices_is_refused(make_claim: ClaimFactory) -
     assert values(done.stdout)["instantiate_rc"] == "801"  # CUDA_ERROR_NOT_SUPPORTED
     assert "graph with memory on CUDA devices 0 and 1 refused" in done.stderr
     assert region_used(claim) == 0
+
+
+def test_cached_graph_memory_is_trimmed_to_make_room_for_an_allocation(
+    make_claim: ClaimFactory,
+) -> None:
+    """The claim holds 160 MiB for what the driver caches of a destroyed graph; a 160 MiB
+    cuMemAlloc would not fit beside it under the 256 MiB limit, so the shim trims the graph
+    memory cache (after the pool caches) and the allocation is made, charged alone."""
+    claim = make_claim()
+    done = claim.run("shim_probe", "graph_mem", "node", str(160 * MiB), "alloc")
+    assert done.returncode == 0, done.stderr
+    assert used(done.stdout, "destroyed") == 160 * MiB
+    assert values(done.stdout)["alloc_rc"] == "0"
+    assert used(done.stdout, "allocated") == 160 * MiB
+    assert used(done.stdout, "trimmed") == 0
+    assert region_used(claim) == 0

@@ -9,8 +9,9 @@
 #include "memory.h"
 
 /* Charge `graph`'s bound, make the instantiation `call(arg)` and record the charge under the
- * executable it returns in `exec`. A bound that does not fit even after the graph memory cache
- * is trimmed is CUDA_ERROR_OUT_OF_MEMORY, before the driver is asked. */
+ * executable it returns in `exec`. A bound that does not fit even after the pool and graph
+ * memory caches gave back what they hold (shim_charge_begin) is CUDA_ERROR_OUT_OF_MEMORY, before
+ * the driver is asked. */
 static CUresult instantiate(CUgraph graph, CUgraphExec *exec, CUresult (*call)(void *), void *arg)
 {
     if (!shim.memory_limited)
@@ -22,8 +23,6 @@ static CUresult instantiate(CUgraph graph, CUgraphExec *exec, CUresult (*call)(v
         return rc != CUDA_SUCCESS ? rc : call(arg);
     struct shim_charge c;
     rc = shim_charge_begin(&c, dev, bytes);
-    if (rc == CUDA_ERROR_OUT_OF_MEMORY && shim_graph_reclaim(dev))
-        rc = shim_charge_begin(&c, dev, bytes);
     if (rc != CUDA_SUCCESS) {
         SHIM_WARN("graph instantiation refused: its memory nodes can take %llu bytes on CUDA "
                   "device %d, past the claim's limit", (unsigned long long)bytes, dev);

@@ -34,8 +34,8 @@ CUresult shim_graph_bound(CUgraph graph, int *dev, uint64_t *bytes);
 /* Settle CUDA ordinal `dev`'s residue to what the driver reserves for graphs there now. */
 void shim_graph_settle(int dev);
 
-/* The claim is at its limit: trim `dev`'s graph memory cache and settle. True if the residue
- * went down. */
+/* The claim is at its limit (any allocation: memory.h): trim `dev`'s graph memory cache and
+ * settle. True if the residue went down. */
 bool shim_graph_reclaim(int dev);
 
 /* fork(): the child has no graphs (its parent's are not its own). */

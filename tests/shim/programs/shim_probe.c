@@ -27,11 +27,12 @@
  *                                          and over: the launch-to-completion latency's percentiles
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live),
  *                                          cuMemGetInfo_v2, launch of a one-node graph
- *   shim_probe graph_mem HOW BYTES [again|twice]   a graph allocating BYTES (HOW: node
+ *   shim_probe graph_mem HOW BYTES [again|twice|alloc]   a graph allocating BYTES (HOW: node
  *                                          two_devices addnode capture capture_ptsz pool)
  *                                          instantiated, launched, destroyed, trimmed; "again": a
  *                                          second one before the trim; "twice": the same graph
- *                                          instantiated again while the first executable exists
+ *                                          instantiated again while the first executable exists;
+ *                                          "alloc": cuMemAlloc of BYTES before the trim
  *   shim_probe signals                     the application's signal handlers survive CUDA use
  *
  * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
@@ -351,11 +352,12 @@ static CUgraphExec instantiate_and_launch(CUgraph g, const char *prefix)
     return e;
 }
 
-/* graph_mem HOW BYTES [again|twice]: a graph allocating BYTES (build_graph) instantiated and
+/* graph_mem HOW BYTES [again|twice|alloc]: a graph allocating BYTES (build_graph) instantiated and
  * launched, then its executable destroyed and the graph memory trimmed, reporting the charge at
  * each step. With "again", a second such graph is instantiated after the first executable is
  * destroyed but before any trim, and destroyed; with "twice", the graph is instantiated a second
- * time while its first executable exists (which the driver refuses). */
+ * time while its first executable exists (which the driver refuses); with "alloc", BYTES are
+ * allocated with cuMemAlloc after the executable is destroyed but before any trim, and freed. */
 static int mode_graph_mem(int argc, char **argv)
 {
     if (argc < 4)
@@ -387,6 +389,16 @@ static int mode_graph_mem(int argc, char **argv)
             CHECK(p_cuGraphExecDestroy(e2));
         CHECK(p_cuGraphDestroy(second));
         report("second_destroyed: ");
+    }
+    if (argc > 4 && strcmp(argv[4], "alloc") == 0) {
+        LOAD(lib, cuMemAlloc_v2);
+        LOAD(lib, cuMemFree_v2);
+        CUdeviceptr ptr = 0;
+        CUresult rc = p_cuMemAlloc_v2(&ptr, bytes);
+        printf("alloc_rc=%d\n", (int)rc);
+        report("allocated: ");
+        if (rc == CUDA_SUCCESS)
+            CHECK(p_cuMemFree_v2(ptr));
     }
     CHECK(p_cuGraphDestroy(g));
     CHECK(p_cuDeviceGraphMemTrim(device));
