@@ -599,12 +599,67 @@ CUresult cuStreamBeginRecaptureToGraph(CUstream stream, unsigned int mode, CUgra
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
 
-/* Graph memory nodes and mipmapped arrays. The node parameters are passed by pointer; only the
- * leading CUgraphNodeType of CUgraphNodeParams is declared here. */
+/* Graph memory nodes and mipmapped arrays. */
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
-#define TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+
+typedef enum CUgraphNodeType_enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+} CUgraphNodeType;
+
+/* An allocation node: the pool properties say where, dptr is set when the node is added. The
+ * CUDA 11.4 layout and the CUDA 12.2 _v2 one (inside CUgraphNodeParams) are the same. */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef struct CUDA_MEM_FREE_NODE_PARAMS_st {
+    CUdeviceptr dptr;
+} CUDA_MEM_FREE_NODE_PARAMS;
+
+/* cuGraphAddNode's parameters (CUDA 12.2): the type, then a 232-byte union at offset 16. Only
+ * the members the simulator and the shim read are declared. */
+typedef struct CUgraphNodeParams_st {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v2 kernel;
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        CUDA_MEM_FREE_NODE_PARAMS free;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef enum CUgraphMem_attribute_enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+} CUgraphMem_attribute;
+
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
-                                size_t count, void *params);
+                                size_t count, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                               size_t count, CUdeviceptr dptr);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *dptr);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceGraphMemTrim(CUdevice device);
+CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count);
+CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+/* The CUDA 10 name of cuGraphInstantiate_v2's ABI, still exported by drivers; and CUDA 12's
+ * instantiation with a CUDA_GRAPH_INSTANTIATE_PARAMS block (passed through, never read). */
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *errorNode,
+                            char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, void *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph, void *params);
 CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t count,
                         void *params);
 CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,

@@ -20,6 +20,7 @@ enum sim_tag {
     TAG_POOL = 0x504f4f31,
     TAG_GRAPH = 0x47524131,
     TAG_GRAPH_EXEC = 0x47455831,
+    TAG_GRAPH_NODE = 0x474e4431,
     TAG_ARRAY = 0x41525231,
     TAG_LIBRARY = 0x4c494231,
     TAG_KERNEL = 0x4b524e31,
@@ -127,10 +128,18 @@ CUresult sim_stream_wait(struct CUstream_st *stream);
 void sim_stream_submit(struct CUstream_st *stream, uint64_t duration_ns);
 
 /* Stream capture: the graph a launch on `stream` is recorded into instead of run (NULL: run it).
- * Graphs (cuda_launch.c): an empty one, and appending a kernel node of a given duration. */
+ * Graphs (cuda_launch.c): an empty one, and appending a kernel node of a given duration.
+ * Stream-ordered allocations and frees captured become memory nodes (cuda_graph_mem.c). */
 CUgraph sim_stream_capture(struct CUstream_st *stream);
 CUresult sim_graph_new(CUgraph *out);
 CUresult sim_graph_append(CUgraph graph, uint64_t duration_ns);
+CUresult sim_graph_capture_alloc(CUgraph graph, CUdevice dev, size_t bytes, CUdeviceptr *dptr);
+CUresult sim_graph_capture_free(CUgraph graph, CUdeviceptr dptr);
+
+/* A graph allocation freed by cuMemFree or cuMemFreeAsync: its memory goes back to the device's
+ * graph memory cache. Needs mu. */
+struct sim_alloc_rec;
+void sim_graph_mem_free(struct sim_alloc_rec *rec);
 
 /* Wait for everything queued in `ctx` (synchronous copies and cuCtxSynchronize). */
 CUresult sim_ctx_wait(CUcontext ctx);

@@ -1,28 +1,13 @@
 /*
- * Kernel launches and (minimal) graphs. A launch occupies the GPU for its function's duration
+ * Kernel launches and (minimal) graphs of kernel and memory nodes. A launch occupies the GPU for its function's duration
  * (cuda_module.c); the handle may be a CUfunction or a library's CUkernel, which launches as its
  * function in the current context.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_graph.h"
 #include "cuda_module.h"
-
-struct sim_graph_node {
-    uint64_t duration_ns; /* parameters are captured when the node is added, as CUDA does */
-    struct sim_graph_node *next;
-};
-
-struct CUgraph_st {
-    uint32_t tag;
-    struct sim_graph_node *first, *last;
-};
-
-struct CUgraphExec_st {
-    uint32_t tag;
-    size_t count;
-    struct sim_graph_node nodes[];
-};
 
 /* The first kernel parameter, from either kernelParams or the packed `extra` buffer. */
 static int first_param_u64(void **params, void **extra, uint64_t *out)
@@ -200,8 +185,8 @@ SIMGPU_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gr
                               sharedMemBytes, stream, kernelParams, SIM_PER_THREAD);
 }
 
-/* ---- Graphs: kernel nodes only, run in insertion order (which respects dependencies). A
- * stream capture (cuda_stream.c) appends its launches to a graph the same way. ---- */
+/* ---- Graphs: kernel and memory nodes, run in insertion order (which respects dependencies).
+ * A stream capture (cuda_stream.c) appends its launches to a graph the same way. ---- */
 
 CUresult sim_graph_new(CUgraph *out)
 {
@@ -213,18 +198,28 @@ CUresult sim_graph_new(CUgraph *out)
     return CUDA_SUCCESS;
 }
 
-CUresult sim_graph_append(CUgraph graph, uint64_t duration_ns)
+CUresult sim_graph_append_node(CUgraph graph, const struct sim_graph_node *node, CUgraphNode *out)
 {
-    struct sim_graph_node *n = calloc(1, sizeof *n);
+    struct sim_graph_node *n = malloc(sizeof *n);
     if (n == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    n->duration_ns = duration_ns;
+    *n = *node;
+    n->tag = TAG_GRAPH_NODE;
+    n->next = NULL;
     if (graph->last != NULL)
         graph->last->next = n;
     else
         graph->first = n;
     graph->last = n;
+    if (out != NULL)
+        *out = (CUgraphNode)n;
     return CUDA_SUCCESS;
+}
+
+CUresult sim_graph_append(CUgraph graph, uint64_t duration_ns)
+{
+    struct sim_graph_node n = {.kind = SIM_NODE_KERNEL, .duration_ns = duration_ns};
+    return sim_graph_append_node(graph, &n, NULL);
 }
 
 SIMGPU_API CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
@@ -243,6 +238,8 @@ SIMGPU_API CUresult cuGraphDestroy(CUgraph graph)
     graph->tag = 0;
     for (struct sim_graph_node *n = graph->first, *next = NULL; n != NULL; n = next) {
         next = n->next;
+        n->tag = 0;
+        sim_graph_mem_graph_destroyed(n);
         free(n);
     }
     free(graph);
@@ -254,13 +251,9 @@ static CUresult add_kernel_node(CUgraphNode *node, CUgraph graph, const CUgraphN
 {
     if (node == NULL || graph == NULL || graph->tag != TAG_GRAPH || (numDeps > 0 && deps == NULL))
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t duration = 0;
-    CUresult rc = prepare(l, &duration);
-    if (rc == CUDA_SUCCESS)
-        rc = sim_graph_append(graph, duration);
-    if (rc == CUDA_SUCCESS)
-        *node = (CUgraphNode)graph->last;
-    return rc;
+    struct sim_graph_node n = {.kind = SIM_NODE_KERNEL};
+    CUresult rc = prepare(l, &n.duration_ns);
+    return rc != CUDA_SUCCESS ? rc : sim_graph_append_node(graph, &n, node);
 }
 
 SIMGPU_API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
@@ -288,6 +281,81 @@ SIMGPU_API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph,
     return add_kernel_node(node, graph, deps, numDeps, &l);
 }
 
+/* cuGraphAddNode (CUDA 12.2) and its edge-data versions: the kernel and memory nodes the
+ * simulator models; other node types are CUDA_ERROR_NOT_SUPPORTED. Edge data must be the
+ * default (NULL), the only kind the simulator's dependency-free graphs can honour. */
+static CUresult add_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                         const void *edgeData, size_t numDeps, CUgraphNodeParams *p)
+{
+    if (node == NULL || graph == NULL || graph->tag != TAG_GRAPH || p == NULL ||
+        (numDeps > 0 && deps == NULL) || edgeData != NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+        const CUDA_KERNEL_NODE_PARAMS_v2 *k = &p->kernel;
+        struct launch l = {k->func, {k->gridDimX, k->gridDimY, k->gridDimZ},
+                           {k->blockDimX, k->blockDimY, k->blockDimZ}, k->sharedMemBytes,
+                           k->kernelParams, k->extra, false};
+        return add_kernel_node(node, graph, deps, numDeps, &l);
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+        return sim_graph_mem_add_alloc(graph, &p->alloc, node);
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+        return sim_graph_mem_add_free(graph, p->free.dptr, node);
+    default:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+SIMGPU_API CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                   size_t numDeps, void *params)
+{
+    SIM_ENTER();
+    return add_node(node, graph, deps, NULL, numDeps, params);
+}
+
+SIMGPU_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                      const void *edgeData, size_t numDeps, void *params)
+{
+    SIM_ENTER();
+    return add_node(node, graph, deps, edgeData, numDeps, params);
+}
+
+SIMGPU_API CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                      const void *edgeData, size_t numDeps, void *params)
+{
+    SIM_ENTER();
+    return add_node(node, graph, deps, edgeData, numDeps, params);
+}
+
+SIMGPU_API CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count)
+{
+    SIM_ENTER();
+    if (graph == NULL || graph->tag != TAG_GRAPH || count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t n = 0;
+    for (struct sim_graph_node *g = graph->first; g != NULL; g = g->next, n++) {
+        if (nodes != NULL && n < *count)
+            nodes[n] = (CUgraphNode)g;
+    }
+    if (nodes == NULL || n < *count)
+        *count = n; /* with an array, CUDA reports how many it filled when fewer than room */
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+    SIM_ENTER();
+    const struct sim_graph_node *n = (const struct sim_graph_node *)node;
+    if (n == NULL || n->tag != TAG_GRAPH_NODE || type == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    static const CUgraphNodeType types[] = {[SIM_NODE_KERNEL] = CU_GRAPH_NODE_TYPE_KERNEL,
+                                            [SIM_NODE_MEM_ALLOC] = CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                                            [SIM_NODE_MEM_FREE] = CU_GRAPH_NODE_TYPE_MEM_FREE};
+    *type = types[n->kind];
+    return CUDA_SUCCESS;
+}
+
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph)
 {
     if (exec == NULL || graph == NULL || graph->tag != TAG_GRAPH)
@@ -303,6 +371,11 @@ static CUresult instantiate(CUgraphExec *exec, CUgraph graph)
     size_t i = 0;
     for (const struct sim_graph_node *n = graph->first; n != NULL; n = n->next)
         e->nodes[i++] = *n;
+    CUresult rc = sim_graph_mem_instantiate(e->nodes, count);
+    if (rc != CUDA_SUCCESS) {
+        free(e);
+        return rc;
+    }
     *exec = e;
     return CUDA_SUCCESS;
 }
@@ -337,11 +410,20 @@ static CUresult graph_launch(CUgraphExec exec, CUstream stream, enum sim_default
     if (rc != CUDA_SUCCESS)
         return rc;
     CUgraph capture = sim_stream_capture(s);
+    bool has_memory = false;
+    for (size_t i = 0; i < exec->count; i++)
+        has_memory |= exec->nodes[i].kind != SIM_NODE_KERNEL;
+    if (capture != NULL && has_memory) /* a child graph with memory nodes: not modelled */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (has_memory)
+        rc = sim_graph_mem_prepare_launch(exec->nodes, exec->count);
     for (size_t i = 0; i < exec->count && rc == CUDA_SUCCESS; i++) {
         if (capture != NULL)
             rc = sim_graph_append(capture, exec->nodes[i].duration_ns); /* recorded, not run */
-        else
+        else if (exec->nodes[i].kind == SIM_NODE_KERNEL)
             sim_stream_submit(s, exec->nodes[i].duration_ns);
+        else
+            sim_graph_mem_run(&exec->nodes[i], s->ctx);
     }
     return rc;
 }
@@ -362,6 +444,7 @@ SIMGPU_API CUresult cuGraphExecDestroy(CUgraphExec exec)
     if (exec == NULL || exec->tag != TAG_GRAPH_EXEC)
         return CUDA_ERROR_INVALID_VALUE;
     exec->tag = 0;
+    sim_graph_mem_exec_destroyed(exec->nodes, exec->count);
     free(exec);
     return CUDA_SUCCESS;
 }

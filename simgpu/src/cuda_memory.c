@@ -14,6 +14,13 @@ static size_t round_up(size_t v, size_t unit)
     return (v + unit - 1) / unit * unit;
 }
 
+void *sim_backing_map(size_t bytes)
+{
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return map == MAP_FAILED ? NULL : map;
+}
+
 CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
                    struct sim_alloc_rec **out)
 {
@@ -28,9 +35,8 @@ CUresult sim_alloc(CUcontext ctx, size_t bytes, enum sim_alloc_kind kind,
             return rc;
         }
     }
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
+    void *map = sim_backing_map(bytes);
+    if (map == NULL) {
         if (kind != ALLOC_HOST)
             sim_mem_release(&sim_cuda.rt.node, rec->handle);
         free(rec);
@@ -113,7 +119,9 @@ void sim_memory_release_context(CUcontext ctx)
     struct sim_alloc_rec *r = allocations;
     while (r != NULL) {
         struct sim_alloc_rec *next = r->next;
-        if (r->ctx == ctx) {
+        if (r->ctx == ctx && r->kind == ALLOC_GRAPH) {
+            sim_graph_mem_free(r); /* to the graph memory cache, which outlives contexts */
+        } else if (r->ctx == ctx) {
             if (r->kind == ALLOC_POOL)
                 sim_pool_forget(r);
             sim_free_rec(r);
@@ -197,6 +205,9 @@ static CUresult free_kind(uintptr_t ptr, bool host)
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     if (rec != NULL && rec->kind == ALLOC_POOL && !host) {
         sim_pool_return_block(rec); /* a stream-ordered allocation: to its pool, as CUDA does */
+        rc = CUDA_SUCCESS;
+    } else if (rec != NULL && rec->kind == ALLOC_GRAPH && !host) {
+        sim_graph_mem_free(rec); /* a graph allocation: to the device's graph memory cache */
         rc = CUDA_SUCCESS;
     } else if (rec != NULL && rec->kind != ALLOC_IPC && (rec->kind == ALLOC_HOST) == host) {
         sim_free_rec(rec);

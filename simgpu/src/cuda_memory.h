@@ -19,11 +19,13 @@ enum sim_alloc_kind {
     ALLOC_POOL,    /* cuMemAllocAsync / cuMemAllocFromPoolAsync */
     ALLOC_HOST,    /* cuMemAllocHost: pinned host memory, not counted on the device */
     ALLOC_IPC,     /* cuIpcOpenMemHandle: another process's allocation, counted to it */
+    ALLOC_GRAPH,   /* a graph allocation node's, live between its launch and its free */
 };
 
 #define SIM_IPC_NAME_MAX 48
 
-struct sim_pool_chunk; /* cuda_pool.c */
+struct sim_pool_chunk;  /* cuda_pool.c */
+struct sim_graph_block; /* cuda_graph_mem.c */
 
 struct sim_alloc_rec {
     uintptr_t base;
@@ -33,6 +35,7 @@ struct sim_alloc_rec {
     uint32_t handle; /* shared-table reservation; unused for ALLOC_HOST and ALLOC_POOL */
     CUmemoryPool pool;
     struct sim_pool_chunk *chunk; /* ALLOC_POOL: the pool's reservation it is carved from */
+    struct sim_graph_block *graph_block; /* ALLOC_GRAPH: the node's memory */
     bool exported;                /* cuIpcGetMemHandle moved its backing to a file (cuda_ipc.c) */
     int ipc_refs;                 /* ALLOC_IPC: opens minus closes */
     char ipc_name[SIM_IPC_NAME_MAX]; /* exported or ALLOC_IPC: the file's name (cuda_ipc.c) */
@@ -42,6 +45,9 @@ struct sim_alloc_rec {
 
 /* Bytes are accounted in units of this, as real allocators round small requests up. */
 #define SIM_ALLOC_ROUNDING 512u
+
+/* Host address space backing `bytes` of device memory (private, reserved lazily), or NULL. */
+void *sim_backing_map(size_t bytes);
 
 /* Reserve device memory and map backing for it; the record is linked into the registry. Not
  * for ALLOC_POOL: pool blocks are carved from their pool's reservation (cuda_pool.c). */

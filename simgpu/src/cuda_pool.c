@@ -193,11 +193,10 @@ static CUresult carve(CUmemoryPool pool, size_t bytes, struct sim_alloc_rec **ou
     struct sim_alloc_rec *rec = calloc(1, sizeof *rec);
     if (rec == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    struct sim_pool_chunk *chunk = map == MAP_FAILED ? NULL : chunk_for(pool, block_bytes(bytes));
+    void *map = sim_backing_map(bytes);
+    struct sim_pool_chunk *chunk = map == NULL ? NULL : chunk_for(pool, block_bytes(bytes));
     if (chunk == NULL) {
-        if (map != MAP_FAILED)
+        if (map != NULL)
             munmap(map, bytes);
         free(rec);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -222,6 +221,9 @@ static CUresult alloc_from(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, C
         return rc;
     if (sim_fault_gpu_lost(&sim_cuda.rt, s->ctx->device))
         return SIM_CUDA_GPU_LOST;
+    CUgraph capture = sim_stream_capture(s);
+    if (capture != NULL) /* captured: an allocation node, whose memory comes at launch */
+        return sim_graph_capture_alloc(capture, s->ctx->device, bytes, dptr);
     pthread_mutex_lock(&sim_cuda.mu);
     if (pool == NULL)
         pool = current_pool(s->ctx->device);
@@ -300,11 +302,17 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, enum sim_default_s
     CUresult rc = sim_resolve_stream(stream, mode, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
+    CUgraph capture = sim_stream_capture(s);
+    if (capture != NULL) /* captured: a free node of a graph allocation */
+        return sim_graph_capture_free(capture, dptr);
     pthread_mutex_lock(&sim_cuda.mu);
     struct sim_alloc_rec *rec = sim_find_alloc((uintptr_t)dptr);
     rc = CUDA_ERROR_INVALID_VALUE;
     if (rec != NULL && rec->kind == ALLOC_POOL) {
         sim_pool_return_block(rec);
+        rc = CUDA_SUCCESS;
+    } else if (rec != NULL && rec->kind == ALLOC_GRAPH) {
+        sim_graph_mem_free(rec);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&sim_cuda.mu);

@@ -197,6 +197,18 @@ static const struct proc_entry table[] = {
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    E("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    E("cuGraphAddNode", 12020, cuGraphAddNode),
+    E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    E("cuGraphAddNode", 13041, cuGraphAddNode_v3),
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    E("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    E("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    E("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
+    E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    E("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute),
+    E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
 };
 
 static CUresult proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,

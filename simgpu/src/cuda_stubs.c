@@ -43,7 +43,7 @@
                                                    \
       \
     X(cuGraphAddMemcpyNode) X(cuGraphAddMemsetNode)    \
-    X(cuGraphAddEmptyNode) X(cuGraphAddHostNode) X(cuGraphClone) X(cuGraphGetNodes)               \
+    X(cuGraphAddEmptyNode) X(cuGraphAddHostNode) X(cuGraphClone)                                   \
     X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecUpdate_v2) X(cuGraphUpload)                 \
     X(cuGraphKernelNodeGetParams_v2) X(cuGraphKernelNodeSetParams_v2) X(cuTexObjectCreate)        \
     X(cuTexObjectDestroy) X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuImportExternalMemory)  \

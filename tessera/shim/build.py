@@ -65,6 +65,8 @@ CUDA_SOURCES = [
     "cuda_capture_hooks.c",
     "cuda_memory_hooks.c",
     "cuda_launch_hooks.c",
+    "graph_mem.c",
+    "cuda_graph_hooks.c",
     "procaddr.c",
 ]
 NVML_SOURCES = [*FORMAT_SOURCES, "log.c", "mounts.c", "limits_source.c", "nvml_hooks.c"]

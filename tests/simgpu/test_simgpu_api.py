@@ -267,3 +267,25 @@ def test_malformed_images_are_refused_each_in_its_own_way(make_node: NodeFactory
     done = make_node(name="images").program("image_formats", str(IMAGES))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "PASS"
+
+
+def test_graph_memory_nodes_take_device_memory_at_launch_and_keep_it_cached_until_trimmed(
+    make_node: NodeFactory,
+) -> None:
+    """tests/simgpu/programs/graph_mem_api.c passes: an allocation node's address is fixed when
+    it is added and costs nothing until the graph launches; launched, its memory counts on the
+    device (cuMemGetInfo, CU_GRAPH_MEM_ATTR_USED_MEM_*) and is usable; a free node, cuMemFree or
+    cuMemFreeAsync gives it to the device's graph memory cache, which keeps it reserved
+    (RESERVED_MEM_*, cuMemGetInfo) through graph and executable destruction until
+    cuDeviceGraphMemTrim; a free node in another graph frees it, after the allocating graph and
+    executable are gone; an executable whose allocation is still live cannot be relaunched
+    (CUDA_ERROR_INVALID_VALUE), a graph with memory nodes has one executable at a time, and a
+    launch beyond the device is CUDA_ERROR_OUT_OF_MEMORY, taking nothing. cuGraphAddNode(_v2)
+    adds the same nodes (other types are CUDA_ERROR_NOT_SUPPORTED, edge data is refused),
+    captured cuMemAllocAsync/cuMemFreeAsync become them (freeing in a capture what no graph
+    allocated is CUDA_ERROR_INVALID_VALUE, and an executable with memory nodes is not launched
+    into a capture), cuGraphGetNodes fills no more than it has room for, and only the high-water
+    marks can be reset."""
+    done = make_node(name="graphmem").program("graph_mem_api")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "PASS"

@@ -1,7 +1,8 @@
 /*
  * Stream capture (cuda_capture_hooks.c): whether a stream of this process is capturing, asked
  * by the compute controller (launches into a capturing stream are recorded, not run) and by the
- * stream-ordered allocation hooks (refused on a capturing stream under a memory limit).
+ * stream-ordered allocation hooks (on a capturing stream they are graph allocation nodes, charged
+ * with their graph, not when captured).
  */
 #ifndef TESSERA_CAPTURE_H
 #define TESSERA_CAPTURE_H

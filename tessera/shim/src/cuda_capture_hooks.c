@@ -1,8 +1,8 @@
 /*
  * Stream capture. A launch into a capturing stream is recorded into a graph, not run, so the
  * compute controller must not charge it (the graph is charged when launched), and a
- * stream-ordered allocation on it becomes graph memory, which the memory hooks refuse under a
- * limit. Asking the driver cuStreamIsCapturing on every capped launch costs a driver call;
+ * stream-ordered allocation on it becomes a graph allocation node, which the memory hooks do not
+ * charge (its graph is charged when instantiated). Asking the driver cuStreamIsCapturing on every capped launch costs a driver call;
  * instead these hooks note that a capture is beginning in this process, and only from then on
  * is the driver asked. (A stream can only be capturing after some cuStreamBeginCapture* in its
  * process; streams that join a capture through an event wait still need one to have begun.)

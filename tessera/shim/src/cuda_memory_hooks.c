@@ -171,18 +171,14 @@ static bool charge_growth(struct shim_charge *c, CUmemoryPool *pool, size_t byte
  * context, as cuMemAllocAsync uses) on `stream`. Charged before the real call for what the pool
  * can grow by (charge_growth); then the pool is tracked and the device's cache charge settled:
  * its growth is taken from what was charged beyond the allocation, the rest refunded, and what
- * the driver served from the cache is refunded too. On a capturing stream it would be a graph
- * memory node (memory the driver reserves for the graph, outside the pools, at instantiation or
- * launch), not accounted: refused while a memory limit is in force, like
- * cuGraphAddMemAllocNode. */
+ * the driver served from the cache is refunded too. On a capturing stream it is a graph
+ * allocation node, which takes no memory until its graph launches: passed through uncharged, the
+ * graph is charged for it when instantiated (cuda_graph_hooks.c). */
 static CUresult alloc_pooled(CUresult (*call)(void *), void *arg, CUdeviceptr *dptr,
                              size_t bytesize, CUmemoryPool pool, CUstream stream, bool ptsz)
 {
-    if (shim.memory_limited && shim_stream_capturing(stream, ptsz)) {
-        SHIM_WARN("stream-ordered allocation of %zu bytes on a capturing stream refused: graph "
-                  "memory is not accounted while a memory limit is in force", bytesize);
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
+    if (shim.memory_limited && shim_stream_capturing(stream, ptsz))
+        return call(arg);
     struct shim_charge c;
     CUresult rc = shim_charge_begin(&c, pool != NULL ? shim_pools_device(pool) : -1, bytesize);
     if (rc != CUDA_SUCCESS)
@@ -834,10 +830,10 @@ SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 /* ------------------------------------------------------------------ not accounted ------ */
 
-/* Graph memory nodes (memory that exists while a graph that allocates it has not freed it,
- * reserved by the driver at instantiation or launch) and mipmapped arrays (padded per level by
- * the driver) are not accounted yet; rather than let them bypass the limit they are refused
- * (CUDA_ERROR_NOT_SUPPORTED) while a memory limit is in force, and pass through otherwise. */
+/* Mipmapped arrays (padded per level by the driver) are not accounted yet; rather than let them
+ * bypass the limit they are refused (CUDA_ERROR_NOT_SUPPORTED) while a memory limit is in force,
+ * and pass through otherwise. (Graph memory nodes are charged when their graph is instantiated:
+ * cuda_graph_hooks.c.) */
 #define UNACCOUNTED_GUARD(name)                                                                   \
     do {                                                                                          \
         shim_init();                                                                              \
@@ -848,59 +844,6 @@ SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         if (shim_real.name == NULL)                                                               \
             return CUDA_ERROR_NOT_FOUND;                                                          \
     } while (0)
-
-static bool mem_alloc_node(const void *params)
-{
-    return params != NULL &&
-           *(const int *)params == TESSERA_CU_GRAPH_NODE_TYPE_MEM_ALLOC; /* CUgraphNodeParams.type */
-}
-
-SHIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph,
-                                            const CUgraphNode *deps, size_t count, void *params)
-{
-    UNACCOUNTED_GUARD(cuGraphAddMemAllocNode);
-    return shim_real.cuGraphAddMemAllocNode(node, graph, deps, count, params);
-}
-
-SHIM_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
-                                    size_t count, void *params)
-{
-    if (mem_alloc_node(params))
-        UNACCOUNTED_GUARD(cuGraphAddNode);
-    else
-        REAL_OR_NOT_FOUND(cuGraphAddNode);
-    return shim_real.cuGraphAddNode(node, graph, deps, count, params);
-}
-
-/* _v2 and CUDA 13.4.1's _v3 take the same arguments; `real` is the slot of the one called (read
- * after shim_init, which fills it). */
-static CUresult add_node_with_edges(__typeof__(&cuGraphAddNode_v2) *real, CUgraphNode *node,
-                                    CUgraph graph, const CUgraphNode *deps, const void *edgeData,
-                                    size_t count, void *params)
-{
-    shim_init();
-    if (mem_alloc_node(params) && shim.memory_limited) {
-        SHIM_DEBUG("cuGraphAddNode refused: not accounted while a memory limit is in force");
-        return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    if (*real == NULL)
-        return CUDA_ERROR_NOT_FOUND;
-    return (*real)(node, graph, deps, edgeData, count, params);
-}
-
-SHIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
-                                       const void *edgeData, size_t count, void *params)
-{
-    return add_node_with_edges(&shim_real.cuGraphAddNode_v2, node, graph, deps, edgeData, count,
-                               params);
-}
-
-SHIM_EXPORT CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
-                                       const void *edgeData, size_t count, void *params)
-{
-    return add_node_with_edges(&shim_real.cuGraphAddNode_v3, node, graph, deps, edgeData, count,
-                               params);
-}
 
 SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array,
                                             const CUDA_ARRAY3D_DESCRIPTOR *desc,

@@ -4,12 +4,23 @@
 #include <errno.h>
 #include <time.h>
 
+#include "graph_mem.h"
 #include "keylock.h"
 #include "log.h"
 #include "pools.h"
 
 /* How often (at most) an allocating process sweeps the region for dead processes' memory. */
 #define REAP_INTERVAL_NS 500000000ULL
+
+/* `bytes` did not fit on region GPU `gpu` (CUDA ordinal `dev`): the process's pool caches, then
+ * its graph memory cache, give back what they hold (pools.h, graph_mem.h), and it is tried again
+ * after each. */
+static bool reserve_after_reclaim(int dev, int gpu, uint64_t bytes, uint64_t limit)
+{
+    if (shim_pools_reclaim(dev) && tessera_region_reserve(&shim.region, gpu, bytes, limit) == 0)
+        return true;
+    return shim_graph_reclaim(dev) && tessera_region_reserve(&shim.region, gpu, bytes, limit) == 0;
+}
 
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
 {
@@ -40,8 +51,7 @@ CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY;
     tessera_region_maybe_reap(&shim.region, REAP_INTERVAL_NS);
     if (tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0 &&
-        (!shim_pools_reclaim(dev) ||
-         tessera_region_reserve(&shim.region, d->gpu, bytes, d->memory_limit) != 0)) {
+        !reserve_after_reclaim(dev, d->gpu, bytes, d->memory_limit)) {
         SHIM_DEBUG("refused %llu bytes on CUDA device %d: the claim holds %llu of %llu",
                    (unsigned long long)bytes, dev,
                    (unsigned long long)tessera_region_used(shim.region.map, d->gpu),

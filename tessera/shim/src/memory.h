@@ -24,7 +24,8 @@ struct shim_charge {
 
 /* Reserve `bytes` on device `dev` (-1: the current context's device). CUDA_SUCCESS, or
  * CUDA_ERROR_OUT_OF_MEMORY if the claim's limit would be exceeded even after the process's
- * memory pools on the device gave back what they cache (pools.h). While a memory limit is in
+ * memory pools on the device gave back what they cache (pools.h), and then its graph memory
+ * cache (graph_mem.h). While a memory limit is in
  * force a begun charge holds the allocation gate (keylock.h) until it is committed or aborted:
  * call the driver between the two, and nothing that begins another charge. */
 CUresult shim_charge_begin(struct shim_charge *c, int dev, uint64_t bytes);

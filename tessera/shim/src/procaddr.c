@@ -96,10 +96,13 @@ static const struct hook table[] = {
     P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
     H("cuStreamBeginCaptureToCig", 13020, cuStreamBeginCaptureToCig),
     H("cuStreamBeginRecaptureToGraph", 13030, cuStreamBeginRecaptureToGraph),
-    H("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
-    H("cuGraphAddNode", 12020, cuGraphAddNode),
-    H("cuGraphAddNode", 12030, cuGraphAddNode_v2),
-    H("cuGraphAddNode", 13041, cuGraphAddNode_v3),
+    H("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),
+    H("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    H("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    H("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
+    H("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    H("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
     H("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 };
 

@@ -20,7 +20,8 @@ enum shim_kind {
     SHIM_KIND_HANDLE = 3, /* cuMemCreate: key = CUmemGenericAllocationHandle; peer = VMM id */
     SHIM_KIND_MAPPING = 4, /* cuMemMap: key = virtual address; peer = VMM id; bytes = length */
     SHIM_KIND_CONTEXT = 6, /* context -> device ordinal cache */
-    SHIM_KIND_VMM = 7      /* a cuMemCreate allocation: key = shim's id; refs = handle + maps */
+    SHIM_KIND_VMM = 7,     /* a cuMemCreate allocation: key = shim's id; refs = handle + maps */
+    SHIM_KIND_GRAPH_EXEC = 8 /* an executable graph's memory bound (graph_mem.h): key = exec */
 };
 
 struct shim_entry {

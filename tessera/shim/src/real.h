@@ -73,10 +73,17 @@
     X_OPT(cuStreamBeginCaptureToGraph_ptsz)                                                       \
     X_OPT(cuStreamBeginCaptureToCig)                                                              \
     X_OPT(cuStreamBeginRecaptureToGraph)                                                          \
-    X_OPT(cuGraphAddMemAllocNode)                                                                 \
-    X_OPT(cuGraphAddNode)                                                                         \
-    X_OPT(cuGraphAddNode_v2)                                                                      \
-    X_OPT(cuGraphAddNode_v3)                                                                      \
+    X_OPT(cuGraphInstantiate)                                                                     \
+    X_OPT(cuGraphInstantiate_v2)                                                                  \
+    X_OPT(cuGraphInstantiateWithFlags)                                                            \
+    X_OPT(cuGraphInstantiateWithParams)                                                           \
+    X_OPT(cuGraphInstantiateWithParams_ptsz)                                                      \
+    X_OPT(cuGraphExecDestroy)                                                                     \
+    X_OPT(cuGraphGetNodes)                                                                        \
+    X_OPT(cuGraphNodeGetType)                                                                     \
+    X_OPT(cuGraphMemAllocNodeGetParams)                                                           \
+    X_OPT(cuDeviceGetGraphMemAttribute)                                                           \
+    X_OPT(cuDeviceGraphMemTrim)                                                                   \
     X_OPT(cuMipmappedArrayCreate)                                                                 \
     X(cuEventCreate)                                                                              \
     X(cuEventRecord)                                                                              \

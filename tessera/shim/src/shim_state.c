@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "compute.h"
+#include "graph_mem.h"
 #include "keylock.h"
 #include "limits_source.h"
 #include "log.h"
@@ -65,6 +66,7 @@ static void child_after_fork(void)
     shim_table_child_after_fork();
     shim_keylock_child_after_fork();
     shim_pools_child_after_fork();
+    shim_graph_child_after_fork();
     shim_compute_child_after_fork();
     if (shim.region.map != NULL)
         tessera_region_after_fork_child(&shim.region); /* failing, it leaves region.fd -1 */

@@ -27,8 +27,12 @@
  *                                          and over: the launch-to-completion latency's percentiles
  *   shim_probe bench N                     ns per call: launch, alloc, free (with 10000 live),
  *                                          cuMemGetInfo_v2, launch of a one-node graph
- *   shim_probe capture_alloc API BYTES     stream-ordered allocation on a capturing stream, then
- *                                          on the same stream not capturing
+ *   shim_probe graph_mem HOW BYTES [again|twice|alloc]   a graph allocating BYTES (HOW: node
+ *                                          two_devices addnode capture capture_ptsz pool)
+ *                                          instantiated, launched, destroyed, trimmed; "again": a
+ *                                          second one before the trim; "twice": the same graph
+ *                                          instantiated again while the first executable exists;
+ *                                          "alloc": cuMemAlloc of BYTES before the trim
  *   shim_probe signals                     the application's signal handlers survive CUDA use
  *
  * API: mem pitch managed async async_ptsz pool pool_ptsz vmm array array3d
@@ -252,41 +256,153 @@ static int mode_alloc(int argc, char **argv)
 /* ------------------------------------------------------------------------- capture ----- */
 
 /* API async/pool on a created stream, async_ptsz/pool_ptsz on the per-thread default stream. */
-static int mode_capture_alloc(int argc, char **argv)
+/* A graph that allocates BYTES and frees them, built as `how` says: "node" (cuGraphAddMemAllocNode
+ * and cuGraphAddMemFreeNode), "two_devices" (BYTES on this device and BYTES on the next, not
+ * freed), "addnode" (cuGraphAddNode), or captured from a stream: "capture"
+ * (cuMemAllocAsync/cuMemFreeAsync), "capture_ptsz" (their _ptsz forms on the per-thread default
+ * stream), "pool" (cuMemAllocFromPoolAsync from the device's pool). */
+static CUgraph build_graph(const char *how, size_t bytes)
+{
+    LOAD(lib, cuGraphCreate);
+    CUgraph g = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = device;
+    p.bytesize = bytes;
+    if (strcmp(how, "node") == 0) {
+        LOAD(lib, cuGraphAddMemAllocNode);
+        LOAD(lib, cuGraphAddMemFreeNode);
+        CUgraphNode a = NULL, f = NULL;
+        CHECK(p_cuGraphCreate(&g, 0));
+        CHECK(p_cuGraphAddMemAllocNode(&a, g, NULL, 0, &p));
+        CHECK(p_cuGraphAddMemFreeNode(&f, g, &a, 1, p.dptr));
+        return g;
+    }
+    if (strcmp(how, "two_devices") == 0) {
+        LOAD(lib, cuGraphAddMemAllocNode);
+        CUgraphNode a = NULL, b = NULL;
+        CHECK(p_cuGraphCreate(&g, 0));
+        CHECK(p_cuGraphAddMemAllocNode(&a, g, NULL, 0, &p));
+        p.poolProps.location.id = device + 1;
+        CHECK(p_cuGraphAddMemAllocNode(&b, g, &a, 1, &p));
+        return g;
+    }
+    if (strcmp(how, "addnode") == 0) {
+        LOAD(lib, cuGraphAddNode);
+        CUgraphNode a = NULL, f = NULL;
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        np.alloc = p;
+        CHECK(p_cuGraphCreate(&g, 0));
+        CHECK(p_cuGraphAddNode(&a, g, NULL, 0, &np));
+        CUdeviceptr dptr = np.alloc.dptr;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+        np.free.dptr = dptr;
+        CHECK(p_cuGraphAddNode(&f, g, &a, 1, &np));
+        return g;
+    }
+    bool ptsz = strcmp(how, "capture_ptsz") == 0;
+    const char *alloc_name = ptsz ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync";
+    __typeof__(&cuMemAllocAsync) alloc = (__typeof__(&cuMemAllocAsync))test_sym(lib, alloc_name);
+    __typeof__(&cuMemFreeAsync) free_async = (__typeof__(&cuMemFreeAsync))test_sym(
+        lib, ptsz ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
+    CUresult (*begin)(CUstream, unsigned int) = (CUresult(*)(CUstream, unsigned int))test_sym(
+        lib, ptsz ? "cuStreamBeginCapture_v2_ptsz" : "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) = (CUresult(*)(CUstream, CUgraph *))test_sym(
+        lib, ptsz ? "cuStreamEndCapture_ptsz" : "cuStreamEndCapture");
+    CUdeviceptr dptr = 0;
+    CHECK(begin(alloc_stream, 0));
+    if (strcmp(how, "pool") == 0) {
+        LOAD(lib, cuDeviceGetMemPool);
+        LOAD(lib, cuMemAllocFromPoolAsync);
+        CUmemoryPool pool = NULL;
+        CHECK(p_cuDeviceGetMemPool(&pool, device));
+        CHECK(p_cuMemAllocFromPoolAsync(&dptr, bytes, pool, alloc_stream));
+    } else {
+        CHECK(alloc(&dptr, bytes, alloc_stream));
+    }
+    report("captured: ");
+    CHECK(free_async(dptr, alloc_stream));
+    CHECK(end(alloc_stream, &g));
+    return g;
+}
+
+/* Instantiate `g`, launch it once if that succeeded, and report the charge at each step. */
+static CUgraphExec instantiate_and_launch(CUgraph g, const char *prefix)
+{
+    LOAD(lib, cuGraphInstantiateWithFlags);
+    LOAD(lib, cuGraphLaunch);
+    LOAD(lib, cuStreamSynchronize);
+    CUgraphExec e = NULL;
+    CUresult rc = p_cuGraphInstantiateWithFlags(&e, g, 0);
+    printf("%sinstantiate_rc=%d\n", prefix, (int)rc);
+    if (rc != CUDA_SUCCESS)
+        return NULL;
+    char step[64];
+    snprintf(step, sizeof step, "%sinstantiated: ", prefix);
+    report(step);
+    CHECK(p_cuGraphLaunch(e, alloc_stream));
+    CHECK(p_cuStreamSynchronize(alloc_stream));
+    snprintf(step, sizeof step, "%slaunched: ", prefix);
+    report(step);
+    return e;
+}
+
+/* graph_mem HOW BYTES [again|twice|alloc]: a graph allocating BYTES (build_graph) instantiated and
+ * launched, then its executable destroyed and the graph memory trimmed, reporting the charge at
+ * each step. With "again", a second such graph is instantiated after the first executable is
+ * destroyed but before any trim, and destroyed; with "twice", the graph is instantiated a second
+ * time while its first executable exists (which the driver refuses); with "alloc", BYTES are
+ * allocated with cuMemAlloc after the executable is destroyed but before any trim, and freed. */
+static int mode_graph_mem(int argc, char **argv)
 {
     if (argc < 4)
         return 2;
     setup();
     LOAD(lib, cuStreamCreate);
+    LOAD(lib, cuGraphExecDestroy);
     LOAD(lib, cuGraphDestroy);
-    bool ptsz = strstr(argv[2], "ptsz") != NULL;
-    if (!ptsz)
+    LOAD(lib, cuDeviceGraphMemTrim);
+    if (strcmp(argv[2], "capture_ptsz") != 0)
         CHECK(p_cuStreamCreate(&alloc_stream, CU_STREAM_NON_BLOCKING));
-    CUresult (*begin)(CUstream, unsigned int) = (CUresult(*)(CUstream, unsigned int))test_sym(
-        lib, ptsz ? "cuStreamBeginCapture_v2_ptsz" : "cuStreamBeginCapture_v2");
-    CUresult (*end)(CUstream, CUgraph *) = (CUresult(*)(CUstream, CUgraph *))test_sym(
-        lib, ptsz ? "cuStreamEndCapture_ptsz" : "cuStreamEndCapture");
-    struct held h = {.api = argv[2], .size = strtoull(argv[3], NULL, 0)};
-    CHECK(begin(alloc_stream, 0));
-    CUresult rc = do_alloc(&h);
-    printf("captured_rc=%d\n", (int)rc);
-    report("captured: ");
-    CUgraph g = NULL;
-    CHECK(end(alloc_stream, &g));
-    CHECK(p_cuGraphDestroy(g));
-    if (rc == CUDA_SUCCESS) {
-        CHECK(do_free(&h));
-    } else if (h.pool != NULL) {
-        LOAD(lib, cuMemPoolDestroy);
-        CHECK(p_cuMemPoolDestroy(h.pool));
+    size_t bytes = strtoull(argv[3], NULL, 0);
+    CUgraph g = build_graph(argv[2], bytes);
+    report("built: ");
+    CUgraphExec e = instantiate_and_launch(g, "");
+    if (argc > 4 && strcmp(argv[4], "twice") == 0) {
+        LOAD(lib, cuGraphInstantiateWithFlags);
+        CUgraphExec e2 = NULL;
+        printf("twice_rc=%d\n", (int)p_cuGraphInstantiateWithFlags(&e2, g, 0));
+        report("twice: ");
     }
-    struct held again = {.api = argv[2], .size = h.size};
-    rc = do_alloc(&again);
-    printf("uncaptured_rc=%d\n", (int)rc);
-    report("uncaptured: ");
-    if (rc == CUDA_SUCCESS)
-        CHECK(do_free(&again));
-    report("after: ");
+    if (e != NULL)
+        CHECK(p_cuGraphExecDestroy(e));
+    report("destroyed: ");
+    if (argc > 4 && strcmp(argv[4], "again") == 0) {
+        CUgraph second = build_graph(argv[2], bytes);
+        CUgraphExec e2 = instantiate_and_launch(second, "second_");
+        if (e2 != NULL)
+            CHECK(p_cuGraphExecDestroy(e2));
+        CHECK(p_cuGraphDestroy(second));
+        report("second_destroyed: ");
+    }
+    if (argc > 4 && strcmp(argv[4], "alloc") == 0) {
+        LOAD(lib, cuMemAlloc_v2);
+        LOAD(lib, cuMemFree_v2);
+        CUdeviceptr ptr = 0;
+        CUresult rc = p_cuMemAlloc_v2(&ptr, bytes);
+        printf("alloc_rc=%d\n", (int)rc);
+        report("allocated: ");
+        if (rc == CUDA_SUCCESS)
+            CHECK(p_cuMemFree_v2(ptr));
+    }
+    CHECK(p_cuGraphDestroy(g));
+    CHECK(p_cuDeviceGraphMemTrim(device));
+    report("trimmed: ");
     return 0;
 }
 
@@ -1174,8 +1290,8 @@ int main(int argc, char **argv)
         return mode_pooldestroy(argc, argv);
     if (strcmp(mode, "bench") == 0)
         return mode_bench(argc, argv);
-    if (strcmp(mode, "capture_alloc") == 0)
-        return mode_capture_alloc(argc, argv);
+    if (strcmp(mode, "graph_mem") == 0)
+        return mode_graph_mem(argc, argv);
     if (strcmp(mode, "signals") == 0)
         return mode_signals();
     fprintf(stderr, "unknown mode %s\n", mode);

@@ -75,6 +75,15 @@ static void cuda(void)
     LOAD(lib, cuModuleGetFunction);
     LOAD(lib, cuFuncGetAttribute);
     LOAD(lib, cuGraphCreate);
+    LOAD(lib, cuGraphAddMemAllocNode);
+    LOAD(lib, cuGraphAddMemFreeNode);
+    LOAD(lib, cuGraphMemAllocNodeGetParams);
+    LOAD(lib, cuGraphMemFreeNodeGetParams);
+    LOAD(lib, cuGraphAddNode);
+    LOAD(lib, cuGraphAddNode_v2);
+    LOAD(lib, cuGraphAddNode_v3);
+    LOAD(lib, cuGraphGetNodes);
+    LOAD(lib, cuGraphNodeGetType);
     LOAD(lib, cuGetProcAddress);
     LOAD(lib, cuCtxGetStreamPriorityRange);
     LOAD(lib, cuCtxGetId);
@@ -112,6 +121,12 @@ static void cuda(void)
     CUmemGenericAllocationHandle handle = 0;
     CUarray array = NULL;
     CUgraph graph = NULL;
+    CUgraphNode node = NULL;
+    CUgraphNodeType node_type = CU_GRAPH_NODE_TYPE_KERNEL;
+    CUDA_MEM_ALLOC_NODE_PARAMS alloc_node;
+    CUgraphNodeParams node_params;
+    memset(&alloc_node, 0, sizeof alloc_node);
+    memset(&node_params, 0, sizeof node_params);
     float ms = 0;
     int least = 0, greatest = 0;
     unsigned long long id = 0;
@@ -240,6 +255,17 @@ static void cuda(void)
             CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuGraphCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuGraphCreate(&graph, 1), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphAddMemAllocNode(&node, NULL, NULL, 0, &alloc_node), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphAddMemFreeNode(&node, NULL, NULL, 0, dptr), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphMemAllocNodeGetParams(NULL, &alloc_node), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphMemFreeNodeGetParams(NULL, &dptr), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphAddNode(&node, NULL, NULL, 0, &node_params), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphAddNode_v2(&node, NULL, NULL, NULL, 0, &node_params),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphAddNode_v3(&node, NULL, NULL, NULL, 0, &node_params),
+            CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphGetNodes(NULL, NULL, &size), CUDA_ERROR_INVALID_VALUE),
+        ROW(p_cuGraphNodeGetType(NULL, &node_type), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuCtxGetId(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuStreamGetPriority(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
         ROW(p_cuStreamGetFlags(NULL, NULL), CUDA_ERROR_INVALID_VALUE),
