@@ -296,13 +296,16 @@ def dump(obj: object) -> str:
 
 
 def simulated_node(
-    directory: Path, gpus: int = 1, memory_bytes: int = 1 << 30
+    directory: Path, gpus: int = 1, memory_bytes: int = 1 << 30, **node_fields: Any
 ) -> tuple[list[str], dict[str, str]]:
-    """A simulated node under ``directory``: its GPU UUIDs and the environment of a process on it."""
+    """A simulated node under ``directory``: its GPU UUIDs and the environment of a process on it.
+    ``node_fields``: other :class:`simgpu.config.NodeSpec` fields (a client line's driver versions)."""
     from simgpu.config import NodeSpec, make_gpus, process_env, write_config
 
     spec = NodeSpec(
-        state_file=directory / "state", gpus=make_gpus(gpus, directory.name, memory_bytes=memory_bytes)
+        state_file=directory / "state",
+        gpus=make_gpus(gpus, directory.name, memory_bytes=memory_bytes),
+        **node_fields,
     )
     config = write_config(spec, directory / "simgpu.conf")
     return [g.uuid for g in spec.gpus], process_env(config)

@@ -11,7 +11,9 @@ from tests.clients.client_lines import LINES, ClientLine
 __all__ = ["built", "make_claim"]
 
 
-@pytest.fixture(params=LINES, ids=[line.name for line in LINES])
+# Module-scoped so that a module can run something once per line (the peer suite's run without the
+# shim) and compare every test's runs with it.
+@pytest.fixture(scope="module", params=LINES, ids=[line.name for line in LINES])
 def line(request: pytest.FixtureRequest) -> ClientLine:
     """Each line of clients in turn. The CUDA 13 line's venv is made by make: a checkout without it
     fails here, saying how to make it, rather than testing one line only."""
