@@ -135,10 +135,9 @@ def read_client_ca(path: Path | None) -> bytes | None:
 
 
 def server_context(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = None) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for the certificate; with ``client_ca``, it asks every client for a
-    certificate and verifies one that is presented against that bundle (a wrong one fails the
-    handshake). A client may still present none, so that the server can answer it with a sentence
-    instead of a bare handshake failure."""
+    """A TLS 1.2+ server context for the certificate; with ``client_ca``, every client must present a
+    certificate that bundle verifies, or its handshake fails. Required, not optional: a client
+    without one that got past the handshake could hold the server's connections (issue 37)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # load_cert_chain reads files only: write both to a private folder and remove it at once.
@@ -150,7 +149,7 @@ def server_context(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = No
         context.load_cert_chain(cert_file, key_file)
     if client_ca is not None:
         context.load_verify_locations(cadata=client_ca.decode("ascii", errors="replace"))
-        context.verify_mode = ssl.CERT_OPTIONAL
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 

@@ -16,8 +16,15 @@ while probes are answered at once.
 Everything that reaches the port is treated as hostile until the API server's client certificate
 says otherwise, so every resource a caller can hold is bounded:
 
+- with client authentication on, the TLS handshake requires a certificate the client CA verifies:
+  a client without one gets no further than a failed handshake, within ``REQUEST_TIMEOUT``;
 - connections are read by one event loop, never a thread each: a connection waiting for its next
-  request costs a coroutine, and at most ``MAX_CONNECTIONS`` are open (more are closed at once);
+  request costs a coroutine. One whose certificate names an allowed client (the API server) is
+  counted apart, up to ``MAX_VERIFIED``; every other (still in its handshake, or any connection
+  where authentication is off) takes a slot of ``MAX_UNVERIFIED``, at most ``MAX_PER_PEER`` from one
+  address, a newcomer taking the oldest slot of the address holding the most when all are taken
+  (tessera/peer_slots.py), and may sit idle only ``UNVERIFIED_IDLE_TIMEOUT``: whatever others
+  open, the API server's connections are never refused;
 - once a request's first byte arrives, its head and body must follow within ``REQUEST_TIMEOUT``
   (and the TLS handshake within the same), else 408 and the connection is closed: slow clients
   cannot hold anything for long, nor delay the reviews of others;
@@ -53,6 +60,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 
 from tessera.gpu_request import Refusal
+from tessera.peer_slots import PeerSlots
 from tessera.quantity import KiB, MiB
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.webhook import review
@@ -65,7 +73,7 @@ from tessera.webhook.tls import Certificates
 log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 180.0
-"""Seconds a kept-alive connection may sit idle before the server closes it. Longer than the
+"""Seconds a kept-alive connection of the API server may sit idle before the server closes it. Longer than the
 apiserver's own idle timeout (Go's 90 s), so the apiserver always closes first: a server closing an
 idle connection races the client's next POST on it, which the client reports as a broken pipe and
 does not retry. On shutdown, idle connections are closed at once, after the drain (WebhookServer.drain)
@@ -92,8 +100,23 @@ WORKERS = 8
 """Threads that decide reviews. A decision is milliseconds of CPU plus, for a new template shape, one
 API call; eight keep a replica's core busy while a template write waits on the API server."""
 
-MAX_CONNECTIONS = 1024
-"""Open connections at most; one more is closed on accept. The API server keeps a few per replica."""
+MAX_VERIFIED = 1024
+"""Connections whose certificate names an allowed client, at most; one more is closed after its
+handshake. Only the API server can open these, and it keeps a few per replica."""
+
+MAX_UNVERIFIED = 1024
+"""Every other connection at once: those still in their TLS handshake and, where authentication is
+off, every connection. Past it a newcomer takes the oldest slot of the address holding the most."""
+
+MAX_PER_PEER = 256
+"""Unverified connections from one address. Where authentication is off the API server is one of
+them: it keeps 25 idle connections per replica and opens one per concurrent call past those
+(docs/webhook.md, "Pod bursts"), well under this; four addresses are needed to take every slot."""
+
+UNVERIFIED_IDLE_TIMEOUT = 30.0
+"""Seconds an unverified connection (authentication off) may sit idle: whoever holds one may be
+anyone. Shorter than the API server's own 90 s, so the server may close one of the API server's idle
+connections first; docs/webhook.md ("Bounded input") says what that costs."""
 
 
 class Templates(Protocol):
@@ -253,9 +276,14 @@ class _Listener:
         task = asyncio.current_task()
         assert task is not None
         self.app.metrics.connections.inc()
-        if len(server.connections) >= MAX_CONNECTIONS or self.app.closing.is_set():
+        peer = str(writer.get_extra_info("peername")[0])
+        taken = server.unverified.take(peer, task)
+        if not taken.admitted or self.app.closing.is_set():
+            server.unverified.release(peer, task)
             writer.transport.abort()
             return
+        if taken.evicted is not None:  # its handshake or read ends at once, and it closes up
+            taken.evicted.cancel()
         server.connections.add(task)
         try:
             sock = writer.get_extra_info("socket")
@@ -263,10 +291,17 @@ class _Listener:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # answers go out at once
             # The context current right now, so a rotated certificate serves new connections.
             await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
+            idle_timeout = UNVERIFIED_IDLE_TIMEOUT
+            if self._allowed(writer):  # the API server: out of everyone else's reach
+                server.unverified.release(peer, task)
+                if len(server.verified) >= MAX_VERIFIED:
+                    return
+                server.verified.add(task)
+                idle_timeout = IDLE_TIMEOUT
             while not self.app.closing.is_set():
                 server.idle[task] = writer
                 try:
-                    first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
+                    first = await asyncio.wait_for(reader.readexactly(1), idle_timeout)
                 finally:
                     server.idle.pop(task, None)
                 if not await self._one_request(first, reader, writer):
@@ -274,8 +309,17 @@ class _Listener:
         except (OSError, EOFError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
             log.debug("connection %s ended", writer.get_extra_info("peername"), exc_info=True)
         finally:
-            await _close(writer)
-            server.connections.discard(task)
+            try:
+                await _close(writer)
+            finally:  # even when the close is cancelled (a slot given up to a newcomer)
+                server.unverified.release(peer, task)
+                server.verified.discard(task)
+                server.connections.discard(task)
+
+    def _allowed(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the handshake verified a certificate of an allowed client."""
+        policy = self.server.clients
+        return policy is not None and policy.refusal(writer.get_extra_info("peercert")) is None
 
     async def _one_request(
         self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -359,13 +403,17 @@ class WebhookServer:
         metrics_port: int | None = None,
         clients: ClientPolicy | None = None,
     ) -> None:
-        """clients: who may post reviews (the TLS context verifies their certificates); None serves
-        any caller, for a cluster whose API server presents no certificate."""
+        """clients: who may post reviews (the TLS context requires and verifies their certificates);
+        None serves any caller, for a cluster whose API server presents no certificate."""
         self.app = app
         self.certificates = certificates
         self.clients = clients
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="webhook-review")
         self.connections: set[asyncio.Task[Any]] = set()
+        self.unverified: PeerSlots[asyncio.Task[Any]] = PeerSlots(MAX_UNVERIFIED, MAX_PER_PEER)
+        """Connections not known to be the API server's; one given up is cancelled."""
+        self.verified: set[asyncio.Task[Any]] = set()
+        """Connections whose certificate names an allowed client."""
         self.idle: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         """Connections waiting for their next request: what shutdown may close at once."""
         self._loop = asyncio.new_event_loop()
