@@ -102,6 +102,10 @@ class Endpoints:
         served = {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics}
         return [path for path, what in served.items() if what is not None]
 
+    def probes(self) -> Endpoints:
+        """The health checks alone, for a probe port of their own."""
+        return Endpoints(healthz=self.healthz, readyz=self.readyz)
+
     def answer(self, path: str, accept_encoding: str = "") -> Answer:
         """200 or 503 with ``ok`` or why not for a check, 200 and the exposition for ``/metrics``
         (gzip-compressed when the client accepts it, as Prometheus does by default), else 404."""

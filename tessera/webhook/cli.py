@@ -61,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--probe-port",
+        env + "PROBE_PORT",
+        8081,
+        "plain HTTP port of /healthz and /readyz alone, for the kubelet's probes; -1 turns it off",
+        int,
+    )
+    setting(
+        p,
         "--tls-dir",
         env + "TLS_DIR",
         None,
@@ -358,9 +366,14 @@ class Webhook(Stoppable):
         self._cache.start()
         self._templates.start()
         app = WebhookApp(lambda: self._cache.fleet, self._templates, self._cache.synced.is_set, self._policy)
-        metrics_port = None if args.metrics_port < 0 else args.metrics_port
         self._server = WebhookServer(
-            app, self._certificates, args.bind_address, args.port, metrics_port, self._clients
+            app,
+            self._certificates,
+            args.bind_address,
+            args.port,
+            None if args.metrics_port < 0 else args.metrics_port,
+            self._clients,
+            None if args.probe_port < 0 else args.probe_port,
         )
         threading.Thread(
             target=_maintain_certificates,

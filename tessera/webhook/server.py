@@ -3,9 +3,11 @@
 
 ``/mutate`` takes AdmissionReview v1 posts; ``/healthz`` answers while the process serves;
 ``/readyz`` only once the slice cache has its first list; ``/metrics`` is Prometheus text. The same
-routes, except ``/mutate``, are served in plain HTTP on the metrics port for probes and scrapers, by
-tessera/serving.py as every Tessera process serves them; the HTTPS port answers them through the same
-``serving.Endpoints``, and a mounted certificate is loaded by ``serving.TlsFiles``.
+routes, except ``/mutate``, are served in plain HTTP on the metrics port for scrapers, and the two
+probes alone on a probe port of their own (so that no scraper, and nobody holding the metrics port's
+connections, stands between the kubelet and its probes), by tessera/serving.py as every Tessera
+process serves them; the HTTPS port answers them through the same ``serving.Endpoints``, and a
+mounted certificate is loaded by ``serving.TlsFiles``.
 
 The admission port is the one listener Tessera does not take from tessera/serving.py. It is the
 cluster's security boundary, and its bounds need what a thread per connection cannot give: thousands
@@ -402,9 +404,12 @@ class WebhookServer:
         port: int = 8443,
         metrics_port: int | None = None,
         clients: ClientPolicy | None = None,
+        probe_port: int | None = None,
     ) -> None:
         """clients: who may post reviews (the TLS context requires and verifies their certificates);
-        None serves any caller, for a cluster whose API server presents no certificate."""
+        None serves any caller, for a cluster whose API server presents no certificate.
+        metrics_port, probe_port: plain HTTP for /metrics (and the probes), and for the probes alone;
+        None leaves one off."""
         self.app = app
         self.certificates = certificates
         self.clients = clients
@@ -428,6 +433,9 @@ class WebhookServer:
             if metrics_port is None
             else HttpServer("probes and metrics", host, metrics_port, app.endpoints)
         )
+        self._probes = (
+            None if probe_port is None else HttpServer("probes", host, probe_port, app.endpoints.probes())
+        )
 
     @property
     def port(self) -> int:
@@ -438,9 +446,15 @@ class WebhookServer:
         """The plain port's bound port, once started (None when it is off)."""
         return self._plain.port if self._plain is not None else None
 
+    @property
+    def probe_port(self) -> int | None:
+        """The probe port's bound port, once started (None when it is off)."""
+        return self._probes.port if self._probes is not None else None
+
     def start(self) -> None:
-        if self._plain is not None:
-            self._plain.start()
+        for plain in (self._plain, self._probes):
+            if plain is not None:
+                plain.start()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
         self._thread.start()
 
@@ -469,8 +483,9 @@ class WebhookServer:
             self._thread.join()
         self._loop.close()
         self.workers.shutdown(wait=True)
-        if self._plain is not None:  # last: /readyz says "closing" while the reviews in flight finish
-            self._plain.stop()
+        for plain in (self._plain, self._probes):  # last: /readyz says "closing" meanwhile
+            if plain is not None:
+                plain.stop()
 
     async def _shutdown(self) -> None:
         self._server.close()

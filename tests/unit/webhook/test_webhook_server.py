@@ -73,6 +73,7 @@ class Running:
             0,
             metrics_port=0,
             clients=ClientPolicy(frozenset({DEFAULT_CLIENT_NAME})),
+            probe_port=0,
         )
         self.server.start()
 
@@ -104,9 +105,11 @@ class Running:
         answer: dict[str, Any] = json.loads(body)
         return answer
 
-    def get_plain(self, path: str) -> tuple[int, str]:
-        assert self.server.metrics_port is not None
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.metrics_port, timeout=30)
+    def get_plain(self, path: str, port: int | None = None) -> tuple[int, str]:
+        """GET on the metrics port, or on ``port``."""
+        port = port if port is not None else self.server.metrics_port
+        assert port is not None
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         connection.request("GET", path)
         response = connection.getresponse()
         return response.status, response.read().decode()
@@ -164,6 +167,7 @@ def test_readiness_waits_for_the_slice_cache_and_health_does_not(running: Runnin
     assert running.get_plain("/readyz")[0] == 503
     running.is_ready = True
     assert running.get_plain("/readyz") == (200, "ok\n")
+    assert running.get_plain("/readyz", running.server.probe_port) == (200, "ok\n")
     connection = running.https()
     connection.request("GET", "/readyz")
     assert connection.getresponse().status == 200
@@ -195,6 +199,13 @@ def test_metrics_count_connections_not_requests(running: Running) -> None:
         assert kept.getresponse().read()
     assert running.post(body)[0] == 200
     assert "tessera_webhook_connections_total 2.0" in running.get_plain("/metrics")[1]
+
+
+def test_the_probe_port_answers_the_probes_alone(running: Running) -> None:
+    probes = running.server.probe_port
+    assert running.get_plain("/healthz", probes) == (200, "ok\n")
+    assert running.get_plain("/readyz", probes) == (503, "slice cache not synced, or shutting down\n")
+    assert running.get_plain("/metrics", probes)[0] == 404
 
 
 def test_the_plain_port_does_not_serve_mutate(running: Running) -> None:
