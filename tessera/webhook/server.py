@@ -144,6 +144,8 @@ class WebhookApp:
         self.draining = threading.Event()
         """Set on SIGTERM, before ``closing``: not ready, still serving, each answer closes its connection."""
         self.closing = threading.Event()
+        self.last_request = float("-inf")
+        """When the latest request began (time.monotonic()): what the drain waits to see go quiet."""
         self.endpoints = Endpoints(
             healthz=lambda: (True, "ok"),
             readyz=lambda: (
@@ -329,6 +331,7 @@ class _Listener:
         """Read, answer; whether the connection stays open for another request."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REQUEST_TIMEOUT
+        self.app.last_request = time.monotonic()
 
         def left() -> float:
             # wait_for, unlike asyncio.timeout, returns a read that completed in the same loop turn
@@ -458,19 +461,39 @@ class WebhookServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
         self._thread.start()
 
-    def drain(self, seconds: float) -> None:
-        """Keep serving for ``seconds`` while clients move away: /readyz fails, so the pod leaves its
-        Service's endpoints, and every answer says ``Connection: close``, so a client that still
-        comes here ends that connection itself, after its answer, and opens the next one elsewhere.
+    def drain(self, seconds: float, quiet: float = 0.0, longest: float = 0.0) -> float | None:
+        """Keep serving while clients move away: /readyz fails, so the pod leaves its Service's
+        endpoints, and every answer says ``Connection: close``, so a client that still comes here
+        ends that connection itself, after its answer, and opens the next one elsewhere. The drain
+        lasts ``seconds``, and then on until no request has come for ``quiet`` seconds, but no
+        longer than ``longest`` in all. Returns the seconds from the drain's start to the last
+        request it saw (None: none came), which is how long the API server kept calling.
 
         Why: closing a kept-alive connection races the API server's next POST on it, which it
-        reports as EOF and does not retry, refusing a pod (failurePolicy Fail). Stopping at once on
-        SIGTERM also refuses the calls the API server routes here before it sees the endpoint go."""
+        reports as EOF and does not retry, refusing a pod (failurePolicy Fail). Stopping accepting
+        before the API server sees the endpoint go refuses its next connection: on a loaded
+        machine that took longer than a fixed 5 s (issue 37), so the drain waits for the calls to
+        stop rather than for a guess."""
+        started = time.monotonic()
         self.app.draining.set()
         log.info(
-            "draining for %g s before stopping: not ready, closing each connection after its answer", seconds
+            "draining for %g s, then until no request for %g s (at most %g s in all): "
+            "not ready, closing each connection after its answer",
+            seconds,
+            quiet,
+            max(seconds, longest),
         )
-        self.app.closing.wait(seconds)  # a stop meanwhile ends the drain
+        end = started + seconds
+        while not self.app.closing.wait(max(end - time.monotonic(), 0.0)):  # a stop ends the drain
+            end = min(max(self.app.last_request + quiet, end), started + max(seconds, longest))
+            if time.monotonic() >= end:
+                break
+        last = self.app.last_request - started
+        if last < 0:
+            log.info("drained after %.1f s: no request came while draining", time.monotonic() - started)
+            return None
+        log.info("drained after %.1f s: the last request came %.1f s in", time.monotonic() - started, last)
+        return last
 
     def stop(self) -> None:
         """Stop accepting, finish the reviews in flight, close kept-alive connections, return."""

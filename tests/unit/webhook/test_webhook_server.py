@@ -267,6 +267,55 @@ def test_a_draining_server_is_not_ready_but_answers_new_and_kept_alive_connectio
     assert running.get_plain("/healthz") == (200, "ok\n")
 
 
+class Drain:
+    """``server.drain(...)`` in a thread, keeping what it returned."""
+
+    def __init__(self, running: Running, seconds: float, quiet: float, longest: float) -> None:
+        self.last: list[float | None] = []
+        self.thread = threading.Thread(
+            target=lambda: self.last.append(running.server.drain(seconds, quiet, longest)), daemon=True
+        )
+        self.thread.start()
+
+
+def test_the_drain_outlasts_its_delay_while_the_api_server_keeps_calling_and_ends_once_it_stops(
+    running: Running,
+) -> None:
+    """The endpoint's removal reaches the API server late on a loaded cluster: as long as reviews
+    keep coming the replica keeps serving them, and it stops once they have stopped for the quiet
+    period, saying when the last one came."""
+    drain = Drain(running, seconds=0.2, quiet=1.0, longest=60.0)
+    kept = running.https()
+    for _ in range(30):  # 3 s of reviews, fifteen times the delay
+        assert drain.thread.is_alive()
+        kept.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
+        answer = kept.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") == "close"
+        answer.read()
+        kept = running.https()
+        threading.Event().wait(0.1)
+    drain.thread.join(30)
+    assert not drain.thread.is_alive()
+    [last] = drain.last
+    assert last is not None and last > 0.2  # the last review came well after the delay, and was served
+
+
+def test_the_drain_ends_at_its_longest_however_much_still_calls(running: Running) -> None:
+    drain = Drain(running, seconds=0.1, quiet=60.0, longest=0.5)
+    served = 0
+    while drain.thread.is_alive() and served < 600:
+        assert running.review(GPU_POD)["response"]["allowed"] is True
+        served += 1
+    assert not drain.thread.is_alive(), "still draining after 600 reviews"
+    assert drain.last != [None]
+
+
+def test_a_drain_no_request_reaches_ends_after_its_delay_and_says_so(running: Running) -> None:
+    drain = Drain(running, seconds=0.2, quiet=60.0, longest=60.0)
+    drain.thread.join(30)
+    assert not drain.thread.is_alive() and drain.last == [None]
+
+
 def test_an_empty_fleet_denies_gpu_pods_and_leaves_others_alone(running: Running) -> None:
     running.fleet = Fleet()
     assert "no gpu.tessera.dev GPU is published" in running.review(GPU_POD)["response"]["status"]["message"]
