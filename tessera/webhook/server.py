@@ -12,8 +12,9 @@ mounted certificate is loaded by ``serving.TlsFiles``.
 The admission port is the one listener Tessera does not take from tessera/serving.py. It is the
 cluster's security boundary, and its bounds need what a thread per connection cannot give: thousands
 of slow or idle connections held for a coroutine each, a deadline on a whole request rather than on
-each read, a refusal (401/403, 411/413/431) before a body is read, and a fixed pool deciding reviews
-while probes are answered at once.
+each read, a refusal (403, 411/413/431) before a body is read, and a fixed pool deciding reviews
+while probes are answered at once. Nor does aiohttp give them, measured against it (docs/webhook.md, "Why
+the admission listener is hand-written").
 
 Everything that reaches the port is treated as hostile until the API server's client certificate
 says otherwise, so every resource a caller can hold is bounded:
