@@ -19,6 +19,7 @@ from tessera import serving
 from tessera.serving import Endpoints, HttpServer, Metrics, TlsFiles, registry_metrics
 from testbed.pki import CertificateAuthority, KeyPair
 from testbed.polling import poll_until
+from testbed.process import connection_from
 
 
 def get(port: int, path: str, method: str = "GET", **headers: str) -> tuple[int, bytes, dict[str, str]]:
@@ -81,15 +82,6 @@ def test_stopping_twice_is_harmless_and_frees_the_port(server: HttpServer) -> No
         get(port, "/healthz")
 
 
-def connect_from(address: str, port: int) -> socket.socket:
-    """A connection from ``address`` (another loopback address stands for another pod)."""
-    connection = socket.socket()
-    connection.settimeout(30)
-    connection.bind((address, 0))
-    connection.connect(("127.0.0.1", port))
-    return connection
-
-
 def answered(connection: socket.socket) -> bytes:
     connection.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
     return connection.recv(1024)
@@ -107,10 +99,10 @@ def small(monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpServer]:
 
 
 def test_an_address_past_its_share_is_closed_at_once_and_others_are_still_served(small: HttpServer) -> None:
-    held = [connect_from("127.0.0.2", small.port) for _ in range(3)]
-    extra = connect_from("127.0.0.2", small.port)
+    held = [connection_from("127.0.0.2", small.port) for _ in range(3)]
+    extra = connection_from("127.0.0.2", small.port)
     assert extra.recv(1) == b""  # closed without a request being read
-    assert answered(connect_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
+    assert answered(connection_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
     for connection in held:  # the address's own share is served
         assert answered(connection).startswith(b"HTTP/1.0 200")
 
@@ -118,10 +110,10 @@ def test_an_address_past_its_share_is_closed_at_once_and_others_are_still_served
 def test_when_every_slot_is_taken_a_newcomer_takes_the_oldest_of_the_largest_holder(
     small: HttpServer,
 ) -> None:
-    crowd = [connect_from("127.0.0.2", small.port) for _ in range(3)]
-    other = connect_from("127.0.0.3", small.port)
+    crowd = [connection_from("127.0.0.2", small.port) for _ in range(3)]
+    other = connection_from("127.0.0.3", small.port)
     poll_until(lambda: len(small._server._slots) == 4, 30, "every slot taken")  # type: ignore[union-attr]
-    assert answered(connect_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
+    assert answered(connection_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
     assert crowd[0].recv(1) == b""  # the oldest of the address holding the most gave up its slot
     assert answered(crowd[1]).startswith(b"HTTP/1.0 200")
     assert answered(other).startswith(b"HTTP/1.0 200")

@@ -27,6 +27,7 @@ from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
 from testbed.pki import CertificateAuthority, KeyPair
 from testbed.polling import poll_until
+from testbed.process import connection_from
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
 from tests.webhook_clients import answer_of, client_context, handshake_refused, tls_socket
 
@@ -474,15 +475,6 @@ def test_connections_that_never_start_their_handshake_are_closed(running: Runnin
         assert connection.recv(1) == b""  # closed by the server, nothing sent
 
 
-def raw_from(address: str, port: int) -> socket.socket:
-    """A TCP connection from ``address`` (another loopback address stands for another pod)."""
-    connection = socket.socket()
-    connection.settimeout(30)
-    connection.bind((address, 0))
-    connection.connect(("127.0.0.1", port))
-    return connection
-
-
 @pytest.fixture
 def crowded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
     """A server with 8 unverified slots, at most 4 from one address."""
@@ -498,9 +490,11 @@ def test_connections_without_a_certificate_never_keep_the_api_server_out(crowded
     handshake, and a third keeps opening more: the API server's new connection still gets in, takes
     a slot from the address holding the most, and its review is answered."""
     port = crowded.server.port
-    held = [raw_from("127.0.0.2", port) for _ in range(4)] + [raw_from("127.0.0.3", port) for _ in range(4)]
+    held = [connection_from("127.0.0.2", port) for _ in range(4)] + [
+        connection_from("127.0.0.3", port) for _ in range(4)
+    ]
     poll_until(lambda: len(crowded.server.unverified) == 8, 30, "every unverified slot held")
-    refused = raw_from("127.0.0.2", port)  # past its address's share
+    refused = connection_from("127.0.0.2", port)  # past its address's share
     assert refused.recv(1) == b""
     assert crowded.review(GPU_POD)["response"]["allowed"] is True
     assert held[0].recv(1) == b""  # the oldest of the largest holder gave its slot up
