@@ -277,6 +277,9 @@ def _interrupt(connection: socket.socket) -> None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a request in progress must not hold up the process's exit
     block_on_close = False
+    request_queue_size = 1024
+    """The listen backlog (socketserver's default is 5): slots are shared out after the accept, so a
+    full queue would drop a probe's connection with the crowd's, to wait out TCP's retransmits."""
 
     def __init__(self, name: str, address: str, port: int, endpoints: Endpoints, tls: TlsFiles | None):
         self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET

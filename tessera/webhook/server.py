@@ -116,6 +116,12 @@ MAX_PER_PEER = 256
 them: it keeps 25 idle connections per replica and opens one per concurrent call past those
 (docs/webhook.md, "Pod bursts"), well under this; four addresses are needed to take every slot."""
 
+BACKLOG = 4096
+"""Connections the kernel queues until the event loop accepts them (capped by net.core.somaxconn,
+4096 by default). Slots are shared out after the accept: a queue that overflows drops the API
+server's connection with everyone else's, to wait out TCP's retransmits (1 s, then 3 s), and a
+tenant reopening a thousand connections at once would overflow the former 256."""
+
 UNVERIFIED_IDLE_TIMEOUT = 30.0
 """Seconds an unverified connection (authentication off) may sit idle: whoever holds one may be
 anyone. Shorter than the API server's own 90 s, so the server may close one of the API server's idle
@@ -429,7 +435,7 @@ class WebhookServer:
         self._thread: threading.Thread | None = None
         self._server = self._loop.run_until_complete(
             asyncio.start_server(
-                _Listener(self).connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=256
+                _Listener(self).connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=BACKLOG
             )
         )
         self._plain = (
