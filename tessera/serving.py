@@ -7,9 +7,13 @@ probe or the process's own work. The webhook's admission listener, which is not 
 (tessera/webhook/server.py says why), answers the same paths through the same :class:`Endpoints`.
 
 The thread server is bounded, as anything reachable from the cluster must be: at most
-``MAX_CONNECTIONS`` connections are served at once (one more is closed on accept), and a client has
-``REQUEST_TIMEOUT`` seconds for each read (the TLS handshake included) before its connection is
-closed, so slow or idle clients cannot pile up threads. Each connection carries one request.
+``MAX_CONNECTIONS`` connections are served at once, at most ``MAX_PER_PEER`` of them from one address,
+and when all are taken a newcomer takes the oldest slot of the address holding the most
+(tessera/peer_slots.py), so clients holding connections cannot starve a probe or a scraper. A
+connection has ``REQUEST_TIMEOUT`` seconds from its accept for everything (the TLS handshake, the
+request, the answer) before it is closed: the deadline is one per request, not one per read, so a
+client sending a header line now and then holds its slot no longer than one that sends nothing.
+Each connection carries one request.
 
 With :class:`TlsFiles` the server speaks TLS with a certificate and key read from files, reloaded
 when their bytes change (a mounted secret that cert-manager rotates): every new connection uses the
@@ -18,13 +22,16 @@ context current when it was accepted.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import io
 import logging
 import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,14 +41,21 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from tessera.peer_slots import PeerSlots
+
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64
 """Connections served at once. Probes and scrapers hold one or two each; more is someone else."""
 
+MAX_PER_PEER = 8
+"""Connections served at once from one address: a kubelet probing two paths and a scraper fit many
+times over; a client opening more is refused, and cannot take more than this from the others."""
+
 REQUEST_TIMEOUT = 10.0
-"""Seconds a client may take for each read of its request (and for the TLS handshake). A probe or a
-scrape sends its request at once; the kubelet's probe timeout is one second by default."""
+"""Seconds from a connection's accept until its answer has been sent (the TLS handshake, the request
+and the answer together). A probe or a scrape sends its request at once; the kubelet's probe timeout
+is one second by default."""
 
 _STOP_POLL = 0.1
 """Seconds between the accept loop's looks at a stop request: how long :meth:`HttpServer.stop` may
@@ -88,6 +102,10 @@ class Endpoints:
         served = {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics}
         return [path for path, what in served.items() if what is not None]
 
+    def probes(self) -> Endpoints:
+        """The health checks alone, for a probe port of their own."""
+        return Endpoints(healthz=self.healthz, readyz=self.readyz)
+
     def answer(self, path: str, accept_encoding: str = "") -> Answer:
         """200 or 503 with ``ok`` or why not for a check, 200 and the exposition for ``/metrics``
         (gzip-compressed when the client accepts it, as Prometheus does by default), else 404."""
@@ -121,10 +139,9 @@ def read_client_ca(path: Path | None) -> bytes | None:
 
 
 def server_context(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = None) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for the certificate; with ``client_ca``, it asks every client for a
-    certificate and verifies one that is presented against that bundle (a wrong one fails the
-    handshake). A client may still present none, so that the server can answer it with a sentence
-    instead of a bare handshake failure."""
+    """A TLS 1.2+ server context for the certificate; with ``client_ca``, every client must present a
+    certificate that bundle verifies, or its handshake fails. Required, not optional: a client
+    without one that got past the handshake could hold the server's connections (issue 37)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # load_cert_chain reads files only: write both to a private folder and remove it at once.
@@ -136,7 +153,7 @@ def server_context(cert_pem: bytes, key_pem: bytes, client_ca: bytes | None = No
         context.load_cert_chain(cert_file, key_file)
     if client_ca is not None:
         context.load_verify_locations(cadata=client_ca.decode("ascii", errors="replace"))
-        context.verify_mode = ssl.CERT_OPTIONAL
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
@@ -180,14 +197,50 @@ class TlsFiles:
         return self._context
 
 
+class _DeadlineSocket(io.RawIOBase):
+    """A connection's reads and writes, each allowed only the time left until one deadline: a client
+    cannot stretch its request by sending it a little at a time."""
+
+    def __init__(self, connection: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._connection = connection
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def arm(self) -> None:
+        """Give the next socket operation what is left of the deadline, or raise TimeoutError."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the connection's deadline has passed")
+        self._connection.settimeout(left)
+
+    def readinto(self, buffer: Any) -> int:
+        self.arm()
+        return self._connection.recv_into(buffer)
+
+    def write(self, data: Any) -> int:
+        self.arm()
+        self._connection.sendall(data)
+        return len(data)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    timeout = REQUEST_TIMEOUT
 
     def setup(self) -> None:
-        super().setup()
+        """Reads and writes bounded by the deadline set at accept, the TLS handshake included."""
+        self.connection = self.request
+        bounded = _DeadlineSocket(self.connection, self.server.deadline_of(self.request))
         if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()  # here, in the connection's thread, within its timeout
+            bounded.arm()
+            self.connection.do_handshake()  # here, in the connection's thread, within its deadline
+        self.rfile = io.BufferedReader(bounded)
+        self.wfile = io.BufferedWriter(bounded)  # the answer goes out in one send, flushed at finish
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -214,16 +267,28 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s: " + format, self.server.name, *args)
 
 
+def _interrupt(connection: socket.socket) -> None:
+    """End a connection another thread is serving: its blocked read or write fails at once and the
+    thread closes up. The plain socket's shutdown, so an SSLSocket's state is left to its thread."""
+    with contextlib.suppress(OSError):  # already closed by its thread
+        socket.socket.shutdown(connection, socket.SHUT_RDWR)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a request in progress must not hold up the process's exit
     block_on_close = False
+    request_queue_size = 1024
+    """The listen backlog (socketserver's default is 5): slots are shared out after the accept, so a
+    full queue would drop a probe's connection with the crowd's, to wait out TCP's retransmits."""
 
     def __init__(self, name: str, address: str, port: int, endpoints: Endpoints, tls: TlsFiles | None):
         self.address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.name = name
         self.endpoints = endpoints
         self.tls = tls
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._slots: PeerSlots[socket.socket] = PeerSlots(MAX_CONNECTIONS, MAX_PER_PEER)
+        self._deadlines: dict[socket.socket, float] = {}
+        """Each accepted connection's deadline, until its thread takes it."""
         super().__init__((address, port), _Handler)
 
     def get_request(self) -> tuple[Any, Any]:
@@ -232,23 +297,32 @@ class _Server(ThreadingHTTPServer):
             connection = self.tls.context().wrap_socket(
                 connection, server_side=True, do_handshake_on_connect=False
             )
+        self._deadlines[connection] = time.monotonic() + REQUEST_TIMEOUT
         return connection, peer
 
+    def deadline_of(self, connection: socket.socket) -> float:
+        return self._deadlines.pop(connection)
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the bound: closed at once
+        taken = self._slots.take(client_address[0], request)
+        if not taken.admitted:  # its address holds its share already: closed at once
+            self._deadlines.pop(request, None)
+            self.shutdown_request(request)
             return
+        if taken.evicted is not None:
+            _interrupt(taken.evicted)
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._deadlines.pop(request, None)
+            self._slots.release(client_address[0], request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._slots.release(client_address[0], request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that stalls, drops or fails its handshake is its own problem: debug only."""

@@ -44,6 +44,16 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+def connection_from(source: str, port: int) -> socket.socket:
+    """A TCP connection to 127.0.0.1:``port`` made from the loopback address ``source``: another
+    address stands for another pod, for servers that share their connections out by address."""
+    connection = socket.socket()
+    connection.settimeout(30)
+    connection.bind((source, 0))
+    connection.connect(("127.0.0.1", port))
+    return connection
+
+
 def free_port() -> int:
     """A TCP port that was free on every address a moment ago, for a server to listen on.
 

@@ -455,6 +455,7 @@ def admission_check_process(
         f"--kubeconfig={admission_check_kubeconfig(cluster)}",
         "--bind-address=127.0.0.1",
         f"--health-port={port}",
+        "--probe-port=-1",  # replicas share the loopback address; the callers probe the health port
         f"--leader-election-namespace={NAMESPACE}",
         "--log-level=debug",
         *extra,

@@ -17,13 +17,15 @@ def loopback_webhook_command(
 ) -> list[str]:
     """``tessera-webhook`` of this virtual environment on 127.0.0.1:``port``, its certificate for
     127.0.0.1, keeping the CA of the webhook configuration ``configuration`` up to date and accepting
-    only clients signed by ``client_ca``; ``extra`` flags follow."""
+    only clients signed by ``client_ca``; ``extra`` flags follow. No probe port (several replicas
+    share the loopback address; the callers probe the metrics port) unless ``extra`` gives one."""
     return [
         str(Path(sys.executable).parent / "tessera-webhook"),
         f"--kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--port={port}",
         f"--metrics-port={metrics_port}",
+        "--probe-port=-1",
         "--ip-addresses=127.0.0.1",
         f"--webhook-configuration={configuration}",
         f"--client-ca-file={client_ca}",

@@ -37,3 +37,14 @@ def answer_of(connection: ssl.SSLSocket) -> bytes:
         if not chunk:
             return received
         received += chunk
+
+
+def handshake_refused(port: int, context: ssl.SSLContext) -> bool:
+    """Whether the webhook on 127.0.0.1:``port`` refuses a connection with ``context`` in its TLS
+    handshake. TLS 1.3 lets the client finish its side first, so the refusal shows on the first read."""
+    try:
+        connection = tls_socket(port, context)
+        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        return connection.recv(1) == b""
+    except (ssl.SSLError, ConnectionError):
+        return True

@@ -61,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--probe-port",
+        env + "PROBE_PORT",
+        8082,
+        "plain HTTP port of /healthz and /readyz alone, for the kubelet's probes; -1 turns it off",
+        int,
+    )
+    setting(
+        p,
         "--search-budget",
         env + "SEARCH_BUDGET",
         DEFAULT_BUDGET,
@@ -156,7 +164,9 @@ class AdmissionCheck(Stoppable):
             readyz=lambda: (self.inventory.synced(), "the caches have not had their first list yet"),
             metrics=registry_metrics(registry),
         )
-        self._server = HttpServer("health", args.bind_address, args.health_port, endpoints)
+        self._servers = [HttpServer("health", args.bind_address, args.health_port, endpoints)]
+        if args.probe_port >= 0:  # a port no scraper shares, so probes never wait behind /metrics
+            self._servers.append(HttpServer("probes", args.bind_address, args.probe_port, endpoints.probes()))
 
     def deciding(self) -> bool:
         """Whether this replica runs the decision loop: the leader, or the only replica."""
@@ -175,7 +185,8 @@ class AdmissionCheck(Stoppable):
         self._stop.set()
 
     def start(self) -> None:
-        self._server.start()
+        for server in self._servers:
+            server.start()
         self.inventory.start()
         log.info(
             "watching slices, claims, templates, pods, Workloads and AdmissionChecks; deciding %s",
@@ -206,7 +217,8 @@ class AdmissionCheck(Stoppable):
         if self.elector is not None:
             self.elector.stop(release=not self.controller.alive())
         self.inventory.stop()
-        self._server.stop()
+        for server in self._servers:
+            server.stop()
         log.info("stopped after %d decisions", self.controller.stats.decisions)
 
 

@@ -61,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(
         p,
+        "--probe-port",
+        env + "PROBE_PORT",
+        8081,
+        "plain HTTP port of /healthz and /readyz alone, for the kubelet's probes; -1 turns it off",
+        int,
+    )
+    setting(
+        p,
         "--tls-dir",
         env + "TLS_DIR",
         None,
@@ -189,9 +197,27 @@ def parser() -> argparse.ArgumentParser:
         p,
         "--shutdown-delay",
         env + "SHUTDOWN_DELAY",
-        5.0,
-        "seconds to keep serving after SIGTERM, not ready and closing each connection after its "
-        "answer, so the API server moves to other replicas before this one stops accepting",
+        10.0,
+        "seconds at least to keep serving after SIGTERM, not ready and closing each connection after "
+        "its answer, so the API server moves to other replicas before this one stops accepting",
+        float,
+    )
+    setting(
+        p,
+        "--shutdown-quiet",
+        env + "SHUTDOWN_QUIET",
+        3.0,
+        "after --shutdown-delay, keep serving until no request has come for this many seconds: the "
+        "API server still calling means it has not yet seen the endpoint go",
+        float,
+    )
+    setting(
+        p,
+        "--shutdown-timeout",
+        env + "SHUTDOWN_TIMEOUT",
+        25.0,
+        "seconds at most the whole drain lasts, whatever still calls; less than the pod's "
+        "termination grace period, which must also cover the reviews in flight",
         float,
     )
     setting(
@@ -338,10 +364,10 @@ class Webhook(Stoppable):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.fatal: str | None = None
-        if not args.shutdown_delay >= 0:
-            raise command.UsageError(
-                f"--shutdown-delay must be 0 or more seconds, not {args.shutdown_delay:g}"
-            )
+        for flag in ("shutdown_delay", "shutdown_quiet", "shutdown_timeout"):
+            if not getattr(args, flag) >= 0:
+                name = "--" + flag.replace("_", "-")
+                raise command.UsageError(f"{name} must be 0 or more seconds, not {getattr(args, flag):g}")
         self._args = args
         self._policy = admission_policy(args)
         self._api = api_client(args.kubeconfig)
@@ -358,9 +384,14 @@ class Webhook(Stoppable):
         self._cache.start()
         self._templates.start()
         app = WebhookApp(lambda: self._cache.fleet, self._templates, self._cache.synced.is_set, self._policy)
-        metrics_port = None if args.metrics_port < 0 else args.metrics_port
         self._server = WebhookServer(
-            app, self._certificates, args.bind_address, args.port, metrics_port, self._clients
+            app,
+            self._certificates,
+            args.bind_address,
+            args.port,
+            None if args.metrics_port < 0 else args.metrics_port,
+            self._clients,
+            None if args.probe_port < 0 else args.probe_port,
         )
         threading.Thread(
             target=_maintain_certificates,
@@ -384,7 +415,9 @@ class Webhook(Stoppable):
         self._stop.set()
         if self._server is not None:
             if self.fatal is None:
-                self._server.drain(self._args.shutdown_delay)
+                self._server.drain(
+                    self._args.shutdown_delay, self._args.shutdown_quiet, self._args.shutdown_timeout
+                )
             self._server.stop()
             self._server = None
         self._templates.stop()

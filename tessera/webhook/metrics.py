@@ -35,7 +35,7 @@ class WebhookMetrics:
         )
         self.refused = Counter(
             "tessera_webhook_requests_refused",
-            "Requests answered with a 4xx before a review was decided (401/403 unauthenticated or "
+            "Requests answered with a 4xx before a review was decided (403 a certificate of a name "
             "not allowed, 408 too slow, 411/413/431 over a limit, 400 malformed), by status.",
             ["status"],
             registry=self.registry,

@@ -3,21 +3,31 @@
 
 ``/mutate`` takes AdmissionReview v1 posts; ``/healthz`` answers while the process serves;
 ``/readyz`` only once the slice cache has its first list; ``/metrics`` is Prometheus text. The same
-routes, except ``/mutate``, are served in plain HTTP on the metrics port for probes and scrapers, by
-tessera/serving.py as every Tessera process serves them; the HTTPS port answers them through the same
-``serving.Endpoints``, and a mounted certificate is loaded by ``serving.TlsFiles``.
+routes, except ``/mutate``, are served in plain HTTP on the metrics port for scrapers, and the two
+probes alone on a probe port of their own (so that no scraper, and nobody holding the metrics port's
+connections, stands between the kubelet and its probes), by tessera/serving.py as every Tessera
+process serves them; the HTTPS port answers them through the same ``serving.Endpoints``, and a
+mounted certificate is loaded by ``serving.TlsFiles``.
 
 The admission port is the one listener Tessera does not take from tessera/serving.py. It is the
 cluster's security boundary, and its bounds need what a thread per connection cannot give: thousands
 of slow or idle connections held for a coroutine each, a deadline on a whole request rather than on
-each read, a refusal (401/403, 411/413/431) before a body is read, and a fixed pool deciding reviews
-while probes are answered at once.
+each read, a refusal (403, 411/413/431) before a body is read, and a fixed pool deciding reviews
+while probes are answered at once. Nor does aiohttp give them, measured against it (docs/webhook.md, "Why
+the admission listener is hand-written").
 
 Everything that reaches the port is treated as hostile until the API server's client certificate
 says otherwise, so every resource a caller can hold is bounded:
 
+- with client authentication on, the TLS handshake requires a certificate the client CA verifies:
+  a client without one gets no further than a failed handshake, within ``REQUEST_TIMEOUT``;
 - connections are read by one event loop, never a thread each: a connection waiting for its next
-  request costs a coroutine, and at most ``MAX_CONNECTIONS`` are open (more are closed at once);
+  request costs a coroutine. One whose certificate names an allowed client (the API server) is
+  counted apart, up to ``MAX_VERIFIED``; every other (still in its handshake, or any connection
+  where authentication is off) takes a slot of ``MAX_UNVERIFIED``, at most ``MAX_PER_PEER`` from one
+  address, a newcomer taking the oldest slot of the address holding the most when all are taken
+  (tessera/peer_slots.py), and may sit idle only ``UNVERIFIED_IDLE_TIMEOUT``: whatever others
+  open, the API server's connections are never refused;
 - once a request's first byte arrives, its head and body must follow within ``REQUEST_TIMEOUT``
   (and the TLS handshake within the same), else 408 and the connection is closed: slow clients
   cannot hold anything for long, nor delay the reviews of others;
@@ -53,6 +63,7 @@ from typing import Any, Protocol
 from kubernetes.client import ApiException
 
 from tessera.gpu_request import Refusal
+from tessera.peer_slots import PeerSlots
 from tessera.quantity import KiB, MiB
 from tessera.serving import Endpoints, HttpServer, registry_metrics
 from tessera.webhook import review
@@ -65,7 +76,7 @@ from tessera.webhook.tls import Certificates
 log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 180.0
-"""Seconds a kept-alive connection may sit idle before the server closes it. Longer than the
+"""Seconds a kept-alive connection of the API server may sit idle before the server closes it. Longer than the
 apiserver's own idle timeout (Go's 90 s), so the apiserver always closes first: a server closing an
 idle connection races the client's next POST on it, which the client reports as a broken pipe and
 does not retry. On shutdown, idle connections are closed at once, after the drain (WebhookServer.drain)
@@ -92,8 +103,29 @@ WORKERS = 8
 """Threads that decide reviews. A decision is milliseconds of CPU plus, for a new template shape, one
 API call; eight keep a replica's core busy while a template write waits on the API server."""
 
-MAX_CONNECTIONS = 1024
-"""Open connections at most; one more is closed on accept. The API server keeps a few per replica."""
+MAX_VERIFIED = 1024
+"""Connections whose certificate names an allowed client, at most; one more is closed after its
+handshake. Only the API server can open these, and it keeps a few per replica."""
+
+MAX_UNVERIFIED = 1024
+"""Every other connection at once: those still in their TLS handshake and, where authentication is
+off, every connection. Past it a newcomer takes the oldest slot of the address holding the most."""
+
+MAX_PER_PEER = 256
+"""Unverified connections from one address. Where authentication is off the API server is one of
+them: it keeps 25 idle connections per replica and opens one per concurrent call past those
+(docs/webhook.md, "Pod bursts"), well under this; four addresses are needed to take every slot."""
+
+BACKLOG = 4096
+"""Connections the kernel queues until the event loop accepts them (capped by net.core.somaxconn,
+4096 by default). Slots are shared out after the accept: a queue that overflows drops the API
+server's connection with everyone else's, to wait out TCP's retransmits (1 s, then 3 s), and a
+tenant reopening a thousand connections at once would overflow the former 256."""
+
+UNVERIFIED_IDLE_TIMEOUT = 30.0
+"""Seconds an unverified connection (authentication off) may sit idle: whoever holds one may be
+anyone. Shorter than the API server's own 90 s, so the server may close one of the API server's idle
+connections first; docs/webhook.md ("Bounded input") says what that costs."""
 
 
 class Templates(Protocol):
@@ -119,6 +151,8 @@ class WebhookApp:
         self.draining = threading.Event()
         """Set on SIGTERM, before ``closing``: not ready, still serving, each answer closes its connection."""
         self.closing = threading.Event()
+        self.last_request = float("-inf")
+        """When the latest request began (time.monotonic()): what the drain waits to see go quiet."""
         self.endpoints = Endpoints(
             healthz=lambda: (True, "ok"),
             readyz=lambda: (
@@ -253,9 +287,14 @@ class _Listener:
         task = asyncio.current_task()
         assert task is not None
         self.app.metrics.connections.inc()
-        if len(server.connections) >= MAX_CONNECTIONS or self.app.closing.is_set():
+        peer = str(writer.get_extra_info("peername")[0])
+        taken = server.unverified.take(peer, task)
+        if not taken.admitted or self.app.closing.is_set():
+            server.unverified.release(peer, task)
             writer.transport.abort()
             return
+        if taken.evicted is not None:  # its handshake or read ends at once, and it closes up
+            taken.evicted.cancel()
         server.connections.add(task)
         try:
             sock = writer.get_extra_info("socket")
@@ -263,10 +302,17 @@ class _Listener:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # answers go out at once
             # The context current right now, so a rotated certificate serves new connections.
             await writer.start_tls(server.certificates.context(), ssl_handshake_timeout=REQUEST_TIMEOUT)
+            idle_timeout = UNVERIFIED_IDLE_TIMEOUT
+            if self._allowed(writer):  # the API server: out of everyone else's reach
+                server.unverified.release(peer, task)
+                if len(server.verified) >= MAX_VERIFIED:
+                    return
+                server.verified.add(task)
+                idle_timeout = IDLE_TIMEOUT
             while not self.app.closing.is_set():
                 server.idle[task] = writer
                 try:
-                    first = await asyncio.wait_for(reader.readexactly(1), IDLE_TIMEOUT)
+                    first = await asyncio.wait_for(reader.readexactly(1), idle_timeout)
                 finally:
                     server.idle.pop(task, None)
                 if not await self._one_request(first, reader, writer):
@@ -274,8 +320,17 @@ class _Listener:
         except (OSError, EOFError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError):
             log.debug("connection %s ended", writer.get_extra_info("peername"), exc_info=True)
         finally:
-            await _close(writer)
-            server.connections.discard(task)
+            try:
+                await _close(writer)
+            finally:  # even when the close is cancelled (a slot given up to a newcomer)
+                server.unverified.release(peer, task)
+                server.verified.discard(task)
+                server.connections.discard(task)
+
+    def _allowed(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the handshake verified a certificate of an allowed client."""
+        policy = self.server.clients
+        return policy is not None and policy.refusal(writer.get_extra_info("peercert")) is None
 
     async def _one_request(
         self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -283,6 +338,7 @@ class _Listener:
         """Read, answer; whether the connection stays open for another request."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REQUEST_TIMEOUT
+        self.app.last_request = time.monotonic()
 
         def left() -> float:
             # wait_for, unlike asyncio.timeout, returns a read that completed in the same loop turn
@@ -358,27 +414,37 @@ class WebhookServer:
         port: int = 8443,
         metrics_port: int | None = None,
         clients: ClientPolicy | None = None,
+        probe_port: int | None = None,
     ) -> None:
-        """clients: who may post reviews (the TLS context verifies their certificates); None serves
-        any caller, for a cluster whose API server presents no certificate."""
+        """clients: who may post reviews (the TLS context requires and verifies their certificates);
+        None serves any caller, for a cluster whose API server presents no certificate.
+        metrics_port, probe_port: plain HTTP for /metrics (and the probes), and for the probes alone;
+        None leaves one off."""
         self.app = app
         self.certificates = certificates
         self.clients = clients
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="webhook-review")
         self.connections: set[asyncio.Task[Any]] = set()
+        self.unverified: PeerSlots[asyncio.Task[Any]] = PeerSlots(MAX_UNVERIFIED, MAX_PER_PEER)
+        """Connections not known to be the API server's; one given up is cancelled."""
+        self.verified: set[asyncio.Task[Any]] = set()
+        """Connections whose certificate names an allowed client."""
         self.idle: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         """Connections waiting for their next request: what shutdown may close at once."""
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._server = self._loop.run_until_complete(
             asyncio.start_server(
-                _Listener(self).connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=256
+                _Listener(self).connection, host, port, limit=MAX_HEAD, reuse_address=True, backlog=BACKLOG
             )
         )
         self._plain = (
             None
             if metrics_port is None
             else HttpServer("probes and metrics", host, metrics_port, app.endpoints)
+        )
+        self._probes = (
+            None if probe_port is None else HttpServer("probes", host, probe_port, app.endpoints.probes())
         )
 
     @property
@@ -390,25 +456,51 @@ class WebhookServer:
         """The plain port's bound port, once started (None when it is off)."""
         return self._plain.port if self._plain is not None else None
 
+    @property
+    def probe_port(self) -> int | None:
+        """The probe port's bound port, once started (None when it is off)."""
+        return self._probes.port if self._probes is not None else None
+
     def start(self) -> None:
-        if self._plain is not None:
-            self._plain.start()
+        for plain in (self._plain, self._probes):
+            if plain is not None:
+                plain.start()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-http", daemon=True)
         self._thread.start()
 
-    def drain(self, seconds: float) -> None:
-        """Keep serving for ``seconds`` while clients move away: /readyz fails, so the pod leaves its
-        Service's endpoints, and every answer says ``Connection: close``, so a client that still
-        comes here ends that connection itself, after its answer, and opens the next one elsewhere.
+    def drain(self, seconds: float, quiet: float = 0.0, longest: float = 0.0) -> float | None:
+        """Keep serving while clients move away: /readyz fails, so the pod leaves its Service's
+        endpoints, and every answer says ``Connection: close``, so a client that still comes here
+        ends that connection itself, after its answer, and opens the next one elsewhere. The drain
+        lasts ``seconds``, and then on until no request has come for ``quiet`` seconds, but no
+        longer than ``longest`` in all. Returns the seconds from the drain's start to the last
+        request it saw (None: none came), which is how long the API server kept calling.
 
         Why: closing a kept-alive connection races the API server's next POST on it, which it
-        reports as EOF and does not retry, refusing a pod (failurePolicy Fail). Stopping at once on
-        SIGTERM also refuses the calls the API server routes here before it sees the endpoint go."""
+        reports as EOF and does not retry, refusing a pod (failurePolicy Fail). Stopping accepting
+        before the API server sees the endpoint go refuses its next connection: on a loaded
+        machine that took longer than a fixed 5 s (issue 37), so the drain waits for the calls to
+        stop rather than for a guess."""
+        started = time.monotonic()
         self.app.draining.set()
         log.info(
-            "draining for %g s before stopping: not ready, closing each connection after its answer", seconds
+            "draining for %g s, then until no request for %g s (at most %g s in all): "
+            "not ready, closing each connection after its answer",
+            seconds,
+            quiet,
+            max(seconds, longest),
         )
-        self.app.closing.wait(seconds)  # a stop meanwhile ends the drain
+        end = started + seconds
+        while not self.app.closing.wait(max(end - time.monotonic(), 0.0)):  # a stop ends the drain
+            end = min(max(self.app.last_request + quiet, end), started + max(seconds, longest))
+            if time.monotonic() >= end:
+                break
+        last = self.app.last_request - started
+        if last < 0:
+            log.info("drained after %.1f s: no request came while draining", time.monotonic() - started)
+            return None
+        log.info("drained after %.1f s: the last request came %.1f s in", time.monotonic() - started, last)
+        return last
 
     def stop(self) -> None:
         """Stop accepting, finish the reviews in flight, close kept-alive connections, return."""
@@ -421,8 +513,9 @@ class WebhookServer:
             self._thread.join()
         self._loop.close()
         self.workers.shutdown(wait=True)
-        if self._plain is not None:  # last: /readyz says "closing" while the reviews in flight finish
-            self._plain.stop()
+        for plain in (self._plain, self._probes):  # last: /readyz says "closing" meanwhile
+            if plain is not None:
+                plain.stop()
 
     async def _shutdown(self) -> None:
         self._server.close()

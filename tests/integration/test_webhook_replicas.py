@@ -52,12 +52,18 @@ CHECK_INTERVAL = 0.5
 
 
 class Replicas:
-    def __init__(self, cluster: LocalCluster, kube: client.ApiClient, folder: Path) -> None:
+    """Two replicas behind a balancer; each serves HTTPS, metrics and probes on ports of its own. The
+    certificate lives ``lifetime`` seconds (rotating within a test by default)."""
+
+    def __init__(
+        self, cluster: LocalCluster, kube: client.ApiClient, folder: Path, lifetime: float = LIFETIME
+    ) -> None:
         self.kube = kube
         self.name = unique_name("tessera-webhook")
         self.secret = f"{self.name}-shared-tls"
         self.ports = [free_port(), free_port()]
         self.metrics_ports = [free_port(), free_port()]
+        self.probe_ports = [free_port(), free_port()]
         self.balancer = Balancer(self.ports).start()
         body = configuration(self.name, f"https://127.0.0.1:{self.balancer.port}/mutate", NAMESPACE)
         client.AdmissionregistrationV1Api(kube).create_mutating_webhook_configuration(
@@ -76,20 +82,23 @@ class Replicas:
                     cluster.webhook_client_ca.pair.cert,
                     f"--tls-secret={self.secret}",
                     f"--namespace={NAMESPACE}",
-                    f"--certificate-lifetime={LIFETIME}",
+                    f"--certificate-lifetime={lifetime}",
                     "--renew-fraction=0.5",
                     f"--rotation-settle={SETTLE}",
                     f"--certificate-check-interval={CHECK_INTERVAL}",
+                    f"--probe-port={probe_port}",
                 ),
                 stdout=log.open("w"),
                 stderr=subprocess.STDOUT,
             )
-            for port, metrics_port, log in zip(self.ports, self.metrics_ports, self.logs, strict=True)
+            for port, metrics_port, probe_port, log in zip(
+                self.ports, self.metrics_ports, self.probe_ports, self.logs, strict=True
+            )
         ]
 
     def served(self, port: int) -> x509.Certificate:
-        """The certificate the process on ``port`` presents (no client certificate: the handshake
-        completes, and the process answers 401 to anything sent, which is not needed here)."""
+        """The certificate the process on ``port`` presents (no client certificate: TLS 1.3 lets the
+        client finish its side of the handshake, and the server's refusal comes after)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -154,7 +163,7 @@ def replicas(
     made = Replicas(cluster, kube, tmp_path)
     try:
         poll_until(
-            lambda: all(status_of(port, "/readyz") == 200 for port in made.metrics_ports),
+            lambda: all(status_of(port, "/readyz") == 200 for port in made.probe_ports),
             60,
             "both replicas ready",
         )

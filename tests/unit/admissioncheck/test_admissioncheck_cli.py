@@ -3,6 +3,8 @@ then in a namespace), and /metrics says what was decided."""
 
 from __future__ import annotations
 
+import http.client
+
 import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
@@ -10,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tessera.admissioncheck.cli import AdmissionCheck, DecisionMetrics, parser
 from tessera.admissioncheck.controller import Stats
 from tessera.command import UsageError
+from testbed.process import free_port
 
 
 def test_flags_fall_back_to_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,3 +65,35 @@ def test_leader_election_without_a_namespace_is_a_usage_error(monkeypatch: pytes
         AdmissionCheck(parser().parse_args([]), client.ApiClient())
     alone = AdmissionCheck(parser().parse_args(["--no-leader-elect"]), client.ApiClient())
     assert alone.elector is None and not alone.deciding()
+
+
+def test_the_probe_port_answers_the_probes_alone_and_the_health_port_the_metrics_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet probes a port no scraper shares (issue 37); /metrics stays on the health port."""
+    health, probes = free_port(), free_port()
+    args = [
+        "--no-leader-elect",
+        "--bind-address=127.0.0.1",
+        f"--health-port={health}",
+        f"--probe-port={probes}",
+    ]
+    check = AdmissionCheck(parser().parse_args(args), client.ApiClient())
+    monkeypatch.setattr(check.inventory, "start", lambda: None)  # no API server here
+    monkeypatch.setattr(check.inventory, "wait_synced", lambda timeout: False)
+    monkeypatch.setattr(check.controller, "start", lambda: None)
+    check.start()
+    try:
+        assert get(probes, "/healthz") == (503, "the decision loop or the leader election is not running\n")
+        assert get(probes, "/readyz") == (503, "the caches have not had their first list yet\n")
+        assert get(probes, "/metrics")[0] == 404
+        assert get(health, "/metrics")[0] == 200
+    finally:
+        check.stop()
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    return response.status, response.read().decode()

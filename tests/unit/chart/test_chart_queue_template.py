@@ -152,21 +152,23 @@ def test_the_lease_role_is_the_test_beds_and_names_the_checks_lease(both: list[d
     ]
 
 
-def test_the_checks_probes_use_its_health_port(home: Path) -> None:
-    objects = render(
-        home / "port", merged(CHECK_ON, {"queue": {"admissionCheck": {"healthPort": 9191}}}), extra=WITH_KUEUE
-    )
+def test_the_checks_probes_use_a_port_no_scraper_shares(home: Path) -> None:
+    values = {"queue": {"admissionCheck": {"healthPort": 9191, "probePort": 9292}}}
+    objects = render(home / "port", merged(CHECK_ON, values), extra=WITH_KUEUE)
     container = check_container(objects)
-    assert container["ports"] == [{"name": "health", "containerPort": 9191, "protocol": "TCP"}]
-    assert "--health-port=9191" in container["args"]
+    assert container["ports"] == [
+        {"name": "health", "containerPort": 9191, "protocol": "TCP"},
+        {"name": "probes", "containerPort": 9292, "protocol": "TCP"},
+    ]
+    assert {"--health-port=9191", "--probe-port=9292"} <= set(container["args"])
     paths = {
         probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
         for probe in ("startupProbe", "livenessProbe", "readinessProbe")
     }
     assert paths == {
-        "startupProbe": ("/healthz", "health"),
-        "livenessProbe": ("/healthz", "health"),
-        "readinessProbe": ("/readyz", "health"),
+        "startupProbe": ("/healthz", "probes"),
+        "livenessProbe": ("/healthz", "probes"),
+        "readinessProbe": ("/readyz", "probes"),
     }
     # The check waits up to 120 s for its first lists before /healthz answers.
     startup = container["startupProbe"]

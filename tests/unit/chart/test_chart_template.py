@@ -492,7 +492,15 @@ def test_the_webhook_is_highly_available(default: list[dict[str, Any]]) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+
+
+def test_the_webhooks_probes_have_a_port_no_scraper_shares(default: list[dict[str, Any]]) -> None:
+    container = find(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"https": 8443, "metrics": 8080, "probes": 8081}
+    assert (arg_values(container)["metrics-port"], arg_values(container)["probe-port"]) == ("8080", "8081")
 
 
 def test_by_default_no_namespace_is_granted_priority_0_and_seccomp_is_enforced(

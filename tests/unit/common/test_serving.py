@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import select
 import shutil
 import socket
 import ssl
@@ -17,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter
 from tessera import serving
 from tessera.serving import Endpoints, HttpServer, Metrics, TlsFiles, registry_metrics
 from testbed.pki import CertificateAuthority, KeyPair
+from testbed.polling import poll_until
+from testbed.process import connection_from
 
 
 def get(port: int, path: str, method: str = "GET", **headers: str) -> tuple[int, bytes, dict[str, str]]:
@@ -79,33 +82,80 @@ def test_stopping_twice_is_harmless_and_frees_the_port(server: HttpServer) -> No
         get(port, "/healthz")
 
 
-def test_connections_past_the_bound_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serving, "MAX_CONNECTIONS", 2)
+def answered(connection: socket.socket) -> bytes:
+    connection.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    return connection.recv(1024)
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpServer]:
+    """A server of 4 slots, at most 3 from one address."""
+    monkeypatch.setattr(serving, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(serving, "MAX_PER_PEER", 3)
     running = HttpServer("test", "127.0.0.1", 0, Endpoints(healthz=lambda: (True, "")))
     running.start()
-    try:
-        held = [socket.create_connection(("127.0.0.1", running.port), timeout=30) for _ in range(2)]
-        extra = socket.create_connection(("127.0.0.1", running.port), timeout=30)
-        assert extra.recv(1) == b""  # closed without a request being read
-        for connection in held:
-            connection.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
-            assert connection.recv(1024).startswith(b"HTTP/1.0 200")
-            connection.close()
-        extra.close()
-    finally:
-        running.stop()
+    yield running
+    running.stop()
 
 
-def test_a_client_that_sends_nothing_is_closed_after_the_read_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+def test_an_address_past_its_share_is_closed_at_once_and_others_are_still_served(small: HttpServer) -> None:
+    held = [connection_from("127.0.0.2", small.port) for _ in range(3)]
+    extra = connection_from("127.0.0.2", small.port)
+    assert extra.recv(1) == b""  # closed without a request being read
+    assert answered(connection_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
+    for connection in held:  # the address's own share is served
+        assert answered(connection).startswith(b"HTTP/1.0 200")
+
+
+def test_when_every_slot_is_taken_a_newcomer_takes_the_oldest_of_the_largest_holder(
+    small: HttpServer,
 ) -> None:
-    monkeypatch.setattr(serving._Handler, "timeout", 0.2)
+    crowd = [connection_from("127.0.0.2", small.port) for _ in range(3)]
+    other = connection_from("127.0.0.3", small.port)
+    poll_until(lambda: len(small._server._slots) == 4, 30, "every slot taken")  # type: ignore[union-attr]
+    assert answered(connection_from("127.0.0.1", small.port)).startswith(b"HTTP/1.0 200")
+    assert crowd[0].recv(1) == b""  # the oldest of the address holding the most gave up its slot
+    assert answered(crowd[1]).startswith(b"HTTP/1.0 200")
+    assert answered(other).startswith(b"HTTP/1.0 200")
+
+
+def test_a_client_that_sends_nothing_is_closed_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serving, "REQUEST_TIMEOUT", 0.2)
     running = HttpServer("test", "127.0.0.1", 0, Endpoints(healthz=lambda: (True, "")))
     running.start()
     try:
         silent = socket.create_connection(("127.0.0.1", running.port), timeout=30)
         assert silent.recv(1) == b""
         silent.close()
+        assert get(running.port, "/healthz")[0] == 200
+    finally:
+        running.stop()
+
+
+def test_a_head_sent_a_line_at_a_time_is_cut_off_at_one_deadline_not_one_per_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each line comes well within the deadline of the one before: a timeout per read would wait
+    forever; the request's one deadline closes the connection unanswered."""
+    monkeypatch.setattr(serving, "REQUEST_TIMEOUT", 0.5)
+    running = HttpServer("test", "127.0.0.1", 0, Endpoints(healthz=lambda: (True, "")))
+    running.start()
+    try:
+        slow = socket.create_connection(("127.0.0.1", running.port), timeout=30)
+        slow.sendall(b"GET /healthz HTTP/1.0\r\n")
+        closed = False
+        for line in range(100):  # 10 s of header lines, one every 0.1 s
+            try:
+                slow.sendall(f"X-Line-{line}: 1\r\n".encode())
+            except ConnectionError:
+                closed = True
+                break
+            readable, _, _ = select.select([slow], [], [], 0.1)
+            if readable:
+                assert slow.recv(1024) == b""  # closed, never answered
+                closed = True
+                break
+        assert closed, "the connection outlived ten seconds of header lines"
         assert get(running.port, "/healthz")[0] == 200
     finally:
         running.stop()

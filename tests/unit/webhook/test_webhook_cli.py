@@ -11,7 +11,7 @@ from kubernetes import client
 
 from tessera import command
 from tessera.webhook.admission import AdmissionPolicy
-from tessera.webhook.cli import admission_policy, certificates_from, client_policy, parser
+from tessera.webhook.cli import Webhook, admission_policy, certificates_from, client_policy, parser
 from testbed.pki import CertificateAuthority
 
 
@@ -92,3 +92,9 @@ def test_allowed_client_names_default_to_the_documented_one(tmp_path: Path) -> N
         parser().parse_args(["--client-ca-file", str(ca.pair.cert), "--client-names", "a, b"])
     )
     assert policy is not None and policy.names == {"a", "b"}
+
+
+@pytest.mark.parametrize("flag", ["--shutdown-delay", "--shutdown-quiet", "--shutdown-timeout"])
+def test_a_negative_drain_time_stops_the_webhook_with_the_flag_named(flag: str) -> None:
+    with pytest.raises(command.UsageError, match=f"^{flag} must be 0 or more seconds, not -1$"):
+        Webhook(parser().parse_args([f"{flag}=-1"]))

@@ -20,14 +20,16 @@ from hypothesis import strategies as st
 from kubernetes.client import ApiException
 
 from tessera.gpu_request import Refusal
+from tessera.webhook import server as server_module
 from tessera.webhook.authentication import DEFAULT_CLIENT_NAME, ClientPolicy
 from tessera.webhook.fleet import Fleet
 from tessera.webhook.server import MAX_BODY, WORKERS, WebhookApp, WebhookServer
 from tessera.webhook.tls import SelfManagedCertificates
 from testbed.pki import CertificateAuthority, KeyPair
 from testbed.polling import poll_until
+from testbed.process import connection_from
 from tests.unit.webhook.webhook_samples import FLEET, container, pod, request
-from tests.webhook_clients import answer_of, client_context, tls_socket
+from tests.webhook_clients import answer_of, client_context, handshake_refused, tls_socket
 
 
 class FakeTemplates:
@@ -72,6 +74,7 @@ class Running:
             0,
             metrics_port=0,
             clients=ClientPolicy(frozenset({DEFAULT_CLIENT_NAME})),
+            probe_port=0,
         )
         self.server.start()
 
@@ -103,9 +106,11 @@ class Running:
         answer: dict[str, Any] = json.loads(body)
         return answer
 
-    def get_plain(self, path: str) -> tuple[int, str]:
-        assert self.server.metrics_port is not None
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.metrics_port, timeout=30)
+    def get_plain(self, path: str, port: int | None = None) -> tuple[int, str]:
+        """GET on the metrics port, or on ``port``."""
+        port = port if port is not None else self.server.metrics_port
+        assert port is not None
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         connection.request("GET", path)
         response = connection.getresponse()
         return response.status, response.read().decode()
@@ -163,6 +168,7 @@ def test_readiness_waits_for_the_slice_cache_and_health_does_not(running: Runnin
     assert running.get_plain("/readyz")[0] == 503
     running.is_ready = True
     assert running.get_plain("/readyz") == (200, "ok\n")
+    assert running.get_plain("/readyz", running.server.probe_port) == (200, "ok\n")
     connection = running.https()
     connection.request("GET", "/readyz")
     assert connection.getresponse().status == 200
@@ -194,6 +200,13 @@ def test_metrics_count_connections_not_requests(running: Running) -> None:
         assert kept.getresponse().read()
     assert running.post(body)[0] == 200
     assert "tessera_webhook_connections_total 2.0" in running.get_plain("/metrics")[1]
+
+
+def test_the_probe_port_answers_the_probes_alone(running: Running) -> None:
+    probes = running.server.probe_port
+    assert running.get_plain("/healthz", probes) == (200, "ok\n")
+    assert running.get_plain("/readyz", probes) == (503, "slice cache not synced, or shutting down\n")
+    assert running.get_plain("/metrics", probes)[0] == 404
 
 
 def test_the_plain_port_does_not_serve_mutate(running: Running) -> None:
@@ -255,6 +268,55 @@ def test_a_draining_server_is_not_ready_but_answers_new_and_kept_alive_connectio
     assert running.get_plain("/healthz") == (200, "ok\n")
 
 
+class Drain:
+    """``server.drain(...)`` in a thread, keeping what it returned."""
+
+    def __init__(self, running: Running, seconds: float, quiet: float, longest: float) -> None:
+        self.last: list[float | None] = []
+        self.thread = threading.Thread(
+            target=lambda: self.last.append(running.server.drain(seconds, quiet, longest)), daemon=True
+        )
+        self.thread.start()
+
+
+def test_the_drain_outlasts_its_delay_while_the_api_server_keeps_calling_and_ends_once_it_stops(
+    running: Running,
+) -> None:
+    """The endpoint's removal reaches the API server late on a loaded cluster: as long as reviews
+    keep coming the replica keeps serving them, and it stops once they have stopped for the quiet
+    period, saying when the last one came."""
+    drain = Drain(running, seconds=0.2, quiet=1.0, longest=60.0)
+    kept = running.https()
+    for _ in range(30):  # 3 s of reviews, fifteen times the delay
+        assert drain.thread.is_alive()
+        kept.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
+        answer = kept.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") == "close"
+        answer.read()
+        kept = running.https()
+        threading.Event().wait(0.1)
+    drain.thread.join(30)
+    assert not drain.thread.is_alive()
+    [last] = drain.last
+    assert last is not None and last > 0.2  # the last review came well after the delay, and was served
+
+
+def test_the_drain_ends_at_its_longest_however_much_still_calls(running: Running) -> None:
+    drain = Drain(running, seconds=0.1, quiet=60.0, longest=0.5)
+    served = 0
+    while drain.thread.is_alive() and served < 600:
+        assert running.review(GPU_POD)["response"]["allowed"] is True
+        served += 1
+    assert not drain.thread.is_alive(), "still draining after 600 reviews"
+    assert drain.last != [None]
+
+
+def test_a_drain_no_request_reaches_ends_after_its_delay_and_says_so(running: Running) -> None:
+    drain = Drain(running, seconds=0.2, quiet=60.0, longest=60.0)
+    drain.thread.join(30)
+    assert not drain.thread.is_alive() and drain.last == [None]
+
+
 def test_an_empty_fleet_denies_gpu_pods_and_leaves_others_alone(running: Running) -> None:
     running.fleet = Fleet()
     assert "no gpu.tessera.dev GPU is published" in running.review(GPU_POD)["response"]["status"]["message"]
@@ -295,12 +357,12 @@ def connect(running: Running, client: KeyPair | None = None) -> ssl.SSLSocket:
     return tls_socket(running.server.port, client_context(running.certificates, client))
 
 
-def test_a_forged_review_without_a_client_certificate_gets_401_and_creates_nothing(running: Running) -> None:
-    assert running.post(review_body(GPU_POD), client=None) == (
-        401,
-        b"a client certificate is required: this webhook answers only the Kubernetes API server "
-        b"(see the webhook's authentication in docs/install.md).",
-    )
+def test_a_forged_review_without_a_client_certificate_fails_the_handshake_and_creates_nothing(
+    running: Running,
+) -> None:
+    assert handshake_refused(running.server.port, client_context(running.certificates, None))
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        running.post(review_body(GPU_POD), client=None)
     assert running.templates.made == []
 
 
@@ -317,23 +379,8 @@ def test_a_certificate_of_another_name_gets_403_and_creates_nothing(running: Run
 def test_a_certificate_from_another_ca_fails_the_handshake(running: Running, tmp_path: Path) -> None:
     other = CertificateAuthority(tmp_path / "other-ca")
     impostor = other.issue("impostor", common_name=DEFAULT_CLIENT_NAME, client=True)
-
-    def refused() -> bool:
-        try:
-            connection = connect(running, impostor)
-            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            return connection.recv(1) == b""  # TLS 1.3 reports a refused certificate on the first read
-        except (ssl.SSLError, ConnectionError):
-            return True
-
-    assert refused()
+    assert handshake_refused(running.server.port, client_context(running.certificates, impostor))
     assert running.templates.made == []
-
-
-def test_probes_and_metrics_need_no_certificate(running: Running) -> None:
-    connection = running.https(None)
-    connection.request("GET", "/healthz")
-    assert connection.getresponse().read() == b"ok\n"
 
 
 @pytest.mark.parametrize("value", ["1e1000000", "1e5000", "1e4299", "Infinity", "-Infinity", "NaN"])
@@ -428,6 +475,63 @@ def test_connections_that_never_start_their_handshake_are_closed(running: Runnin
         assert connection.recv(1) == b""  # closed by the server, nothing sent
 
 
+@pytest.fixture
+def crowded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    """A server with 8 unverified slots, at most 4 from one address."""
+    monkeypatch.setattr(server_module, "MAX_UNVERIFIED", 8)
+    monkeypatch.setattr(server_module, "MAX_PER_PEER", 4)
+    server = Running(tmp_path)
+    yield server
+    server.server.stop()
+
+
+def test_connections_without_a_certificate_never_keep_the_api_server_out(crowded: Running) -> None:
+    """Two tenant addresses hold every unverified slot with connections that never start their
+    handshake, and a third keeps opening more: the API server's new connection still gets in, takes
+    a slot from the address holding the most, and its review is answered."""
+    port = crowded.server.port
+    held = [connection_from("127.0.0.2", port) for _ in range(4)] + [
+        connection_from("127.0.0.3", port) for _ in range(4)
+    ]
+    poll_until(lambda: len(crowded.server.unverified) == 8, 30, "every unverified slot held")
+    refused = connection_from("127.0.0.2", port)  # past its address's share
+    assert refused.recv(1) == b""
+    assert crowded.review(GPU_POD)["response"]["allowed"] is True
+    assert held[0].recv(1) == b""  # the oldest of the largest holder gave its slot up
+    for connection in held:
+        connection.close()
+
+
+def test_the_api_servers_kept_alive_connections_take_no_unverified_slot(crowded: Running) -> None:
+    kept = [crowded.https() for _ in range(12)]  # more than every unverified slot
+    for connection in kept:
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().read() == b"ok\n"
+    assert (len(crowded.server.verified), len(crowded.server.unverified)) == (12, 0)
+    for connection in kept:  # still open, and still answered
+        connection.request("GET", "/readyz")
+        assert connection.getresponse().status == 503
+
+
+def test_without_authentication_an_idle_connection_is_closed_after_the_short_idle_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where authentication is off anyone's connection may be anyone's: it may sit idle only
+    UNVERIFIED_IDLE_TIMEOUT, not the API server's 180 s."""
+    monkeypatch.setattr(server_module, "UNVERIFIED_IDLE_TIMEOUT", 0.3)
+    certificates = SelfManagedCertificates([], ["127.0.0.1"])
+    app = WebhookApp(lambda: FLEET, FakeTemplates())
+    open_server = WebhookServer(app, certificates, "127.0.0.1", 0, clients=None)
+    open_server.start()
+    try:
+        connection = tls_socket(open_server.port, client_context(certificates, None))
+        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert answer_of(connection) == b""  # then idle: closed by the server, nothing more sent
+    finally:
+        open_server.stop()
+
+
 @pytest.mark.parametrize(
     ("changes", "sentence"),
     [
@@ -515,12 +619,11 @@ def test_a_template_tessera_did_not_write_denies_the_pod_with_its_sentence(runni
 
 
 def test_refusals_are_counted_by_status(running: Running) -> None:
-    connection = running.https(None)
-    connection.request("POST", "/mutate", review_body(GPU_POD), {"Content-Type": "application/json"})
-    assert connection.getresponse().status == 401
+    tenant = running.client_ca.issue("tenant", common_name="system:anonymous", client=True)
+    assert running.post(review_body(GPU_POD), client=tenant)[0] == 403
     running.post(b"not json")
     text = running.get_plain("/metrics")[1]
-    assert 'tessera_webhook_requests_refused_total{status="401"} 1.0' in text
+    assert 'tessera_webhook_requests_refused_total{status="403"} 1.0' in text
     assert 'tessera_webhook_reviews_total{outcome="malformed"} 1.0' in text
 
 
@@ -589,10 +692,11 @@ def test_probes_are_answered_while_every_worker_is_busy_with_a_review(running: R
 
 
 def test_a_refused_upload_is_cut_off_while_its_client_keeps_sending(running: Running) -> None:
-    """Refused from its head (no certificate), a 10 MB review's client keeps writing: the server
-    resets the connection rather than wait on the client's TLS close (30 s by default, while the
-    client's writes stall). Its writes fail with a reset, not the 10 s timeout of a stalled send."""
-    connection = connect(running)
+    """Refused from its head (a certificate of another name), a 10 MB review's client keeps writing:
+    the server resets the connection rather than wait on the client's TLS close (30 s by default,
+    while the client's writes stall). Its writes fail with a reset, not the 10 s timeout of a
+    stalled send."""
+    connection = connect(running, running.client_ca.issue("tenant", common_name="tenant", client=True))
     connection.settimeout(10)
     connection.sendall(
         b"POST /mutate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 10485760\r\n\r\n"
