@@ -34,8 +34,8 @@ from tests.unit.packaging.constraints_file import pins
 # A cold build's first test sets up the images (minutes: docs above).
 pytestmark = [pytest.mark.dockerfile, pytest.mark.timeout(2400)]
 
-# What the chart runs from each image: its entrypoint, and in its own container the exporter
-# (kubeletplugin.yaml) or the admission check (admissioncheck-deployment.yaml), by name on PATH.
+# What the chart runs from each image, by name on PATH: its entrypoint, and the exporter
+# (exporter-daemonset.yaml, the driver's image) or the admission check (admissioncheck-deployment.yaml).
 CHART_PROGRAMS = {
     "driver": ("tessera-driver", "tessera-exporter"),
     "webhook": ("tessera-webhook", "tessera-admission-check"),
