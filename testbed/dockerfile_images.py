@@ -86,6 +86,11 @@ def bud(buildah: Buildah, base: str, target: str, *extra: str) -> set[str]:
         REPO,
         timeout=_BUILD_TIMEOUT,
     )
+    return step_images(output)
+
+
+def step_images(output: str) -> set[str]:
+    """The image IDs (full or shortened) of the steps a ``buildah build`` output reports."""
     return set(_STEP.findall(output))
 
 
