@@ -5,8 +5,9 @@ the repository root, one image per target, on a Debian 12 base made from Debian'
 The images are built once per set of inputs: their tags are a digest of the Dockerfile, the build
 context's files, the base and this builder, so a run whose inputs are unchanged builds nothing.
 buildah's layer cache keeps the steps that come before the build context (the apt installs) from one
-build to the next; after a build, the store keeps only the base, the new images, the steps this build
-made or reused, and their check containers (``check_container``).
+build to the next; after a build, the store keeps only the base, the new images and the steps this
+build made or reused. The checks run in containers of their own (``check_container``), which the
+session that made them removes, and a prune removes those of killed sessions.
 
 The build stage's pip reaches PyPI with the host's TLS trust: where the host has a CA bundle, it is
 mounted read-only among the build stage's local certificates (/usr/local/share/ca-certificates),
@@ -109,18 +110,20 @@ def check_container_name(image_id: str) -> str:
 
 
 def check_container(buildah: Buildah, reference: str) -> str:
-    """The container the checks read and run an image in: made once per image, kept with it."""
+    """A container for this process to read and run an image in; ``buildah rm`` it when done
+    (which unmounts it, whatever its runs left mounted)."""
     image_id = buildah.image_id(reference)
     assert image_id is not None, f"no image {reference} in {buildah.store}"
-    return buildah.container(reference, check_container_name(image_id))
+    return buildah.container(reference, f"{check_container_name(image_id)}-{os.getpid()}")
 
 
 def prune(buildah: Buildah, keep: set[str]) -> None:
-    """Remove every container but the check containers of the images kept, then every image whose
-    ID does not start with one of ``keep`` (step IDs come shortened)."""
+    """Remove every container but the check containers of the images kept (another test run may be
+    using them), then every image whose ID does not start with one of ``keep`` (step IDs come
+    shortened)."""
     kept = [image.id for image in buildah.images() if any(image.id.startswith(k) for k in keep)]
-    wanted = {check_container_name(image_id) for image_id in kept}
-    stale = [c.id for c in buildah.containers() if c.name not in wanted]
+    wanted = tuple(check_container_name(image_id) for image_id in kept)
+    stale = [c.id for c in buildah.containers() if not c.name.startswith(wanted)]
     if stale:
         buildah("rm", *stale)
     unwanted = [image.id for image in buildah.images() if image.id not in kept]

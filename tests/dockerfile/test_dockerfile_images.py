@@ -68,14 +68,14 @@ def buildah() -> Buildah:
 
 @pytest.fixture(scope="module")
 def built(buildah: Buildah) -> Iterator[dict[str, BuiltImage]]:
-    """Each target's image, with its check container mounted on the host while the module runs."""
+    """Each target's image, with a check container mounted on the host while the module runs."""
     images: dict[str, BuiltImage] = {}
     for target, reference in dockerfile_images.dockerfile_images().items():
         container = dockerfile_images.check_container(buildah, reference)
         images[target] = BuiltImage(reference, container, buildah.mount(container))
     yield images
     for image in images.values():
-        buildah("umount", image.container)
+        buildah("rm", image.container)
 
 
 @pytest.fixture(scope="module")

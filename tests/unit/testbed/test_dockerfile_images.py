@@ -46,8 +46,8 @@ def test_a_prune_keeps_the_images_named_and_their_check_containers_only(
         StoredImage(leftover, ()),
     ]
     containers = [
-        StoredContainer("1", dockerfile_images.check_container_name(kept), kept),
-        StoredContainer("2", dockerfile_images.check_container_name(older), older),
+        StoredContainer("1", f"{dockerfile_images.check_container_name(kept)}-41", kept),
+        StoredContainer("2", f"{dockerfile_images.check_container_name(older)}-42", older),
         StoredContainer("3", "cccccccccccc-working-container", leftover),
     ]
     ran: list[tuple[str, ...]] = []
