@@ -6,9 +6,9 @@ and the same distributions, at constraints.txt's versions, as the test bed's ima
 target (testbed/product_images.py), whose contents tests/e2e/test_product_image_contents.py checks.
 
 Cost (2-core machine, 2026-12-03; images/README.md has the table): cold, 2 min on a quiet machine,
-under load about 2 min for the base and 6 for the build (apt, pip, PyPI); after a change to the build context, about
-1 min 40 s (the apt steps cached); with the inputs unchanged nothing is built and the tier takes
-about 20 s, the time of its checks.
+under load about 2 min for the base and 6 for the build (apt, pip, PyPI); after a change to the
+build context, about 1 min 40 s (the apt steps cached); with the inputs unchanged nothing is built
+and the tier takes about 20 s, the time of its checks.
 """
 
 from __future__ import annotations
