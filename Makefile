@@ -19,12 +19,12 @@ CUDA13_VENV := .venv-cuda13
 CUDA13_STAMP := $(CUDA13_VENV)/.installed
 CUDA13_LIST := dev/clients-cuda13
 
-.PHONY: help test demo venv clients-cuda13 host-packages binaries simgpu images lint unit integration e2e clean
+.PHONY: help test demo venv clients-cuda13 host-packages binaries simgpu images lint unit integration e2e dockerfile clean
 
 help:
 	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
 	@echo "make demo   set everything up and run the demo"
-	@echo "make host-packages | binaries | simgpu | images | venv | clients-cuda13 | lint | unit | integration | e2e | clean"
+	@echo "make host-packages | binaries | simgpu | images | venv | clients-cuda13 | lint | unit | integration | e2e | dockerfile | clean"
 
 # Reinstall when the dependency lists or their pins change; pip does nothing for what is already there.
 # The install also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and
@@ -69,7 +69,7 @@ lint: venv
 	$(VENV)/bin/mypy $(PY_SOURCES)
 
 unit: venv clients-cuda13 simgpu
-	$(PY) -m pytest -m "not integration and not e2e"
+	$(PY) -m pytest -m "not integration and not e2e and not dockerfile"
 
 integration: venv binaries
 	$(PY) -m pytest -m integration
@@ -77,6 +77,11 @@ integration: venv binaries
 # Real nodes (kubelet, containerd, runc) need root; the tests skip with that reason otherwise.
 e2e: venv binaries
 	$(PY) -m pytest -m e2e
+
+# images/Dockerfile built by buildah, as users build it, and compared with the test bed's images
+# (images/README.md); root only, skipped otherwise. Builds only when the Dockerfile or the sources changed.
+dockerfile: venv host-packages
+	$(PY) -m pytest -m dockerfile
 
 # pytest exits 5 when it collected no test; make treats that, like any non-zero status, as failure.
 # Where the time goes: a JUnit report (`$(PY) -m tools.test_durations` sums it per module) and the

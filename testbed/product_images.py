@@ -63,6 +63,7 @@ class Manifest:
     base: str
     apt_packages: tuple[str, ...]
     python: str
+    build_env: tuple[str, ...]
     venv: str
     workdir: str
     env: tuple[str, ...]
@@ -76,6 +77,7 @@ def load_manifest(path: Path = MANIFEST) -> Manifest:
         base=runtime["base"],
         apt_packages=tuple(runtime["apt_packages"]),
         python=runtime["python"],
+        build_env=tuple(runtime["build_env"]),
         venv=runtime["venv"],
         workdir=runtime["workdir"],
         env=tuple(runtime["env"]),
@@ -191,11 +193,13 @@ def venv_commands(manifest: Manifest, venv: str, wheel: str, constraints: str) -
 
 def make_venv(manifest: Manifest, root: Path, wheel: Path, constraints: Path) -> None:
     """The manifest's virtual environment under ``root``, with the wheel and its dependencies, made
-    by the Dockerfile's commands; then moved to the image's path, as a venv is not relocatable: the
-    folder it was made in, which its scripts' first lines and pyvenv.cfg name, becomes the image's."""
+    by the Dockerfile's commands in its build stage's environment; then moved to the image's path,
+    as a venv is not relocatable: the folder it was made in, which its scripts' first lines and
+    pyvenv.cfg name, becomes the image's."""
     venv = root / manifest.venv.lstrip("/")
+    env = dict(os.environ) | dict(item.split("=", 1) for item in manifest.build_env)
     for command in venv_commands(manifest, str(venv), str(wheel), str(constraints)):
-        run_checked(command, timeout=_BUILD_TIMEOUT)
+        run_checked(command, timeout=_BUILD_TIMEOUT, env=env)
     for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
         data = path.read_bytes()
         if not data.startswith(_ELF) and str(venv).encode() in data:
@@ -262,6 +266,16 @@ def build_product_images(
     return archives
 
 
+def context_digest(repo: Path = REPO) -> str:
+    """A digest of the build context: every file's path and contents (a link's target)."""
+    digest = hashlib.sha256()
+    for name in context_files(repo):
+        path = repo / name
+        data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
 def product_images_digest(version: str) -> str:
     """A digest of what the images are made of: the manifest, this builder and the image writer, the
     build context's files, the version they are built as, the Debian packages' versions and the
@@ -275,9 +289,7 @@ def product_images_digest(version: str) -> str:
     add("images.py", (Path(__file__).parent / "images.py").read_bytes())
     manifest = load_manifest()
     add("manifest", MANIFEST.read_bytes())
-    for name in context_files(REPO):
-        path = REPO / name
-        add(name, os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    add("context", context_digest().encode())
     versions = run_checked(["dpkg-query", "-W", *manifest.apt_packages], timeout=60)
     add("packages", versions.encode())
     add("python", sys.version.encode())

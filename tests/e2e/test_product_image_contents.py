@@ -12,18 +12,16 @@ built (it needs dpkg and pip's index, not root).
 
 from __future__ import annotations
 
-import json
 import re
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
 
 import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from testbed.product_images import Manifest, load_manifest, product_images, project_version
+from tests.image_archive import read_archive
 from tests.unit.layout.layout_facts import DEVELOPMENT
 from tests.unit.packaging.constraints_file import pins
 
@@ -44,29 +42,8 @@ class ImageContents:
 
 def read_layers(archive: Path, entry_points: str) -> ImageContents:
     """Every path in every layer of an OCI archive, and the text of the file ``entry_points``."""
-    with tarfile.open(archive) as outer:
-
-        def read(name: str) -> IO[bytes]:
-            extracted = outer.extractfile(name)
-            assert extracted is not None, name
-            return extracted
-
-        def blob(digest: str) -> IO[bytes]:
-            return read(f"blobs/sha256/{digest.removeprefix('sha256:')}")
-
-        [descriptor] = json.loads(read("index.json").read())["manifests"]
-        manifest = json.loads(blob(descriptor["digest"]).read())
-        paths: list[PurePosixPath] = []
-        text = ""
-        for layer in manifest["layers"]:
-            with tarfile.open(fileobj=blob(layer["digest"]), mode="r|") as members:
-                for member in members:
-                    paths.append(PurePosixPath(member.name))
-                    if member.name == entry_points:
-                        extracted = members.extractfile(member)
-                        assert extracted is not None
-                        text = extracted.read().decode()
-    return ImageContents(paths, text)
+    image = read_archive(archive, [entry_points])
+    return ImageContents(image.paths, image.texts.get(entry_points, ""))
 
 
 def stem(part: str) -> str:

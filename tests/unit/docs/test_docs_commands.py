@@ -10,7 +10,8 @@ Tessera's programs. Every command is checked by what it runs:
 - every other ``helm`` and ``kubectl`` command is checked against the program's ``--help``: the
   subcommand exists and every flag is one it takes; files given with ``-f`` exist;
 - Tessera's own programs (``.venv/bin/tessera-*``) the same, against their ``--help``;
-- ``make`` targets exist in the Makefile; scripts, test paths and Dockerfile stages exist;
+- ``make`` targets exist in the Makefile; scripts, test paths and Dockerfile stages exist (``docker``
+  and ``buildah`` builds alike);
 - ``grep`` and ``curl`` flags are checked against their ``--help``.
 
 A program with no checker here fails the test: add one. ``<...>`` in a command is a placeholder
@@ -306,6 +307,7 @@ CHECKERS: dict[str, Callable[[Command, Path], None]] = {
     "bash": check_paths,
     ".venv/bin/pytest": check_paths,
     "docker": check_docker,
+    "buildah": check_docker,
     "grep": check_system_tool,
     "curl": check_system_tool,
 }

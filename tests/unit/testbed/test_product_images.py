@@ -136,6 +136,13 @@ def test_the_virtual_environment_is_made_and_filled_as_the_local_build_does(
     assert f"--from=build {manifest.venv} {manifest.venv}" in stages["runtime"].all("COPY")
 
 
+def test_both_builds_fill_the_virtual_environment_in_the_manifests_build_environment(
+    manifest: Manifest, stages: dict[str, Stage]
+) -> None:
+    """The Dockerfile's build stage sets it; make_venv runs its commands with it (below)."""
+    assert stages["build"].all("ENV") == list(manifest.build_env)
+
+
 def test_both_builds_take_every_version_from_the_constraints_file(stages: dict[str, Stage]) -> None:
     """The Dockerfile's wheel build (its isolated build environment) and its install read
     constraints.txt from the build context, and the local build copies that file with the context."""
@@ -187,11 +194,13 @@ def test_the_local_venv_takes_the_images_path_in_its_scripts_and_configuration(
     image's path in pyvenv.cfg and the scripts (pip writes the interpreter's path into their first
     line), leaving binaries alone."""
     ran: list[list[str]] = []
+    environments: list[dict[str, str]] = []
     venv = tmp_path / manifest.venv.lstrip("/")
 
-    def fake_run(argv: list[object], **_: object) -> str:
+    def fake_run(argv: list[object], *, env: dict[str, str], **_: object) -> str:
         command = [str(a) for a in argv]
         ran.append(command)
+        environments.append(env)
         if "venv" in command:
             (venv / "bin").mkdir(parents=True)
             (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ncommand = {' '.join(command)}\n")
@@ -204,6 +213,9 @@ def test_the_local_venv_takes_the_images_path_in_its_scripts_and_configuration(
     constraints = tmp_path / "constraints.txt"
     product_images.make_venv(manifest, tmp_path, wheel, constraints)
     assert ran == product_images.venv_commands(manifest, str(venv), str(wheel), str(constraints))
+    assert manifest.build_env
+    for env in environments:
+        assert set(manifest.build_env) <= {f"{name}={value}" for name, value in env.items()}
     config = (venv / "pyvenv.cfg").read_text()
     assert f"command = {manifest.python} -m venv --copies {manifest.venv}\n" in config
     assert (venv / "bin" / "tessera-driver").read_text().startswith(f"#!{manifest.venv}/bin/python\n")
