@@ -177,10 +177,14 @@ class Tenants:
         )
 
     def neighbour_rounds(self) -> tuple[int, int]:
-        """(rounds, failed rounds) the neighbour has counted: its last line."""
+        """(rounds, failed rounds) the neighbour has counted: its last count line. The shim's own
+        lines share the log (a round that waited for memory says so on stderr), so the count is
+        the last line that carries one."""
         core = client.CoreV1Api(self.bed.kube)
-        seen = words(str(core.read_namespaced_pod_log(NEIGHBOUR, self.namespace, tail_lines=1)))
-        return int(seen["rounds"]), int(seen["failed"])
+        log = str(core.read_namespaced_pod_log(NEIGHBOUR, self.namespace, tail_lines=50))
+        counts = [seen for line in log.splitlines() if "rounds" in (seen := words(line))]
+        assert counts, f"no count line in the neighbour's log:\n{log}"
+        return int(counts[-1]["rounds"]), int(counts[-1]["failed"])
 
     def neighbour_figures(self) -> dict[str, float]:
         """The neighbour's container series in one scrape of the node's exporter: name -> value."""
