@@ -60,20 +60,30 @@ def gpus_from_slices(
     return [gpu for gpu in with_taint_rules(published_gpus(slices), taint_rules) if gpu.schedulable]
 
 
+def result_usage(result: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Memory and cores one allocation result takes (its consumedCapacity), or None for a result
+    of another driver or one whose figures are not quantities."""
+    if result.get("driver") != DRIVER_NAME:
+        return None
+    consumed = result.get("consumedCapacity") or {}
+    try:
+        return quantity_to_int(consumed.get(MEMORY_CAPACITY, 0)), quantity_to_int(
+            consumed.get(CORES_CAPACITY, 0)
+        )
+    except ValueError:
+        return None
+
+
 def allocated_usage(claims: Iterable[Mapping[str, Any]]) -> dict[GpuKey, tuple[int, int]]:
     """Memory and cores taken per GPU by allocated claims (their results' consumedCapacity)."""
     used: dict[GpuKey, tuple[int, int]] = {}
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") != DRIVER_NAME:
+            taken = result_usage(result)
+            if taken is None:
                 continue
-            consumed = result.get("consumedCapacity") or {}
-            try:
-                memory = quantity_to_int(consumed.get(MEMORY_CAPACITY, 0))
-                cores = quantity_to_int(consumed.get(CORES_CAPACITY, 0))
-            except ValueError:
-                continue
+            memory, cores = taken
             key = (result.get("pool", ""), result.get("device", ""))
             m, c = used.get(key, (0, 0))
             used[key] = (m + memory, c + cores)
