@@ -40,7 +40,8 @@ def _escape(char: str) -> str:
     return f"\\U{code:08x}"
 
 
-def _cut(text: str, limit: int) -> str:
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with how many were left off."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}…(+{len(text) - limit} chars)"
@@ -50,7 +51,7 @@ def clean(value: object, limit: int = TEXT_LIMIT) -> str:
     """``value`` as one line of visible characters, at most ``limit`` of them before a cut mark:
     invisible and control characters (and the backslash, so an escape cannot be forged) become
     backslash escapes."""
-    text = _cut(str(value), limit)
+    text = cut(str(value), limit)
     return "".join(
         _escape(c) if c == "\\" or unicodedata.category(c) in _ESCAPED_CATEGORIES else c for c in text
     )
@@ -59,7 +60,7 @@ def clean(value: object, limit: int = TEXT_LIMIT) -> str:
 def bounded(data: Any, limit: int = DATA_LIMIT) -> Any:
     """``data`` (JSON-like) with every string, keys included, cut to ``limit`` characters."""
     if isinstance(data, str):
-        return _cut(data, limit)
+        return cut(data, limit)
     if isinstance(data, Mapping):
         return {bounded(k, limit): bounded(v, limit) for k, v in data.items()}
     if isinstance(data, list | tuple):
@@ -81,6 +82,8 @@ def size(value: int | float | None) -> str:
     """12Gi, 1.5Gi, 512Mi: memory as a person reads it; '-' when unknown."""
     if value is None:
         return "-"
+    if value == 0:
+        return "0"
     if value >= GiB:
         gib = value / GiB
         return f"{gib:.0f}Gi" if gib == int(gib) else f"{gib:.1f}Gi"

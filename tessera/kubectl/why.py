@@ -28,11 +28,15 @@ from tessera.admissioncheck.inventory import Key, allocated_usage
 from tessera.admissioncheck.podsets import Undecidable, requests_from_claim_spec, requests_from_template
 from tessera.gpu_request import AnnotationError, RecordError, Refusal, Selection
 from tessera.kubectl.snapshot import Snapshot
+from tessera.kubectl.text import cut
 from tessera.kubectl.views import all_gpus, cordoned_nodes, is_cordon
 from tessera.slices import PublishedGpu
 
 LISTED = 5
 """GPUs or values named in one sentence; the rest are counted."""
+
+VALUE_LIMIT = 80
+"""Characters of one value (a type, a UUID, a product) quoted in a sentence."""
 
 
 @dataclass
@@ -56,7 +60,7 @@ class Verdict:
 
 
 def _listed(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:LISTED])
+    shown = ", ".join(cut(name, VALUE_LIMIT) for name in names[:LISTED])
     return shown + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
 
 
@@ -95,12 +99,12 @@ def _selection_sentence(choices: Sequence[Choice], gpus: Sequence[PublishedGpu])
     if selection.use_types is not None and not any(
         Selection(use_types=selection.use_types).matches(g.uuid, g.product) for g in gpus
     ):
-        asked = " or ".join(f"'{t}'" for t in selection.use_types[:LISTED])
+        asked = " or ".join(f"'{cut(t, VALUE_LIMIT)}'" for t in selection.use_types[:LISTED])
         return f"no GPU's product contains {asked} (this cluster has: {_listed(products)})"
     if selection.use_uuids is not None and not any(
         Selection(use_uuids=selection.use_uuids).matches(g.uuid, g.product) for g in gpus
     ):
-        asked = " or ".join(f"'{u}'" for u in selection.use_uuids[:LISTED])
+        asked = " or ".join(f"'{cut(u, VALUE_LIMIT)}'" for u in selection.use_uuids[:LISTED])
         return f"no GPU has UUID {asked} (this cluster has: {_listed(uuids)})"
     sizes = sorted({c.memory_size for c in choices if c.memory_size is not None})
     if sizes and not any(g.memory in sizes for g in gpus):
