@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.admissioncheck.inventory import allocated_usage, result_usage
+from tessera.admissioncheck.inventory import allocated_usage, claim_shares
 from tessera.kubectl.snapshot import Snapshot
 from tessera.names import (
     DEVICE_TYPE_ATTRIBUTE,
@@ -60,18 +60,13 @@ def shares(claims: Iterable[Mapping[str, Any]]) -> list[Share]:
     out = []
     for claim in claims:
         metadata = claim.get("metadata") or {}
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            taken = result_usage(result)
-            if taken is None:
-                continue
-            memory, cores = taken
+        for key, memory, cores in claim_shares(claim):
             out.append(
                 Share(
                     namespace=str(metadata.get("namespace", "")),
                     claim=str(metadata.get("name", "")),
                     pod=claim_pod(claim),
-                    key=(str(result.get("pool", "")), str(result.get("device", ""))),
+                    key=(str(key[0]), str(key[1])),
                     memory=memory,
                     cores=cores,
                 )
