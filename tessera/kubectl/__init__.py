@@ -4,5 +4,6 @@ pod with Tessera claims waits (docs/kubectl-tessera.md).
 Modules: ``cli`` (flags, kubeconfig, the four commands), ``snapshot`` (one read of the API objects a
 view needs), ``views`` (GPUs, shares and MIG instances as plain data), ``usage`` (live figures from
 the exporters, where reachable), ``why`` (a waiting pod judged with the admission check's own fit
-code), ``queue`` (Workloads our fit check holds), ``text`` (escaping, bounding, bars and columns).
+code), ``queue`` (Workloads our fit check holds), ``render`` (the views as text), ``text`` (escaping,
+bounding, bars and columns).
 """

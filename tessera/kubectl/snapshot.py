@@ -38,7 +38,7 @@ class Snapshot:
     missing: list[str] = field(default_factory=list)
 
 
-def _items(what: str, call: Callable[..., Any], missing: list[str], **kwargs: Any) -> list[Obj]:
+def listed(what: str, call: Callable[..., Any], missing: list[str], **kwargs: Any) -> list[Obj]:
     """The items of one list call; a kind that is forbidden or not served is recorded in
     ``missing`` and read as empty. Any other failure is the caller's."""
     try:
@@ -58,12 +58,12 @@ def read(api: client.ApiClient, namespace: str | None, kinds: frozenset[str]) ->
     out = Snapshot()
     miss = out.missing
     if "slices" in kinds:
-        out.slices = _items(
+        out.slices = listed(
             "resourceslices", resource.list_resource_slice, miss, field_selector=f"spec.driver={DRIVER_NAME}"
         )
-        out.taint_rules = _items("devicetaintrules", resource.list_device_taint_rule, miss)
-        out.nodes = _items("nodes", core.list_node, miss)
-        out.claims = _items("resourceclaims", resource.list_resource_claim_for_all_namespaces, miss)
+        out.taint_rules = listed("devicetaintrules", resource.list_device_taint_rule, miss)
+        out.nodes = listed("nodes", core.list_node, miss)
+        out.claims = listed("resourceclaims", resource.list_resource_claim_for_all_namespaces, miss)
     elif "claims" in kinds:
         out.claims = _namespaced(
             "resourceclaims",
@@ -85,7 +85,7 @@ def read(api: client.ApiClient, namespace: str | None, kinds: frozenset[str]) ->
             miss,
         )
     if "workloads" in kinds:
-        out.admission_checks = _items(
+        out.admission_checks = listed(
             "admissionchecks",
             lambda **kw: custom.list_cluster_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", **kw
@@ -93,13 +93,13 @@ def read(api: client.ApiClient, namespace: str | None, kinds: frozenset[str]) ->
             miss,
         )
         if namespace is None:
-            out.workloads = _items(
+            out.workloads = listed(
                 "workloads",
                 lambda **kw: custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "workloads", **kw),
                 miss,
             )
         else:
-            out.workloads = _items(
+            out.workloads = listed(
                 "workloads",
                 lambda **kw: custom.list_namespaced_custom_object(
                     KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", **kw
@@ -117,5 +117,5 @@ def _namespaced(
     missing: list[str],
 ) -> list[Obj]:
     if namespace is None:
-        return _items(what, everywhere, missing)
-    return _items(what, lambda **kw: in_namespace(namespace, **kw), missing)
+        return listed(what, everywhere, missing)
+    return listed(what, lambda **kw: in_namespace(namespace, **kw), missing)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -113,3 +115,22 @@ def test_exporter_figures_are_read_per_gpu_and_per_claim() -> None:
             "shares": [{"namespace": "team", "claim": "c", "memoryUsed": 1e9}],
         }
     ]
+
+
+def test_a_kind_the_caller_may_not_read_or_the_cluster_does_not_serve_reads_as_empty_and_is_named() -> None:
+    from kubernetes.client import ApiException
+
+    from tessera.kubectl.snapshot import listed
+
+    def refused(status: int) -> Callable[..., Any]:
+        def call(**_: Any) -> Any:
+            raise ApiException(status=status, reason="no")
+
+        return call
+
+    missing: list[str] = []
+    assert listed("devicetaintrules", refused(404), missing) == []
+    assert listed("workloads", refused(403), missing) == []
+    assert missing == ["devicetaintrules", "workloads"]
+    with pytest.raises(ApiException):
+        listed("resourceslices", refused(500), missing)
