@@ -60,12 +60,17 @@ class Verdict:
 
 
 def _listed(names: Sequence[str]) -> str:
-    shown = ", ".join(cut(name, VALUE_LIMIT) for name in names[:LISTED])
+    shown = ", ".join(names[:LISTED])
     return shown + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
 
 
+def _values(values: Sequence[str]) -> list[str]:
+    """Values anyone can write (a product, a UUID, a selector) cut to fit in a sentence."""
+    return [cut(value, VALUE_LIMIT) for value in values]
+
+
 def _label(gpu: PublishedGpu) -> str:
-    return f"{gpu.uuid or gpu.name} on {gpu.node}"
+    return f"{cut(gpu.uuid or gpu.name, VALUE_LIMIT)} on {gpu.node}"
 
 
 def pod_requests(pod: Mapping[str, Any], snapshot: Snapshot) -> tuple[list[Request], list[str]]:
@@ -91,20 +96,20 @@ def pod_requests(pod: Mapping[str, Any], snapshot: Snapshot) -> tuple[list[Reque
 
 def _selection_sentence(choices: Sequence[Choice], gpus: Sequence[PublishedGpu]) -> str:
     """Why no GPU matches any of ``choices``: the selector nothing meets, with what there is."""
-    products = sorted({g.product for g in gpus if g.product})
-    uuids = sorted({g.uuid for g in gpus if g.uuid})
+    products = _values(sorted({g.product for g in gpus if g.product}))
+    uuids = _values(sorted({g.uuid for g in gpus if g.uuid}))
     if not gpus:
         return "this cluster publishes no Tessera GPU"
     selection = choices[0].selection
     if selection.use_types is not None and not any(
         Selection(use_types=selection.use_types).matches(g.uuid, g.product) for g in gpus
     ):
-        asked = " or ".join(f"'{cut(t, VALUE_LIMIT)}'" for t in selection.use_types[:LISTED])
+        asked = " or ".join(f"'{t}'" for t in _values(selection.use_types[:LISTED]))
         return f"no GPU's product contains {asked} (this cluster has: {_listed(products)})"
     if selection.use_uuids is not None and not any(
         Selection(use_uuids=selection.use_uuids).matches(g.uuid, g.product) for g in gpus
     ):
-        asked = " or ".join(f"'{cut(u, VALUE_LIMIT)}'" for u in selection.use_uuids[:LISTED])
+        asked = " or ".join(f"'{u}'" for u in _values(selection.use_uuids[:LISTED]))
         return f"no GPU has UUID {asked} (this cluster has: {_listed(uuids)})"
     sizes = sorted({c.memory_size for c in choices if c.memory_size is not None})
     if sizes and not any(g.memory in sizes for g in gpus):
@@ -138,7 +143,7 @@ def judge(pod: Mapping[str, Any], snapshot: Snapshot) -> Verdict:
     for request in requests:
         reasons.extend(_request_reasons(request, judged, node_cordons))
     if unknown:
-        reasons.append(f"its claims' own CEL selectors are not judged here: {_listed(unknown)}")
+        reasons.append(f"its claims' own CEL selectors are not judged here: {_listed(_values(unknown))}")
     if len(reasons) > (1 if unknown else 0):
         return Verdict(False, reasons, judged)
     open_gpus = [g for g in gpus if g.schedulable and g.node not in node_cordons]
@@ -171,9 +176,8 @@ def _request_reasons(request: Request, judged: list[GpuJudgement], node_cordons:
     roomy = [j for j, p in zip(judged, problems, strict=True) if p in ("", CORDONED, TAINTED)]
     if not roomy:
         lines = [p for p in problems if p != NOT_SELECTED]
-        return [f"no GPU the claim may use has room: {'; '.join(lines[:LISTED])}"] + (
-            [f"and {len(lines) - LISTED} more GPUs like them"] if len(lines) > LISTED else []
-        )
+        more = f"; and {len(lines) - LISTED} more GPUs" if len(lines) > LISTED else ""
+        return [f"no GPU the claim may use has room: {'; '.join(lines[:LISTED])}{more}"]
     usable = [j for j, p in zip(judged, problems, strict=True) if p == ""]
     if not usable:
         blocked = roomy
@@ -185,7 +189,7 @@ def _request_reasons(request: Request, judged: list[GpuJudgement], node_cordons:
     if request.count > 1:
         per_node: dict[str, list[str]] = {}
         for j in usable:
-            per_node.setdefault(j.gpu.node, []).append(j.gpu.uuid or j.gpu.name)
+            per_node.setdefault(j.gpu.node, []).append(cut(j.gpu.uuid or j.gpu.name, VALUE_LIMIT))
         if max(len(v) for v in per_node.values()) < request.count:
             counts = [
                 f"{node} has {len(v)} ({', '.join(v[:LISTED])})" for node, v in sorted(per_node.items())

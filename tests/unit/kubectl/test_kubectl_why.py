@@ -166,3 +166,10 @@ def test_a_users_own_cel_selector_is_named_as_not_judged() -> None:
         verdict["reasons"][-1]
         == "its claims' own CEL selectors are not judged here: device.attributes['x'].y == 1"
     )
+
+
+def test_a_long_list_of_full_gpus_names_five_and_counts_the_rest_in_one_sentence() -> None:
+    claims = [used("node-a", i, "70Gi", f"a{i}") for i in range(7)]
+    (reason,) = judged(GIB_20, [gpu_slice("node-a", [80] * 7)], claims)["reasons"]
+    assert reason.count("has 10Gi free, the claim asks 20Gi") == 5
+    assert reason.endswith("GPU-node-a-4 on node-a has 10Gi free, the claim asks 20Gi; and 2 more GPUs")
