@@ -5,6 +5,7 @@ line on stderr, exit status 1, when the API server cannot be reached."""
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,9 +14,13 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import ApiException
 
+from tessera.kubectl import snapshot as reading
 from tessera.kubectl.cli import kubeconfig_path, main, namespace_of, parser
+from tessera.kubectl.snapshot import listed
 from tessera.kubectl.usage import Usage, add_to_gpus, read_metrics
+from tests.unit.kubectl.kubectl_samples import gpu_slice, snapshot, used
 
 
 def _kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
@@ -118,10 +123,6 @@ def test_exporter_figures_are_read_per_gpu_and_per_claim() -> None:
 
 
 def test_a_kind_the_caller_may_not_read_or_the_cluster_does_not_serve_reads_as_empty_and_is_named() -> None:
-    from kubernetes.client import ApiException
-
-    from tessera.kubectl.snapshot import listed
-
     def refused(status: int) -> Callable[..., Any]:
         def call(**_: Any) -> Any:
             raise ApiException(status=status, reason="no")
@@ -134,3 +135,24 @@ def test_a_kind_the_caller_may_not_read_or_the_cluster_does_not_serve_reads_as_e
     assert missing == ["devicetaintrules", "workloads"]
     with pytest.raises(ApiException):
         listed("resourceslices", refused(500), missing)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_gpus_draws_bars_at_a_terminal_columns_in_a_pipe_and_data_with_o(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = snapshot([gpu_slice("node-a", [80])], [used("node-a", 0, "20Gi", "c", pod="p")])
+    monkeypatch.setattr(reading, "read", lambda api, namespace, kinds: found)
+    config = str(_kubeconfig(tmp_path / "config"))
+
+    def run(out: io.StringIO, *flags: str) -> str:
+        assert main(["gpus", "--kubeconfig", config, "--no-usage", *flags], out, io.StringIO()) == 0
+        return out.getvalue()
+
+    assert "memory [###---------] 20Gi of 80Gi allocated" in run(_Terminal())
+    assert run(io.StringIO()).startswith("NODE     GPU ")
+    assert json.loads(run(io.StringIO(), "-o", "json"))["gpus"][0]["shares"][0]["pod"] == "p"
