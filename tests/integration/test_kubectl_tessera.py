@@ -11,6 +11,7 @@ the scheduler writes, or real pods the scheduler placed.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
 from tessera.kubectl.cli import main
@@ -26,6 +28,7 @@ from testbed.cluster import LocalCluster
 from testbed.dra_objects import allocated_claim
 from testbed.driver_node import ensure_device_class
 from testbed.pod_state import wait_until_unschedulable
+from testbed.polling import poll_until
 from testbed.queue_bed import plain_gpu_pod, publish_gpus
 from testbed.share_pods import share_pod
 
@@ -73,12 +76,37 @@ def taint_rules(kube: client.ApiClient) -> Iterator[list[str]]:
         client.ResourceV1Api(kube).delete_device_taint_rule(name)
 
 
-def waiting_pod(
-    kube: client.ApiClient, namespace: str, name: str, limits: dict[str, str], annotations: dict[str, str]
-) -> None:
-    """A pod converted as the webhook converts it, which the scheduler has given up on."""
-    plain_gpu_pod(kube, namespace, name, None, limits, annotations)
-    wait_until_unschedulable(client.CoreV1Api(kube), namespace, name)
+WaitingPod = Callable[[str, dict[str, str], dict[str, str]], None]
+
+
+@pytest.fixture
+def waiting_pod(kube: client.ApiClient, namespace: str) -> Iterator[WaitingPod]:
+    """Factory: a pod converted as the webhook converts it, which the scheduler has given up on.
+    Each is deleted when the test ends, before its namespace: the scheduler keeps trying pods of a
+    namespace being deleted, and would place them on the next test's GPUs."""
+    core = client.CoreV1Api(kube)
+    made: list[str] = []
+
+    def make(name: str, limits: dict[str, str], annotations: dict[str, str]) -> None:
+        plain_gpu_pod(kube, namespace, name, None, limits, annotations)
+        made.append(name)
+        wait_until_unschedulable(core, namespace, name)
+
+    yield make
+    for name in made:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    for name in made:
+        poll_until(functools.partial(_gone, core, namespace, name), 30, f"pod {name} deleted")
+
+
+def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
 
 
 def share(gi: int) -> dict[str, str]:
@@ -86,10 +114,13 @@ def share(gi: int) -> dict[str, str]:
 
 
 def test_why_names_a_type_no_gpu_has_and_the_products_the_cluster_has(
-    cluster: LocalCluster, kube: client.ApiClient, namespace: str, gpu_node: Callable[..., str]
+    cluster: LocalCluster,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
 ) -> None:
     gpu_node(80)
-    waiting_pod(kube, namespace, "wants-a100", share(20), {HAMI_USE_TYPE: "a100"})
+    waiting_pod("wants-a100", share(20), {HAMI_USE_TYPE: "a100"})
     verdict = why(cluster, namespace, "wants-a100")
     assert not verdict["fits"]
     (reason,) = verdict["reasons"]
@@ -98,21 +129,28 @@ def test_why_names_a_type_no_gpu_has_and_the_products_the_cluster_has(
 
 
 def test_why_names_a_uuid_no_gpu_has(
-    cluster: LocalCluster, kube: client.ApiClient, namespace: str, gpu_node: Callable[..., str]
+    cluster: LocalCluster,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
 ) -> None:
     node = gpu_node(80)
-    waiting_pod(kube, namespace, "wants-uuid", share(20), {HAMI_USE_UUID: "GPU-nowhere"})
+    waiting_pod("wants-uuid", share(20), {HAMI_USE_UUID: "GPU-nowhere"})
     (reason,) = why(cluster, namespace, "wants-uuid")["reasons"]
     assert reason.startswith("no GPU has UUID 'GPU-nowhere' (this cluster has: ")
     assert f"GPU-{node}-0" in reason
 
 
 def test_why_names_each_gpus_free_memory_when_the_share_is_too_big_for_all(
-    cluster: LocalCluster, kube: client.ApiClient, namespace: str, gpu_node: Callable[..., str]
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
 ) -> None:
     node = gpu_node(80)
     allocated_claim(client.ResourceV1Api(kube), namespace, node, f"gpu-{node}-0", "placed", memory="68Gi")
-    waiting_pod(kube, namespace, "too-big", share(20), MINE)
+    waiting_pod("too-big", share(20), MINE)
     assert why(cluster, namespace, "too-big")["reasons"] == [
         f"no GPU the claim may use has room: GPU-{node}-0 on {node} has 12Gi free, the claim asks 20Gi"
     ]
@@ -124,6 +162,7 @@ def test_why_says_every_gpu_that_fits_is_cordoned(
     namespace: str,
     gpu_node: Callable[..., str],
     taint_rules: list[str],
+    waiting_pod: WaitingPod,
 ) -> None:
     node = gpu_node(80, 80)
     allocated_claim(client.ResourceV1Api(kube), namespace, node, f"gpu-{node}-0", "placed", memory="75Gi")
@@ -146,18 +185,22 @@ def test_why_says_every_gpu_that_fits_is_cordoned(
         )
     )
     taint_rules.append(rule)
-    waiting_pod(kube, namespace, "cordoned-out", share(20), MINE)
+    waiting_pod("cordoned-out", share(20), MINE)
     assert why(cluster, namespace, "cordoned-out")["reasons"] == [
         f"every GPU that fits is cordoned: GPU-{node}-1 on {node} (gpu.tessera.dev/cordoned)"
     ]
 
 
 def test_why_says_no_node_has_two_gpus_with_room_for_a_two_gpu_request(
-    cluster: LocalCluster, kube: client.ApiClient, namespace: str, gpu_node: Callable[..., str]
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
 ) -> None:
     two, one = gpu_node(80, 80), gpu_node(80)
     allocated_claim(client.ResourceV1Api(kube), namespace, two, f"gpu-{two}-1", "placed", memory="75Gi")
-    waiting_pod(kube, namespace, "two-gpus", {HAMI_GPU: "2", HAMI_GPUMEM: "20480"}, MINE)
+    waiting_pod("two-gpus", {HAMI_GPU: "2", HAMI_GPUMEM: "20480"}, MINE)
     counts = sorted([f"{two} has 1 (GPU-{two}-0)", f"{one} has 1 (GPU-{one}-0)"])
     assert why(cluster, namespace, "two-gpus")["reasons"] == [
         "the claim asks for 2 different GPUs on one node, and no node has 2 GPUs with room: "
@@ -193,7 +236,13 @@ def test_gpus_and_pods_agree_with_the_allocations_the_scheduler_wrote(
     assert status == 0
     mine = [g for g in json.loads(out)["gpus"] if g["node"] == node]
     assert [g["product"] for g in mine] == [PRODUCT, PRODUCT]
-    shown = {s["claim"]: (g["device"], s["pod"], s["memory"], s["cores"]) for g in mine for s in g["shares"]}
+    # Only this test's shares: another test's pod may be placed here too, and counts in the sums.
+    shown = {
+        s["claim"]: (g["device"], s["pod"], s["memory"], s["cores"])
+        for g in mine
+        for s in g["shares"]
+        if s["namespace"] == namespace
+    }
     gib = 1024**3
     assert shown == {
         claims[0][1]: (allocated[claims[0][1]][0], "train", 20 * gib, 30),
