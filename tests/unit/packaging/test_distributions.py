@@ -2,8 +2,8 @@
 the development tree included, so that the packaging configuration and not .dockerignore decides),
 by the call the local images make (testbed/product_images.py: pip wheel, no isolation), its RECORD
 lists tessera/ and its dist-info and nothing of the test bed, the simulated driver, the demo, the
-tools or the tests, and its commands are the product's five (four daemons and the kubectl plugin); tessera-cluster is the development
-distribution's alone.
+tools or the tests, and its commands are the product's five (four daemons and the kubectl plugin);
+tessera-cluster is the development distribution's alone.
 
 Cost: one wheel build per session, about 8 s on a shared 2-core machine (copying the checkout, compiling
 the cffi binding and the preload libraries, generating the gRPC stubs): cheap enough for the unit tier.
