@@ -86,16 +86,21 @@ class BoundedApiClient(client.ApiClient):
 
 
 def api_client(
-    kubeconfig: Path | None = None, timeout: Timeout = (CONNECT_TIMEOUT, READ_TIMEOUT)
+    kubeconfig: Path | None = None,
+    timeout: Timeout = (CONNECT_TIMEOUT, READ_TIMEOUT),
+    context: str | None = None,
 ) -> BoundedApiClient:
     """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order,
-    whose calls wait at most ``timeout``.
+    whose calls wait at most ``timeout``; ``context`` names a kubeconfig context other than the
+    current one (kubectl's ``--context``).
 
     $KUBECONFIG may list several files (a:b), as kubectl allows; the client merges them."""
     configuration = client.Configuration()
     path = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG")
     if path:
-        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=configuration
+        )
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:

@@ -28,6 +28,9 @@ MIG_PROFILE_ATTRIBUTE = "profile"
 """Device attribute of a MIG instance: its profile ("1g.10gb"), what HAMi's nvidia.com/mig-<profile>
 resource names."""
 
+PARENT_UUID_ATTRIBUTE = "parentUUID"
+"""Device attribute of a MIG instance: the UUID of the GPU it is part of."""
+
 UUID_ATTRIBUTE = "uuid"
 """Device attribute: the GPU's UUID as NVML gives it ("GPU-..."), what HAMi's UUID annotations name."""
 

@@ -8,6 +8,7 @@ and returned as the client's typed models.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from kubernetes import client
 
@@ -112,54 +113,68 @@ def pod_with_claim(name: str, template: str, image: str = "tessera.local/none") 
     )
 
 
-def allocated_claim(
-    resource: client.ResourceV1Api, namespace: str, node: str, device: str, name: str
-) -> tuple[str, str, str]:
-    """A ResourceClaim ``name`` given a 1Gi/1-core share of ``device`` on ``node``, its allocation
-    written as the scheduler would (no pod needed). Returns (namespace, name, uid), as the kubelet
-    names a claim."""
-    body = {
-        "metadata": {"name": name},
+def share_claim(name: str, namespace: str, node: str, device: str, memory: str, cores: str) -> dict[str, Any]:
+    """A ResourceClaim (JSON) asking a ``memory``/``cores`` share of our class, with the allocation
+    the scheduler would write for it on ``device`` of ``node``'s pool in its status."""
+    capacity = {"memory": memory, "cores": cores}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "devices": {
                 "requests": [
                     {
                         "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS,
-                            "capacity": {"requests": {"memory": "1Gi", "cores": "1"}},
-                        },
+                        "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": {"requests": capacity}},
                     }
                 ]
             }
         },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER_NAME,
+                            "pool": node,
+                            "device": device,
+                            "shareID": str(uuid.uuid4()),
+                            "consumedCapacity": dict(capacity),
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            }
+        },
     }
+
+
+def allocated_claim(
+    resource: client.ResourceV1Api,
+    namespace: str,
+    node: str,
+    device: str,
+    name: str,
+    memory: str = "1Gi",
+    cores: str = "1",
+) -> tuple[str, str, str]:
+    """A ResourceClaim ``name`` given a ``memory``/``cores`` share of ``device`` on ``node``, its
+    allocation written as the scheduler would (no pod needed). Returns (namespace, name, uid), as
+    the kubelet names a claim."""
+    body = share_claim(name, namespace, node, device, memory, cores)
+    status = body.pop("status")
     created = raw_json(
         resource.create_namespaced_resource_claim(
             namespace, client.ResourceV1ResourceClaim.model_validate(body), _preload_content=False
         )
     )
-    created["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {
-                        "request": "gpu",
-                        "driver": DRIVER_NAME,
-                        "pool": node,
-                        "device": device,
-                        "shareID": str(uuid.uuid4()),
-                        "consumedCapacity": {"memory": "1Gi", "cores": "1"},
-                    }
-                ]
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-                ]
-            },
-        }
-    }
+    created["status"] = status
     resource.replace_namespaced_resource_claim_status(
         name, namespace, client.ResourceV1ResourceClaim.model_validate(created)
     )

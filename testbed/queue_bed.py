@@ -271,22 +271,21 @@ def gpu_job(
     }
 
 
-def plain_gpu_pod(
-    api: client.ApiClient,
+def plain_gpu_pod_objects(
     namespace: str,
     name: str,
-    queue: str,
+    queue: str | None,
     limits: Mapping[str, str],
     annotations: Mapping[str, str] | None = None,
     memory_sizes_gi: Sequence[int] = (80,),
     record: str | None = None,
     extra_selector: str | None = None,
-) -> None:
-    """A plain pod in ``queue`` as the webhook leaves it: the HAMi ``limits`` converted by the
-    webhook's own code into a ResourceClaimTemplate (created here) and a claim reference. With
-    ``record``, the template's gpu-request annotation says that instead, and with ``extra_selector``
-    its request has that CEL selector too: a tenant's forgeries, since a tenant may write templates
-    in its own namespace."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(ResourceClaimTemplate, Pod) as JSON, for a plain pod as the webhook leaves it: the HAMi
+    ``limits`` converted by the webhook's own code into a template and a claim reference, the pod in
+    ``queue`` when one is named. With ``record``, the template's gpu-request annotation says that
+    instead, and with ``extra_selector`` its request has that CEL selector too: a tenant's
+    forgeries, since a tenant may write templates in its own namespace."""
     container = {"name": "work", "image": "tessera.local/none", "resources": {"limits": dict(limits)}}
     request = read_request('container "work"', container, selection_for(annotations or {}))
     assert request is not None
@@ -297,13 +296,15 @@ def plain_gpu_pod(
     if extra_selector is not None:
         body = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
         body.setdefault("selectors", []).append({"cel": {"expression": extra_selector}})
-    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
-        namespace, client.V1ResourceClaimTemplate.model_validate(template)
-    )
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}, "annotations": dict(annotations or {})},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {QUEUE_LABEL: queue} if queue else {},
+            "annotations": dict(annotations or {}),
+        },
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 0,
@@ -313,6 +314,27 @@ def plain_gpu_pod(
             ],
         },
     }
+    return template, pod
+
+
+def plain_gpu_pod(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    queue: str | None,
+    limits: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+    memory_sizes_gi: Sequence[int] = (80,),
+    record: str | None = None,
+    extra_selector: str | None = None,
+) -> None:
+    """Create the template and the pod of :func:`plain_gpu_pod_objects` (same arguments)."""
+    template, pod = plain_gpu_pod_objects(
+        namespace, name, queue, limits, annotations, memory_sizes_gi, record, extra_selector
+    )
+    client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+        namespace, client.V1ResourceClaimTemplate.model_validate(template)
+    )
     client.CoreV1Api(api).create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,21 +60,27 @@ def gpus_from_slices(
     return [gpu for gpu in with_taint_rules(published_gpus(slices), taint_rules) if gpu.schedulable]
 
 
+def claim_shares(claim: Mapping[str, Any]) -> Iterator[tuple[GpuKey, int, int]]:
+    """(GPU, memory, cores) of each of our driver's results in the claim's allocation (their
+    consumedCapacity); a result whose figures are not quantities is skipped."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        if result.get("driver") != DRIVER_NAME:
+            continue
+        consumed = result.get("consumedCapacity") or {}
+        try:
+            memory = quantity_to_int(consumed.get(MEMORY_CAPACITY, 0))
+            cores = quantity_to_int(consumed.get(CORES_CAPACITY, 0))
+        except ValueError:
+            continue
+        yield (result.get("pool", ""), result.get("device", "")), memory, cores
+
+
 def allocated_usage(claims: Iterable[Mapping[str, Any]]) -> dict[GpuKey, tuple[int, int]]:
     """Memory and cores taken per GPU by allocated claims (their results' consumedCapacity)."""
     used: dict[GpuKey, tuple[int, int]] = {}
     for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") != DRIVER_NAME:
-                continue
-            consumed = result.get("consumedCapacity") or {}
-            try:
-                memory = quantity_to_int(consumed.get(MEMORY_CAPACITY, 0))
-                cores = quantity_to_int(consumed.get(CORES_CAPACITY, 0))
-            except ValueError:
-                continue
-            key = (result.get("pool", ""), result.get("device", ""))
+        for key, memory, cores in claim_shares(claim):
             m, c = used.get(key, (0, 0))
             used[key] = (m + memory, c + cores)
     return used

@@ -31,6 +31,7 @@ from tessera.names import (
     DEVICE_TYPE_ATTRIBUTE,
     MEMORY_CAPACITY,
     MIG_PROFILE_ATTRIBUTE,
+    PARENT_UUID_ATTRIBUTE,
     PRODUCT_ATTRIBUTE,
     UUID_ATTRIBUTE,
 )
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 MEMORY_STEP = MiB
 CORES_TOTAL = 100
 STANDARD_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-PARENT_UUID_ATTRIBUTE = "parentUUID"
 MIG_DEVICE_PREFIX = "mig-"
 """Every MIG device's name starts so (a GPU's with "gpu-"): prepare tells a vanished instance by it."""
 

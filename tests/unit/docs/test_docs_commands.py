@@ -166,9 +166,37 @@ def _kubectl_global_flags() -> set[str]:
     return help_flags(_run([str(_kubectl()), "options"]))
 
 
+@cache
+def _plugin_help(sub: tuple[str, ...]) -> str:
+    """``kubectl tessera``'s help, from the module its command runs (the shared venv may not have
+    this tree's console scripts)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tessera.kubectl.cli", *sub, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result.stdout + result.stderr
+
+
+def check_kubectl_plugin(command: Command) -> None:
+    """``kubectl tessera ...``: Tessera's own plugin, checked against its --help as kubectl would
+    run it (``kubectl-tessera`` with the words after ``tessera``)."""
+    words = command.argv[2:]
+    sub = tuple(positionals(words, {"-n", "--namespace", "-o", "--output", "--context", "--kubeconfig"})[:1])
+    text = _plugin_help(sub)
+    assert "usage:" in text, f"{command}: kubectl tessera {shlex.join(sub)} --help failed:\n{text}"
+    check_flags(command, words, help_flags(text))
+
+
 def check_kubectl(command: Command, home: Path) -> None:
     words = command.argv[1:]
     path = tuple(w for w in positionals(words, {"-n", "--namespace", "-o", "-f", "-l", "-c"})[:2])
+    if path[:1] == ("tessera",):
+        check_kubectl_plugin(command)
+        return
     text = _kubectl_help(path[:1])
     if len(path) == 2 and re.search(rf"^\s+{re.escape(path[1])}\s", text, re.M):
         text = _kubectl_help(path)  # a subcommand, like "rollout status"

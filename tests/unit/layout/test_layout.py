@@ -31,10 +31,17 @@ ALLOWED: dict[str, set[str]] = {
     "exporter": {CORE, "shim", "driver"},
     "webhook": {CORE},
     "admissioncheck": {CORE},
+    "kubectl": {CORE, "admissioncheck"},
 }
 """Which parts each part may import. The webhook and the admission check share the GPU request
 model (tessera/gpu_request.py) and the ResourceSlice reader through the core, never through each
-other: a change to how one writes cannot silently change how the other reads."""
+other: a change to how one writes cannot silently change how the other reads. The kubectl plugin
+reads, and explains, with the admission check's own fit code: its "why" must be the admission
+check's judgement, so it imports it rather than having a second one."""
+
+ONE_SHOT_COMMANDS = {"tessera.kubectl.cli"}
+"""Commands that read, print and exit: the daemons' skeleton (start, wait for a signal, stop) is
+not theirs."""
 
 EXPORTER_READS_OF_THE_DRIVER = (
     "tessera.driver.checkpoint",
@@ -68,8 +75,12 @@ def test_the_exporter_reads_the_drivers_files_but_imports_none_of_the_daemon() -
     assert reads <= set(EXPORTER_READS_OF_THE_DRIVER)
 
 
-COMMAND_MODULES = sorted(target.split(":")[0] for target in scripts(REPO / "pyproject.toml").values())
-"""The module of every command the product installs."""
+COMMAND_MODULES = sorted(
+    target.split(":")[0]
+    for target in scripts(REPO / "pyproject.toml").values()
+    if target.split(":")[0] not in ONE_SHOT_COMMANDS
+)
+"""The module of every daemon the product installs."""
 
 HTTP_SERVER_MODULES = ("http.server", "wsgiref", "socketserver")
 """Standard-library modules that make an HTTP server (or the socket server under one)."""
@@ -108,7 +119,7 @@ def _calls_command_main(function: ast.FunctionDef) -> bool:
 
 
 @pytest.mark.parametrize("module", COMMAND_MODULES)
-def test_every_command_runs_on_the_one_process_skeleton(module: str) -> None:
+def test_every_daemon_runs_on_the_one_process_skeleton(module: str) -> None:
     path = REPO.joinpath(*module.split(".")).with_suffix(".py")
     assert "tessera.command" in imported_modules(path)
     tree = ast.parse(path.read_text())
@@ -163,6 +174,7 @@ def test_the_product_installs_its_commands_and_the_development_distribution_the_
         "tessera-exporter": "tessera.exporter.cli:main",
         "tessera-webhook": "tessera.webhook.cli:main",
         "tessera-admission-check": "tessera.admissioncheck.cli:main",
+        "kubectl-tessera": "tessera.kubectl.cli:main",
     }
     assert scripts(REPO / "dev" / "pyproject.toml") == {"tessera-cluster": "testbed.cli:main"}
 

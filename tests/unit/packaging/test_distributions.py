@@ -2,8 +2,8 @@
 the development tree included, so that the packaging configuration and not .dockerignore decides),
 by the call the local images make (testbed/product_images.py: pip wheel, no isolation), its RECORD
 lists tessera/ and its dist-info and nothing of the test bed, the simulated driver, the demo, the
-tools or the tests, and its commands are the product's four; tessera-cluster is the development
-distribution's alone.
+tools or the tests, and its commands are the product's five (four daemons and the kubectl plugin);
+tessera-cluster is the development distribution's alone.
 
 Cost: one wheel build per session, about 8 s on a shared 2-core machine (copying the checkout, compiling
 the cffi binding and the preload libraries, generating the gRPC stubs): cheap enough for the unit tier.
@@ -76,11 +76,11 @@ def test_nothing_of_the_development_tree_is_in_the_wheel(wheel: Wheel) -> None:
     assert "tessera/driver/daemon.py" in wheel.record, "the check above looked at the product's files"
 
 
-def test_the_commands_are_the_products_four_and_no_test_bed_command(wheel: Wheel) -> None:
+def test_the_commands_are_the_products_five_and_no_test_bed_command(wheel: Wheel) -> None:
     assert wheel.entry_points.sections() == ["console_scripts"]
     commands = dict(wheel.entry_points["console_scripts"])
     assert commands == scripts(REPO / "pyproject.toml")
-    assert len(commands) == 4
+    assert len(commands) == 5
     assert "tessera-cluster" not in commands
     assert "tessera-cluster" in scripts(REPO / "dev" / "pyproject.toml")
 

@@ -1,0 +1,128 @@
+"""Live figures from the exporters, where the caller can reach them: memory in use and busy time per
+GPU and per claim (docs/metrics.md).
+
+The exporter runs as a DaemonSet with no Service a laptop can reach, so each exporter pod is read
+through the API server's pod proxy, the way ``kubectl get --raw`` would, with the caller's own
+credentials. Nothing here is required: a view without figures says so, and a cluster whose RBAC or
+network policy keeps the caller from the proxy still gets every other column.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+from urllib3.exceptions import HTTPError
+
+from tessera.kube import raw_json
+
+log = logging.getLogger(__name__)
+
+EXPORTER_SELECTOR = "app.kubernetes.io/name=tessera,app.kubernetes.io/component=exporter"
+"""The chart's labels on exporter pods (charts/tessera/templates/_helpers.tpl selectorLabels)."""
+
+METRICS_PORT_NAME = "metrics"
+
+MAX_BODY = 16 << 20
+"""Bytes of one exporter's answer read at most: a scrape of a busy node is well under a megabyte."""
+
+ClaimKey = tuple[str, str, str]
+"""(namespace, claim, GPU UUID)"""
+
+
+@dataclass
+class Usage:
+    """What the reachable exporters said; ``reached`` of ``exporters`` answered."""
+
+    gpu_memory: dict[str, float] = field(default_factory=dict)
+    gpu_busy: dict[str, float] = field(default_factory=dict)
+    claim_memory: dict[ClaimKey, float] = field(default_factory=dict)
+    claim_busy: dict[ClaimKey, float] = field(default_factory=dict)
+    exporters: int = 0
+    reached: int = 0
+
+
+_GPU_FAMILIES = {"tessera_gpu_memory_used_bytes": "gpu_memory", "tessera_gpu_utilization_ratio": "gpu_busy"}
+_CLAIM_FAMILIES = {
+    "tessera_container_gpu_memory_used_bytes": "claim_memory",
+    "tessera_container_gpu_utilization_ratio": "claim_busy",
+}
+
+
+def read_metrics(text: str, into: Usage) -> None:
+    """Add one exporter's exposition to ``into``. A claim's containers each carry the claim's
+    figure (docs/metrics.md), so a claim's value is the largest of its series, not their sum."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name in _GPU_FAMILIES:
+                getattr(into, _GPU_FAMILIES[sample.name])[labels.get("device_uuid", "")] = sample.value
+            elif sample.name in _CLAIM_FAMILIES:
+                figures = getattr(into, _CLAIM_FAMILIES[sample.name])
+                key = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("device_uuid", ""))
+                figures[key] = max(figures.get(key, 0.0), sample.value)
+
+
+def scrape(api: client.ApiClient, selector: str = EXPORTER_SELECTOR, timeout: float = 5.0) -> Usage:
+    """Every running exporter's figures, through the API server's pod proxy; exporters that cannot
+    be listed or reached are counted, not raised."""
+    core = client.CoreV1Api(api)
+    usage = Usage()
+    try:
+        pods = (
+            raw_json(core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)).get(
+                "items"
+            )
+            or []
+        )
+    except (ApiException, HTTPError) as error:
+        log.debug("exporters not listed: %s", error)
+        return usage
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        usage.exporters += 1
+        metadata = pod["metadata"]
+        try:
+            response: Any = core.connect_get_namespaced_pod_proxy_with_path(
+                f"{metadata['name']}:{METRICS_PORT_NAME}",
+                metadata["namespace"],
+                "metrics",
+                _preload_content=False,
+                _request_timeout=(timeout, timeout),
+            )
+            body = response.read(MAX_BODY)
+            read_metrics(body.decode("utf-8", "replace"), usage)
+        except (ApiException, HTTPError, ValueError) as error:
+            log.debug("exporter %s not read: %s", metadata["name"], error)
+            continue
+        usage.reached += 1
+    return usage
+
+
+def add_to_gpus(rows: list[dict[str, Any]], usage: Usage) -> None:
+    """Each GPU row (views.gpu_rows) and its shares with the figures the exporters gave for them."""
+    for row in rows:
+        if row["uuid"] in usage.gpu_memory:
+            row["memoryUsed"] = usage.gpu_memory[row["uuid"]]
+        if row["uuid"] in usage.gpu_busy:
+            row["busy"] = usage.gpu_busy[row["uuid"]]
+        for share in row["shares"]:
+            _add(share, usage, (share["namespace"], share["claim"], row["uuid"]))
+
+
+def add_to_shares(rows: list[dict[str, Any]], usage: Usage) -> None:
+    """Each share row (views.share_rows) with the figures the exporters gave for its claim's GPU."""
+    for row in rows:
+        _add(row, usage, (row["namespace"], row["claim"], row["uuid"]))
+
+
+def _add(row: dict[str, Any], usage: Usage, key: ClaimKey) -> None:
+    if key in usage.claim_memory:
+        row["memoryUsed"] = usage.claim_memory[key]
+    if key in usage.claim_busy:
+        row["busy"] = usage.claim_busy[key]
