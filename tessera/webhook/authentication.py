@@ -35,8 +35,10 @@ class ClientPolicy:
     names: frozenset[str]
 
     def refusal(self, peer: Mapping[str, Any] | None) -> tuple[int, str] | None:
-        """None for an allowed caller, else the HTTP status (401 without a certificate, 403 for a
-        certificate of another name) and the sentence to answer with."""
+        """None for an allowed caller, else the HTTP status (403 for a certificate of another
+        name) and the sentence to answer with. With authentication on, the TLS layer already
+        refuses a handshake without a certificate; the 401 for a missing one stays as a second
+        line of defence, should a listener ever be set up without that requirement."""
         if not peer:
             return 401, (
                 "a client certificate is required: this webhook answers only the Kubernetes API server "
