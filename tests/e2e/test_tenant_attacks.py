@@ -292,10 +292,27 @@ def daemon_restarts(bed: ChartBed) -> dict[str, int]:
     }
 
 
+# Longest a neighbour's round may take: its allocation waits up to the shim's 5 s for memory taken
+# around it, then it holds 1 s; the rest is room for a loaded node to schedule it and log the line.
+NEIGHBOUR_ROUND_SECONDS = 30.0
+
+
 def neighbour_harm(tenants: Tenants, before: tuple[int, int], what: str) -> list[str]:
     """What went wrong for the neighbour during ``what`` (``before``: its rounds and failed rounds
-    then): it must have kept running rounds, and every round must have got its whole claim."""
-    rounds, failed = tenants.neighbour_rounds()
+    then): it must have kept running rounds, and every round must have got its whole claim. The
+    round under way when ``what`` ended is waited for: one that waited for memory a stopped program
+    held ends only once the driver has it back, and a loaded node logs it a little later still."""
+
+    def next_round() -> tuple[int, int] | None:
+        seen = tenants.neighbour_rounds()
+        return seen if seen[0] > before[0] else None
+
+    try:
+        rounds, failed = poll_until(
+            next_round, NEIGHBOUR_ROUND_SECONDS, f"the neighbour's round after {what}", 0.5
+        )
+    except TimeoutError:
+        rounds, failed = tenants.neighbour_rounds()
     harm = [] if rounds > before[0] else [f"the neighbour ran no round during {what}"]
     if failed:
         harm.append(
