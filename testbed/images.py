@@ -16,6 +16,7 @@ one digest. The two standard images are built once per set of inputs into the bi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -252,15 +253,24 @@ def standard_images(cache: Path | None = None) -> list[Path]:
     return [final / archive_name(PAUSE_IMAGE), final / archive_name(TOOLS_IMAGE)]
 
 
-def cached_build(base: Path, digest: str, build: Callable[[Path], object]) -> Path:
+KEPT_BUILDS = 3
+"""Builds kept under one cache folder, the most recently used. Product images are keyed by the
+checkout's files, so every commit tested makes a new build of several hundred MB; three cover a
+checkout, its predecessor and a fresh clone beside them."""
+
+
+def cached_build(base: Path, digest: str, build: Callable[[Path], object], keep: int = KEPT_BUILDS) -> Path:
     """<base>/<digest>, made by ``build(folder)`` unless it is there already.
 
     A build goes to a temporary folder beside the final one, renamed into place when complete, so a
     killed build never leaves a half-written image where it would be used; a later call removes the
     temporary folders of builders that are gone. Two processes building at once both succeed.
+    Each use marks the build as used now; a new build removes all but the ``keep`` most recently
+    used, so the cache stays bounded however many commits are tested.
     """
     final = base / digest
     if final.is_dir():
+        os.utime(final)
         return final
     base.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(base)
@@ -275,7 +285,20 @@ def cached_build(base: Path, digest: str, build: Callable[[Path], object]) -> Pa
                 raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    os.utime(final)
+    _remove_least_recently_used(base, keep)
     return final
+
+
+def _remove_least_recently_used(base: Path, keep: int) -> None:
+    """Remove the finished builds under ``base`` past the ``keep`` used most recently."""
+    used_at: dict[Path, float] = {}
+    for folder in base.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # another process's prune got there first
+            if folder.is_dir() and not folder.name.startswith(_BUILDING):
+                used_at[folder] = folder.stat().st_mtime
+    for stale in sorted(used_at, key=used_at.__getitem__, reverse=True)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _remove_abandoned_builds(base: Path) -> None:

@@ -104,3 +104,29 @@ def test_standard_images_are_built_once_into_the_cache_and_reused(
     assert len(builds) == 1
     assert sorted(p.name for p in (tmp_path / "images").iterdir()) == [first[0].parent.name]
     assert sorted(p.name for p in first[0].parent.iterdir()) == sorted(p.name for p in first)
+
+
+def test_a_new_build_removes_all_but_the_most_recently_used(tmp_path: Path) -> None:
+    """Each build or reuse marks a build as used; a new build leaves only the ``keep`` most recently
+    used, so a cache keyed by the checkout's files does not grow by one build per commit. Builds
+    still being written are not counted or touched."""
+    built: list[str] = []
+
+    def build(name: str) -> Path:
+        def write(folder: Path) -> None:
+            (folder / "image.tar").write_bytes(b"x")
+            built.append(name)
+
+        return images.cached_build(tmp_path, name, write, keep=2)
+
+    in_progress = tmp_path / ".building-1-y"
+    in_progress.mkdir(parents=True)
+    for name in ("a", "b"):
+        build(name)
+    os.utime(tmp_path / "a", (1, 1))
+    os.utime(tmp_path / "b", (2, 2))
+    build("a")  # reused: now the most recently used
+    build("c")  # new: "b" is the least recently used of three
+
+    assert built == ["a", "b", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".building-1-y", "a", "c"]
