@@ -138,11 +138,17 @@ class Nvml:
     def gpus(self) -> list[Gpu]:
         """Every GPU NVML lists, in NVML's index order."""
         with self._lock:
-            driver = _text(pynvml.nvmlSystemGetDriverVersion())
-            cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-            return [self._gpu(i, driver, cuda) for i in range(pynvml.nvmlDeviceGetCount())]
+            return [self.gpu_at(i) for i in range(self.gpu_count())]
 
-    def _gpu(self, index: int, driver: str, cuda: int) -> Gpu:
+    def gpu_count(self) -> int:
+        """How many GPUs NVML lists (a system query: no GPU is asked)."""
+        return int(pynvml.nvmlDeviceGetCount())
+
+    def gpu_at(self, index: int) -> Gpu:
+        """The GPU at NVML index ``index``. The exporter asks one GPU at a time, each under its
+        watchdog, so that one whose NVML hangs costs only itself."""
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         mig_enabled = _mig_enabled(handle)

@@ -161,8 +161,8 @@ class Exporter(Stoppable):
 
     def start(self) -> None:
         self._nvml = Nvml()
-        gpus = devices.shareable(self._nvml.gpus())
-        nvml = WatchedNvml(self._nvml, gpus, self._args.nvml_timeout, self._args.nvml_restart_after)
+        nvml = WatchedNvml(self._nvml, self._args.nvml_timeout, self._args.nvml_restart_after)
+        gpus = devices.shareable(nvml.discover())
         index = ContainerIndex(client.CoreV1Api(self._kube).list_pod_for_all_namespaces, self._node)
 
         def watch() -> None:

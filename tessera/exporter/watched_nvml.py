@@ -5,13 +5,19 @@ out of each scrape (counted as an ``nvml`` error), it reads unhealthy, and the b
 it, while every other GPU's calls go on. At most one thread per GPU is ever stuck, so scrapes
 never pile threads up. A call that stays hung past ``restart_after`` seconds fails the exporter's
 liveness: the kubelet then restarts the container, and a fresh process gets a fresh NVML.
+
+Discovery is watched the same way, one GPU at a time: a GPU whose NVML hangs at start (one that
+a restart did not cure) is left out, and the others are served. Its hang does not fail liveness, as
+another restart would find it hung again, over and over; once it answers, liveness fails once, so
+that a restart adds it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from tessera.driver.discovery import Gpu, GpuSample
@@ -28,23 +34,45 @@ class NvmlQueries(Protocol):
     def sample(self, uuid: str) -> GpuSample: ...
     def problem(self, uuid: str) -> str | None: ...
     def compute_memory(self, uuid: str) -> dict[int, int | None] | None: ...
+    def gpu_count(self) -> int: ...
+    def gpu_at(self, index: int) -> Gpu: ...
 
 
 class WatchedNvml:
     """``nvml``'s per-GPU queries, each waited for at most ``timeout`` seconds."""
 
-    def __init__(self, nvml: NvmlQueries, gpus: Sequence[Gpu], timeout: float, restart_after: float) -> None:
+    def __init__(self, nvml: NvmlQueries, timeout: float, restart_after: float) -> None:
         if not restart_after >= timeout:
             raise ValueError(
                 f"the NVML restart bound ({restart_after:g} s) must be at least its timeout ({timeout:g} s)"
             )
         self._nvml = nvml
-        self._gpus = list(gpus)
+        self._gpus: list[Gpu] = []
+        self._left_out: list[str] = []
+        """Watchdog keys of the GPUs whose discovery hung (``discover``)."""
         self._watchdog = Watchdog(timeout, "nvml-call")
         self._restart_after = restart_after
         self._lock = threading.Lock()
         self._said_hung: set[str] = set()
         """GPUs whose hang is logged: once when it starts, once when NVML answers again."""
+
+    def discover(self) -> list[Gpu]:
+        """Every GPU NVML lists whose NVML answers, in index order (the module says why one that
+        hangs is left out). Call once, before any other method."""
+        found = []
+        for index in range(self._nvml.gpu_count()):
+            key = f"at NVML index {index}"
+            try:
+                found.append(self._watchdog.call(key, functools.partial(self._nvml.gpu_at, index)))
+            except Hung as hung:
+                self._left_out.append(key)
+                log.error(
+                    "GPU %s: %s at start; serving the other GPUs without it, and restarting once it answers",
+                    key,
+                    hung,
+                )
+        self._gpus = found
+        return found
 
     def sample(self, uuid: str) -> GpuSample:
         """NVML's figures for the GPU; ``Hung`` when its NVML does not answer."""
@@ -88,12 +116,17 @@ class WatchedNvml:
         return len(self._watchdog.hung_for())
 
     def alive(self) -> tuple[bool, str]:
-        """Liveness: false once an NVML call has been hung for longer than ``restart_after``."""
-        overdue = {uuid: s for uuid, s in self._watchdog.hung_for().items() if s > self._restart_after}
-        if not overdue:
-            return True, "ok"
-        named = ", ".join(f"{uuid} ({seconds:.0f} s)" for uuid, seconds in sorted(overdue.items(), key=str))
-        return (
-            False,
-            f"an NVML call has not returned for over {self._restart_after:g} s on GPU {named}",
-        )
+        """Liveness: false once an NVML call on a served GPU has been hung for longer than
+        ``restart_after``, or once a GPU left out at start answers (a restart then serves it)."""
+        hung = self._watchdog.hung_for()
+        overdue = {key: s for key, s in hung.items() if s > self._restart_after and key not in self._left_out}
+        if overdue:
+            named = ", ".join(f"{key} ({seconds:.0f} s)" for key, seconds in sorted(overdue.items(), key=str))
+            return (
+                False,
+                f"an NVML call has not returned for over {self._restart_after:g} s on GPU {named}",
+            )
+        answered = [key for key in self._left_out if key not in hung]
+        if answered:
+            return False, f"GPU {answered[0]} hung at start and answers NVML now: a restart serves it"
+        return True, "ok"

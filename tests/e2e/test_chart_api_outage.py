@@ -11,7 +11,8 @@ node; the daemon says why it is not ready and stays alive; when NVML answers aga
 and the running pod kept its container and its limits throughout. The exporter beside it, which
 asks NVML about each GPU under a watchdog, keeps serving the other GPU's series, and once the call
 has been hung past its bound its liveness fails and the kubelet restarts the exporter container,
-never the plugin's.
+never the plugin's; the restarted exporter, finding the GPU still hung, serves the other GPU
+without it and stays live.
 
 It stops the API server, so it runs on a control plane and nodes of its own, not the session's.
 tests/integration/test_driver_outages.py holds the same outage, and a black hole to the API server,
@@ -315,6 +316,13 @@ def test_nvml_hanging_on_one_gpu_costs_the_exporter_its_series_and_the_kubelet_r
         poll_until(exporter_restarted, EXPORTER_RESTART_SECONDS, "the kubelet to restart the exporter")
         after = daemon_containers(bed)
         assert plugin_containers(after) == plugin_containers(before), "a plugin container was restarted"
+        # The fresh exporter finds GPU 0 still hung: it serves GPU 1 without it, and its liveness
+        # stays green (another restart would find the same), so no restart loop.
+        poll_until(
+            lambda: gpu_series(node.address, used) == {"1"}, 120, "the restarted exporter serving GPU 1"
+        )
+        assert hung_gpus(node.address) == 1
+        assert exporter_healthz(node.address)[0] == 200, exporter_healthz(node.address)
     finally:
         charts.simulated_gpus(node)
 

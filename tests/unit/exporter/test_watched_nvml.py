@@ -1,11 +1,13 @@
 """The exporter's NVML under its watchdog: a GPU whose NVML call hangs (a wedged driver) loses only
 its own series, reads unhealthy and is counted; scrapes go on and start no more stuck threads; the
 exporter's liveness fails once the call has been hung past its bound, and recovers when it returns.
+A GPU already hung at start is left out without failing liveness, until it answers.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tessera.driver.discovery import GpuSample
+from tessera.driver.discovery import Gpu, GpuSample
 from tessera.exporter.collector import GpuCollector, Sources
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.watched_nvml import WatchedNvml
@@ -52,13 +54,21 @@ class WedgingNvml:
         self._touch(uuid)
         return {}
 
+    def gpu_count(self) -> int:
+        return len(GPUS)
+
+    def gpu_at(self, index: int) -> Gpu:
+        self._touch(GPUS[index].uuid)
+        return GPUS[index]
+
 
 class Exporter:
     """The collector over WatchedNvml, as tessera/exporter/cli.py wires them."""
 
-    def __init__(self, tmp_path: Path, restart_after: float) -> None:
-        self.nvml = WedgingNvml()
-        self.watched = WatchedNvml(self.nvml, GPUS, timeout=0.2, restart_after=restart_after)
+    def __init__(self, tmp_path: Path, restart_after: float, nvml: WedgingNvml | None = None) -> None:
+        self.nvml = nvml or WedgingNvml()
+        self.watched = WatchedNvml(self.nvml, timeout=0.2, restart_after=restart_after)
+        self.gpus = self.watched.discover()
         metrics = DaemonMetrics("node-a")
         metrics.nvml_hung.set_function(self.watched.hung)
         self.registry = CollectorRegistry()
@@ -67,7 +77,7 @@ class Exporter:
                 Sources(
                     node="node-a",
                     claims_dir=tmp_path,
-                    gpus=GPUS,
+                    gpus=self.gpus,
                     sample=self.watched.sample,
                     problems=self.watched.problems,
                     records=dict,
@@ -173,4 +183,28 @@ def test_concurrent_scrapes_each_get_every_series(exporter: Exporter) -> None:
 
 def test_a_restart_bound_below_the_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="at least its timeout"):
-        WatchedNvml(WedgingNvml(), GPUS, timeout=2.0, restart_after=1.0)
+        WatchedNvml(WedgingNvml(), timeout=2.0, restart_after=1.0)
+
+
+def test_a_gpu_hung_at_start_is_left_out_without_failing_liveness_until_it_answers(tmp_path: Path) -> None:
+    """A restart that finds the GPU still hung must not restart again and again: the other GPU is
+    served, the hung one counted, liveness stays green past the bound; once the GPU answers,
+    liveness fails once, naming it, so that a restart serves it."""
+    nvml = WedgingNvml()
+    nvml.wedged.set()
+    exporter = Exporter(tmp_path, restart_after=0.3, nvml=nvml)
+    try:
+        assert exporter.gpus == [GPUS[1]]
+        series = exporter.scrape()
+        assert set(values(series, "tessera_gpu_memory_used_bytes")) == {gpu_labels(GPUS[1])}
+        assert node_value(series, "tessera_exporter_nvml_hung_gpus") == 1
+        time.sleep(0.6)  # twice the restart bound
+        assert exporter.watched.alive() == (True, "ok"), "a GPU hung at start does not fail liveness"
+    finally:
+        nvml.wedged.clear()
+        nvml.released.set()
+    poll_until(lambda: not exporter.watched.alive()[0], 30, "liveness to fail once the GPU answers")
+    assert (
+        exporter.watched.alive()[1]
+        == "GPU at NVML index 0 hung at start and answers NVML now: a restart serves it"
+    )
