@@ -7,7 +7,8 @@ simulated GPUs. The chart's end-to-end tests (tests/e2e/test_chart_node.py) and 
 What the test bed sets through values, and why: each node's kubelet root, CDI folder and claim
 state live in its own folder (hostPaths.nodeRoot plus $(NODE_NAME)); the simulated driver's
 libraries and configuration stand where NVIDIA's would (driverSource own, driverLibraryDir,
-SIMGPU_CONFIG); the daemon runs in the host network, bound to its node's address, because the test
+SIMGPU_CONFIG); the webhook tells a waiting pod why after 5 s, not 60, so tests need not wait
+long for that Event; the daemon runs in the host network, bound to its node's address, because the test
 bed has neither kube-proxy (NodePort) nor the CNI portmap plugin (hostPort), and several nodes share
 one host; images are never pulled. Pods of the release reach the API server at their node's address
 (testbed/apiserver_access.py), as they would through the kubernetes Service on a real cluster.
@@ -163,7 +164,8 @@ def chart_values(version: str | None = None) -> dict[str, Any]:
             "healthInterval": 1,
             "logLevel": "debug",
         },
-        "webhook": {"image": local_image("webhook", version)},
+        # Soon enough for a test to wait for a waiting pod's Event (the chart's 60 s suits people).
+        "webhook": {"image": local_image("webhook", version), "explainWaitingAfterSeconds": 5},
     }
 
 

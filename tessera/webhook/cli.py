@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
+import socket
 import sys
 import tempfile
 import threading
@@ -28,6 +29,7 @@ from tessera.webhook.server import WebhookApp, WebhookServer
 from tessera.webhook.slices import SliceCache
 from tessera.webhook.templates import TemplateStore
 from tessera.webhook.tls import Certificates, SelfManagedCertificates, keep_ca_bundle
+from tessera.webhook.waiting_pods import WaitingPods
 
 log = logging.getLogger("tessera.webhook")
 
@@ -247,6 +249,23 @@ def parser() -> argparse.ArgumentParser:
         "seconds a template is known to exist before the next pod checks again",
         float,
     )
+    setting(
+        p,
+        "--explain-waiting-after",
+        env + "EXPLAIN_WAITING_AFTER",
+        60.0,
+        "seconds a pod with Tessera claims must have been unschedulable before an Event on it says why "
+        "(kubectl tessera why's reasons; again only when they change); 0 turns the Events off",
+        float,
+    )
+    setting(
+        p,
+        "--explain-waiting-period",
+        env + "EXPLAIN_WAITING_PERIOD",
+        15.0,
+        "seconds between two looks at the pods that wait",
+        float,
+    )
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
@@ -364,10 +383,14 @@ class Webhook(Stoppable):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.fatal: str | None = None
-        for flag in ("shutdown_delay", "shutdown_quiet", "shutdown_timeout"):
+        for flag in ("shutdown_delay", "shutdown_quiet", "shutdown_timeout", "explain_waiting_after"):
             if not getattr(args, flag) >= 0:
                 name = "--" + flag.replace("_", "-")
                 raise command.UsageError(f"{name} must be 0 or more seconds, not {getattr(args, flag):g}")
+        if not args.explain_waiting_period > 0:
+            raise command.UsageError(
+                f"--explain-waiting-period must be more than 0 seconds, not {args.explain_waiting_period:g}"
+            )
         self._args = args
         self._policy = admission_policy(args)
         self._api = api_client(args.kubeconfig)
@@ -376,6 +399,13 @@ class Webhook(Stoppable):
         self._certificates = certificates_from(args, self._api)
         self._cache = SliceCache(self._api)
         self._templates = TemplateStore(self._api, ttl=args.template_ttl)
+        self._waiting = (
+            WaitingPods(
+                self._api, args.explain_waiting_after, args.explain_waiting_period, socket.gethostname()
+            )
+            if args.explain_waiting_after > 0
+            else None
+        )
         self._server: WebhookServer | None = None
         super().__init__()
 
@@ -407,6 +437,10 @@ class Webhook(Stoppable):
             daemon=True,
         ).start()
         self._server.start()
+        if self._waiting is not None:
+            threading.Thread(
+                target=self._waiting.run, args=(self._stop,), name="waiting-pods", daemon=True
+            ).start()
         log.info("serving /mutate on %s:%d", args.bind_address, self._server.port)
 
     def stop(self) -> None:

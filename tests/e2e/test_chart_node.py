@@ -3,8 +3,9 @@ webhook (Deployment) as pods from the locally built images (testbed/product_imag
 images images/Dockerfile builds) on two test-bed nodes with simulated GPUs. The examples in
 examples/, applied with kubectl unchanged, run with their shares placed and their limits enforced
 inside the containers; `helm test` passes; port 31995 on each node answers with the examples'
-metrics; a webhook pod deleted while GPU pods are created refuses none; `helm upgrade` with changed
-values rolls the DaemonSet and a prepared claim survives it.
+metrics; a GPU pod no GPU can take is told why by one Event of the webhook's; a webhook pod
+deleted while GPU pods are created refuses none; `helm upgrade` with changed values rolls the
+DaemonSet and a prepared claim survives it.
 
 What the test bed sets through values, and why: testbed/chart_bed.py.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -24,8 +26,9 @@ from kubernetes import client
 
 from simgpu.config import make_gpus
 from tessera.kube import raw_json
-from tessera.names import METRICS_PORT
+from tessera.names import HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, METRICS_PORT
 from tessera.quantity import quantity_to_int
+from tessera.webhook import waiting_pods
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
     EXAMPLE_SHARES,
@@ -41,6 +44,7 @@ from testbed.chart_bed import (
     wait_rolled_out,
 )
 from testbed.cluster import LocalCluster
+from testbed.images import TOOLS_IMAGE
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
 from testbed.pod_stream import PodStream, in_metrics
@@ -49,6 +53,12 @@ from testbed.product_images import load_manifest, product_images, project_versio
 from tests.chart_helm import CHART, values_file
 
 pytestmark = pytest.mark.e2e
+
+WAITING_LOOK_SECONDS = 15.0
+"""The webhook's --explain-waiting-period (its default): how often each replica looks at waiting pods."""
+WAITING_EVENT_SECONDS = 120.0
+"""How long a waiting pod's Event may take: the scheduler's first attempt, the test bed's 5 s
+(explainWaitingAfterSeconds), a look, and room for a loaded machine."""
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +247,54 @@ def test_each_example_applied_unchanged_runs_with_its_share_placed_and_enforced(
             ]
             assert len(series) == len(pod["spec"]["containers"]), metrics
             assert all(float(line.rsplit(" ", 1)[1]) == expected.memory for line in series), series
+
+
+def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
+    chart_bed: ChartBed, namespace: str
+) -> None:
+    """A HAMi pod asking for an A100 where the nodes have H100s: the scheduler leaves it Pending with
+    its generic sentence, and the webhook's replicas put one Event on it that names the type and the
+    products the cluster has, and write no other while that stands (two more looks of each)."""
+    bed = chart_bed
+    wait_rolled_out(bed)
+    pod = {
+        "metadata": {"name": "wants-a100", "annotations": {HAMI_USE_TYPE: "a100"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "gpu",
+                    "image": TOOLS_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"limits": {HAMI_GPU: "1", HAMI_GPUMEM: "1000"}},
+                }
+            ],
+        },
+    }
+    core = client.CoreV1Api(bed.kube)
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+
+    def told() -> list[dict[str, Any]]:
+        return list(
+            raw_json(
+                core.list_namespaced_event(
+                    namespace,
+                    field_selector=f"involvedObject.name=wants-a100,reason={waiting_pods.REASON}",
+                    _preload_content=False,
+                )
+            )["items"]
+        )
+
+    [event] = poll_until(told, WAITING_EVENT_SECONDS, "the webhook's Event on the waiting pod")
+    assert event["type"] == "Warning" and event["source"]["component"] == "tessera-webhook", event
+    assert event["message"].startswith(
+        "waits for a GPU share: no GPU's product contains 'a100' (this cluster has: "
+    ), event
+    assert "NVIDIA H100 80GB HBM3" in event["message"], event
+    time.sleep(2 * WAITING_LOOK_SECONDS)
+    assert [(e["metadata"]["name"], e.get("count")) for e in told()] == [(event["metadata"]["name"], 1)]
 
 
 def test_a_webhook_pod_deleted_while_gpu_pods_are_created_refuses_none_of_them(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,13 +25,16 @@ from kubernetes.client import ApiException
 from tessera.kube import raw_json
 from tessera.kubectl.cli import main
 from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, HAMI_USE_UUID
+from tessera.webhook import waiting_pods
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import allocated_claim
 from testbed.driver_node import ensure_device_class
+from testbed.names import unique_name
 from testbed.pod_state import wait_until_unschedulable
 from testbed.polling import poll_until
 from testbed.queue_bed import plain_gpu_pod, publish_gpus
 from testbed.share_pods import share_pod
+from tests.integration.webhook_bed import remove_account, webhook_api_client
 
 pytestmark = pytest.mark.integration
 
@@ -113,6 +117,29 @@ def share(gi: int) -> dict[str, str]:
     return {HAMI_GPU: "1", HAMI_GPUMEM: str(gi * 1024)}
 
 
+def cordon(kube: client.ApiClient, node: str, device: str) -> str:
+    """A DeviceTaintRule cordoning ``device`` of ``node``'s pool, as docs/driver.md shows; its name."""
+    rule = f"cordon-{node}-{device}"
+    client.ResourceV1Api(kube).create_device_taint_rule(
+        client.V1DeviceTaintRule.model_validate(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": rule},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER_NAME, "pool": node, "device": device},
+                    "taint": {
+                        "key": "gpu.tessera.dev/cordoned",
+                        "value": "maintenance",
+                        "effect": "NoSchedule",
+                    },
+                },
+            }
+        )
+    )
+    return rule
+
+
 def test_why_names_a_type_no_gpu_has_and_the_products_the_cluster_has(
     cluster: LocalCluster,
     namespace: str,
@@ -166,25 +193,7 @@ def test_why_says_every_gpu_that_fits_is_cordoned(
 ) -> None:
     node = gpu_node(80, 80)
     allocated_claim(client.ResourceV1Api(kube), namespace, node, f"gpu-{node}-0", "placed", memory="75Gi")
-    rule = f"cordon-{node}"
-    client.ResourceV1Api(kube).create_device_taint_rule(
-        client.V1DeviceTaintRule.model_validate(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceTaintRule",
-                "metadata": {"name": rule},
-                "spec": {
-                    "deviceSelector": {"driver": DRIVER_NAME, "pool": node, "device": f"gpu-{node}-1"},
-                    "taint": {
-                        "key": "gpu.tessera.dev/cordoned",
-                        "value": "maintenance",
-                        "effect": "NoSchedule",
-                    },
-                },
-            }
-        )
-    )
-    taint_rules.append(rule)
+    taint_rules.append(cordon(kube, node, f"gpu-{node}-1"))
     waiting_pod("cordoned-out", share(20), MINE)
     assert why(cluster, namespace, "cordoned-out")["reasons"] == [
         f"every GPU that fits is cordoned: GPU-{node}-1 on {node} (gpu.tessera.dev/cordoned)"
@@ -268,3 +277,79 @@ def test_gpus_and_pods_agree_with_the_allocations_the_scheduler_wrote(
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["NAMESPACE", "POD", "CLAIM"]
     assert sorted(line.split()[1] for line in lines[1:]) == ["notebook", "train"]
+
+
+def waiting_events(kube: client.ApiClient, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The webhook's Events on ``pod``, oldest first."""
+    found = raw_json(
+        client.CoreV1Api(kube).list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.name={pod},reason={waiting_pods.REASON}",
+            _preload_content=False,
+        )
+    )["items"]
+    return sorted(found, key=lambda e: (e["lastTimestamp"], e["metadata"]["name"]))
+
+
+def test_a_waiting_pod_is_told_why_once_per_reason_by_either_replica(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    taint_rules: list[str],
+    waiting_pod: WaitingPod,
+) -> None:
+    """The webhook's look at waiting pods, as two replicas run it, under the chart's webhook rules:
+    the first writes one Event with what `why` says, the second writes nothing, nor does either
+    while the reasons stand; when they change, one new Event; when they change back, the first
+    Event moves to now instead of a third."""
+    resource = client.ResourceV1Api(kube)
+    node = gpu_node(80, 80)
+    for index in (0, 1):
+        allocated_claim(resource, namespace, node, f"gpu-{node}-{index}", f"placed-{index}", memory="75Gi")
+    waiting_pod("waits", share(20), MINE)
+    account = unique_name("webhook")
+    api = webhook_api_client(kube, cluster, account)
+    try:
+        first, second = (waiting_pods.WaitingPods(api, 0, 1, replica) for replica in ("a", "b"))
+
+        def told() -> list[str]:
+            return [e["message"] for e in waiting_events(kube, namespace, "waits")]
+
+        def said(reasons: list[str]) -> str:
+            return "waits for a GPU share: " + "; ".join(reasons)
+
+        no_room = why(cluster, namespace, "waits")["reasons"]
+        assert no_room[0].startswith("no GPU the claim may use has room: "), no_room
+        first.sweep()
+        second.sweep()
+        first.sweep()
+        assert told() == [said(no_room)]
+
+        taint_rules.append(cordon(kube, node, f"gpu-{node}-1"))
+        resource.delete_namespaced_resource_claim("placed-1", namespace)
+        cordoned = poll_until(
+            lambda: found if (found := why(cluster, namespace, "waits")["reasons"]) != no_room else None,
+            30,
+            "the reasons to change",
+        )
+        assert cordoned == [
+            f"every GPU that fits is cordoned: GPU-{node}-1 on {node} (gpu.tessera.dev/cordoned)"
+        ]
+        second.sweep()
+        first.sweep()
+        assert told() == [said(no_room), said(cordoned)]
+
+        time.sleep(1.1)  # Event times have whole seconds: the move must show
+        allocated_claim(resource, namespace, node, f"gpu-{node}-1", "placed-1", memory="75Gi")
+        resource.delete_device_taint_rule(taint_rules.pop())
+        poll_until(
+            lambda: why(cluster, namespace, "waits")["reasons"] == no_room, 30, "the first reasons back"
+        )
+        first.sweep()
+        second.sweep()
+        assert told() == [said(cordoned), said(no_room)], "the first Event moved to now, no third one"
+        pod = raw_json(client.CoreV1Api(kube).read_namespaced_pod("waits", namespace, _preload_content=False))
+        assert not pod["spec"].get("nodeName"), "the pod waited throughout"
+    finally:
+        remove_account(kube, account)

@@ -94,7 +94,16 @@ def test_allowed_client_names_default_to_the_documented_one(tmp_path: Path) -> N
     assert policy is not None and policy.names == {"a", "b"}
 
 
-@pytest.mark.parametrize("flag", ["--shutdown-delay", "--shutdown-quiet", "--shutdown-timeout"])
-def test_a_negative_drain_time_stops_the_webhook_with_the_flag_named(flag: str) -> None:
+@pytest.mark.parametrize(
+    "flag", ["--shutdown-delay", "--shutdown-quiet", "--shutdown-timeout", "--explain-waiting-after"]
+)
+def test_a_negative_time_stops_the_webhook_with_the_flag_named(flag: str) -> None:
     with pytest.raises(command.UsageError, match=f"^{flag} must be 0 or more seconds, not -1$"):
         Webhook(parser().parse_args([f"{flag}=-1"]))
+
+
+def test_a_waiting_pod_period_of_zero_stops_the_webhook() -> None:
+    with pytest.raises(
+        command.UsageError, match=r"^--explain-waiting-period must be more than 0 seconds, not 0$"
+    ):
+        Webhook(parser().parse_args(["--explain-waiting-period=0"]))

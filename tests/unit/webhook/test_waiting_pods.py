@@ -1,0 +1,59 @@
+"""What the webhook's look at waiting pods reads from a pod and writes into an Event: when the
+scheduler gave up on it, a message within an Event's bound, and one name per pod and message
+whichever replica computes it. The look itself runs against the real API server and scheduler in
+tests/integration/test_kubectl_tessera.py."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any
+
+from tessera.kubectl.why import Verdict
+from tessera.webhook.waiting_pods import MESSAGE_LIMIT, event_name, message_of, waiting_since
+
+SINCE = "2026-12-03T10:00:00Z"
+
+
+def pod(node: str = "", conditions: list[dict[str, Any]] | None = None, name: str = "p") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-1"},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"conditions": conditions or []},
+    }
+
+
+def unschedulable(reason: str = "Unschedulable", status: str = "False") -> dict[str, Any]:
+    return {"type": "PodScheduled", "status": status, "reason": reason, "lastTransitionTime": SINCE}
+
+
+def test_a_pod_waits_from_when_the_scheduler_called_it_unschedulable() -> None:
+    assert waiting_since(pod(conditions=[unschedulable()])) == datetime.datetime(
+        2026, 12, 3, 10, tzinfo=datetime.UTC
+    )
+
+
+def test_a_placed_pod_or_one_not_called_unschedulable_does_not_wait() -> None:
+    assert waiting_since(pod(node="n", conditions=[unschedulable()])) is None
+    assert waiting_since(pod(conditions=[unschedulable(reason="SchedulerError")])) is None
+    assert waiting_since(pod(conditions=[unschedulable(status="True")])) is None
+    assert waiting_since(pod()) is None
+
+
+def test_an_unreadable_condition_time_is_not_waiting() -> None:
+    condition = {**unschedulable(), "lastTransitionTime": "yesterday"}
+    assert waiting_since(pod(conditions=[condition])) is None
+
+
+def test_the_message_is_the_reasons_in_order_and_bounded() -> None:
+    assert message_of(Verdict(False, ["a", "b"])) == "waits for a GPU share: a; b"
+    long = message_of(Verdict(False, ["x" * 5000]))
+    assert len(long) <= MESSAGE_LIMIT and long.endswith("chars)")
+
+
+def test_one_name_per_pod_and_message_valid_and_bounded() -> None:
+    name = event_name(pod(), "m")
+    assert name == event_name(pod(), "m") and name != event_name(pod(), "n")
+    longest = event_name(pod(name="a" * 253), "m")
+    assert len(longest) <= 253
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", longest)
