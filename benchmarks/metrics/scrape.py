@@ -106,7 +106,7 @@ def measure(work: Path) -> dict[str, object]:
             Sources(
                 node="bench-node",
                 claims_dir=claims_dir,
-                gpus=gpus,
+                gpus=lambda: gpus,
                 sample=nvml.sample,
                 problems=dict,
                 records=dict,

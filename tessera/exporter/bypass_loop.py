@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from tessera.driver.discovery import Gpu
 from tessera.exporter import bypass, cgroups, procs, reading
 from tessera.exporter.bypass import Episodes, Holding, Offence, Process
 from tessera.exporter.collector import Sources
@@ -78,7 +79,6 @@ class BypassLoop:
         self._stop_process = stop_process
         self._reader = ClaimReader(sources.claims_dir, self._quiet_error)
         self._episodes = Episodes(settings.bound_s)
-        self._by_uuid = {g.uuid: g for g in sources.gpus}
         self._known: dict[int, tuple[int, tuple[str, str] | None, procs.Identity | None]] = {}
         """Host pid -> (start time, its cgroup's pod UID and container ID, its identity), for the
         processes NVML listed at the last check."""
@@ -103,10 +103,11 @@ class BypassLoop:
         """One check: read, judge, act on what is due."""
         started = time.perf_counter()
         try:
-            listed = self._listed()
+            gpus = {g.uuid: g for g in self._s.gpus()}
+            listed = self._listed(gpus.values())
             # After the driver's figures: an allocation charged between the two reads shows as
             # charged, not as memory around the shim.
-            holdings = self._holdings(listed, self._reader.claims())
+            holdings = self._holdings(gpus, listed, self._reader.claims())
             found = bypass.offences(holdings, self._settings.tolerance_bytes)
             for offence, seconds in self._episodes.due(found, self._s.clock()):
                 self._act(offence, seconds)
@@ -116,11 +117,11 @@ class BypassLoop:
 
     # ------------------------------------------------------------------ reading
 
-    def _listed(self) -> dict[str, Mapping[int, int | None]]:
+    def _listed(self, gpus: Iterable[Gpu]) -> dict[str, Mapping[int, int | None]]:
         """GPU UUID -> NVML's processes there and the memory each holds; a GPU NVML cannot list
         now is left out (its episodes end: no offence is acted on without fresh evidence)."""
         out: dict[str, Mapping[int, int | None]] = {}
-        for gpu in self._s.gpus:
+        for gpu in gpus:
             try:
                 found = (
                     self._s.processes(gpu.uuid)
@@ -135,14 +136,17 @@ class BypassLoop:
         return out
 
     def _holdings(
-        self, listed: Mapping[str, Mapping[int, int | None]], claims: list[reading.Claim]
+        self,
+        gpus: Mapping[str, Gpu],
+        listed: Mapping[str, Mapping[int, int | None]],
+        claims: list[reading.Claim],
     ) -> list[Holding]:
         whom = self._whom({pid for p in listed.values() for pid in p})
         out = []
         for claim in claims:
             containers = set(self._s.containers(claim.namespace, claim.name))
             for limit in claim.limits:
-                gpu, on_gpu = self._by_uuid.get(limit.uuid), listed.get(limit.uuid)
+                gpu, on_gpu = gpus.get(limit.uuid), listed.get(limit.uuid)
                 if gpu is None or on_gpu is None:
                     continue
                 processes = []

@@ -161,8 +161,10 @@ class Exporter(Stoppable):
 
     def start(self) -> None:
         self._nvml = Nvml()
-        nvml = WatchedNvml(self._nvml, self._args.nvml_timeout, self._args.nvml_restart_after)
-        gpus = devices.shareable(nvml.discover())
+        nvml = WatchedNvml(
+            self._nvml, self._args.nvml_timeout, self._args.nvml_restart_after, devices.shareable
+        )
+        nvml.discover()
         index = ContainerIndex(client.CoreV1Api(self._kube).list_pod_for_all_namespaces, self._node)
 
         def watch() -> None:
@@ -178,7 +180,7 @@ class Exporter(Stoppable):
         sources = Sources(
             node=self._node,
             claims_dir=self._claims_dir,
-            gpus=gpus,
+            gpus=nvml.gpus,
             sample=nvml.sample,
             problems=nvml.problems,
             records=self._records,

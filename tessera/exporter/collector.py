@@ -130,7 +130,8 @@ class Sources:
 
     node: str
     claims_dir: Path
-    gpus: Sequence[Gpu]
+    gpus: Callable[[], Sequence[Gpu]]
+    """The GPUs to report, asked at each scrape: a GPU whose NVML hung at start joins once it answers."""
     sample: Callable[[str], GpuSample]
     """NVML figures for a GPU UUID (raises when the GPU cannot be read at all)."""
     problems: Callable[[], Mapping[str, object]]
@@ -155,7 +156,6 @@ class GpuCollector(Collector):
     def __init__(self, sources: Sources, metrics: DaemonMetrics) -> None:
         self._s = sources
         self._metrics = metrics
-        self._by_uuid = {g.uuid: g for g in sources.gpus}
         self._reader = ClaimReader(sources.claims_dir, self._error)
         self._charged: dict[tuple[str, str], tuple[int, float]] = {}
         """(claim UID, GPU UUID) -> (charged ns, when): the fallback utilisation's last reading."""
@@ -188,7 +188,8 @@ class GpuCollector(Collector):
 
     def _collect(self) -> list[Metric]:
         claims = self._reader.claims()
-        samples = self._samples()
+        gpus = list(self._s.gpus())
+        samples = self._samples(gpus)
         families = {
             name: GaugeMetricFamily(
                 name,
@@ -197,13 +198,13 @@ class GpuCollector(Collector):
             )
             for name in _HELP
         }
-        self._gpu_series(families, claims, samples)
-        self._container_series(families, claims, samples)
+        self._gpu_series(families, gpus, claims, samples)
+        self._container_series(families, gpus, claims, samples)
         return list(families.values())
 
-    def _samples(self) -> dict[str, GpuSample]:
+    def _samples(self, gpus: Sequence[Gpu]) -> dict[str, GpuSample]:
         out = {}
-        for gpu in self._s.gpus:
+        for gpu in gpus:
             try:
                 out[gpu.uuid] = self._s.sample(gpu.uuid)
             except Hung:  # a wedged driver: counted at each scrape, logged once where it is called
@@ -219,7 +220,11 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per GPU
 
     def _gpu_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
+        self,
+        families: dict[str, GaugeMetricFamily],
+        gpus: Sequence[Gpu],
+        claims: list[Claim],
+        samples: Mapping[str, GpuSample],
     ) -> None:
         problems = self._s.problems()
         memory: dict[str, int] = {}
@@ -229,7 +234,7 @@ class GpuCollector(Collector):
                 memory[limit.uuid] = memory.get(limit.uuid, 0) + (limit.memory_bytes or 0)
                 cores[limit.uuid] = cores.get(limit.uuid, 0) + limit.cores
         shares: dict[str, int] | None = None
-        by_name = {device_name(g): g.uuid for g in self._s.gpus}
+        by_name = {device_name(g): g.uuid for g in gpus}
         try:
             records = self._s.records()
         except (OSError, ValueError) as error:  # the checkpoint unreadable: shares unknown
@@ -241,7 +246,7 @@ class GpuCollector(Collector):
                     uuid = by_name.get(device.device)
                     if uuid is not None:
                         shares[uuid] = shares.get(uuid, 0) + 1
-        for gpu in self._s.gpus:
+        for gpu in gpus:
             labels = [self._s.node, gpu.uuid, str(gpu.index), gpu.product_name]
             families[GPU_HEALTHY].add_metric(labels, 0.0 if gpu.uuid in problems else 1.0)
             families[GPU_MEMORY_ALLOCATED].add_metric(labels, float(memory.get(gpu.uuid, 0)))
@@ -266,8 +271,13 @@ class GpuCollector(Collector):
     # ------------------------------------------------------------------ per container
 
     def _container_series(
-        self, families: dict[str, GaugeMetricFamily], claims: list[Claim], samples: Mapping[str, GpuSample]
+        self,
+        families: dict[str, GaugeMetricFamily],
+        gpus: Sequence[Gpu],
+        claims: list[Claim],
+        samples: Mapping[str, GpuSample],
     ) -> None:
+        by_uuid = {g.uuid: g for g in gpus}
         owners = {
             pid: placed.ref
             for pid, placed in reading.owners(self._s.proc, _pids(samples), self._s.container).items()
@@ -282,7 +292,7 @@ class GpuCollector(Collector):
         for claim in claims:
             containers = users[claim.uid]
             for limit in claim.limits:
-                gpu = self._by_uuid.get(limit.uuid)
+                gpu = by_uuid.get(limit.uuid)
                 if gpu is None:
                     continue
                 seen.add((claim.uid, limit.uuid))
@@ -340,7 +350,7 @@ class GpuCollector(Collector):
                         families[CONTAINER_MEMORY_DRIVER].add_metric(labels, float(sum(v or 0 for v in mine)))
                     if excess is not None:
                         families[CONTAINER_MEMORY_EXCESS].add_metric(labels, float(excess))
-        for gpu in self._s.gpus:
+        for gpu in gpus:
             sample = samples.get(gpu.uuid)
             if sample is None or sample.compute_memory is None:
                 continue

@@ -8,8 +8,8 @@ liveness: the kubelet then restarts the container, and a fresh process gets a fr
 
 Discovery is watched the same way, one GPU at a time: a GPU whose NVML hangs at start (one that
 a restart did not cure) is left out, and the others are served. Its hang does not fail liveness, as
-another restart would find it hung again, over and over; once it answers, liveness fails once, so
-that a restart adds it.
+another restart would find it hung again, over and over; once it answers it is asked again and
+joins the GPUs served, in this process (``gpus``), with no restart.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from tessera.driver.discovery import Gpu, GpuSample
@@ -41,38 +41,65 @@ class NvmlQueries(Protocol):
 class WatchedNvml:
     """``nvml``'s per-GPU queries, each waited for at most ``timeout`` seconds."""
 
-    def __init__(self, nvml: NvmlQueries, timeout: float, restart_after: float) -> None:
+    def __init__(
+        self,
+        nvml: NvmlQueries,
+        timeout: float,
+        restart_after: float,
+        select: Callable[[Sequence[Gpu]], list[Gpu]] = list,
+    ) -> None:
         if not restart_after >= timeout:
             raise ValueError(
                 f"the NVML restart bound ({restart_after:g} s) must be at least its timeout ({timeout:g} s)"
             )
         self._nvml = nvml
+        self._select = select
+        """Which of the GPUs found are served (the exporter leaves out GPUs in MIG mode)."""
         self._gpus: list[Gpu] = []
-        self._left_out: list[str] = []
-        """Watchdog keys of the GPUs whose discovery hung (``discover``)."""
+        self._left_out: dict[str, int] = {}
+        """Watchdog key -> NVML index, of each GPU whose discovery hung and has not joined since."""
         self._watchdog = Watchdog(timeout, "nvml-call")
         self._restart_after = restart_after
         self._lock = threading.Lock()
         self._said_hung: set[str] = set()
         """GPUs whose hang is logged: once when it starts, once when NVML answers again."""
 
-    def discover(self) -> list[Gpu]:
-        """Every GPU NVML lists whose NVML answers, in index order (the module says why one that
-        hangs is left out). Call once, before any other method."""
+    def discover(self) -> None:
+        """Find every GPU NVML lists, each under the watchdog (the module says why one that hangs is
+        left out). Call once, before any other method."""
         found = []
         for index in range(self._nvml.gpu_count()):
             key = f"at NVML index {index}"
             try:
                 found.append(self._watchdog.call(key, functools.partial(self._nvml.gpu_at, index)))
             except Hung as hung:
-                self._left_out.append(key)
+                self._left_out[key] = index
                 log.error(
-                    "GPU %s: %s at start; serving the other GPUs without it, and restarting once it answers",
-                    key,
-                    hung,
+                    "GPU %s: %s at start; serving the other GPUs without it until it answers", key, hung
                 )
-        self._gpus = found
-        return found
+        self._gpus = self._select(found)
+
+    def gpus(self) -> list[Gpu]:
+        """The GPUs served now: those found at start, and any left out then that answers now."""
+        with self._lock:
+            answered = {
+                key: index for key, index in self._left_out.items() if key not in self._watchdog.hung_for()
+            }
+            for key in answered:
+                del self._left_out[key]
+        late = []
+        for key, index in answered.items():
+            try:
+                late.append(self._watchdog.call(key, functools.partial(self._nvml.gpu_at, index)))
+            except Exception as error:  # hung again, or lost: left out until it answers
+                log.warning("GPU %s answers NVML again but cannot be read yet: %s", key, error)
+                with self._lock:
+                    self._left_out[key] = index
+        with self._lock:
+            if late:
+                log.info("GPU %s: NVML answers now; serving it", ", ".join(answered))
+                self._gpus = sorted([*self._gpus, *self._select(late)], key=lambda gpu: gpu.index)
+            return list(self._gpus)
 
     def sample(self, uuid: str) -> GpuSample:
         """NVML's figures for the GPU; ``Hung`` when its NVML does not answer."""
@@ -85,7 +112,7 @@ class WatchedNvml:
     def problems(self) -> Mapping[str, str]:
         """GPU UUID -> why it is unhealthy now, a GPU whose NVML does not answer included."""
         out = {}
-        for gpu in self._gpus:
+        for gpu in self.gpus():
             try:
                 problem = self._call(gpu.uuid, self._nvml.problem)
             except Hung as hung:
@@ -116,17 +143,19 @@ class WatchedNvml:
         return len(self._watchdog.hung_for())
 
     def alive(self) -> tuple[bool, str]:
-        """Liveness: false once an NVML call on a served GPU has been hung for longer than
-        ``restart_after``, or once a GPU left out at start answers (a restart then serves it)."""
-        hung = self._watchdog.hung_for()
-        overdue = {key: s for key, s in hung.items() if s > self._restart_after and key not in self._left_out}
-        if overdue:
-            named = ", ".join(f"{key} ({seconds:.0f} s)" for key, seconds in sorted(overdue.items(), key=str))
-            return (
-                False,
-                f"an NVML call has not returned for over {self._restart_after:g} s on GPU {named}",
-            )
-        answered = [key for key in self._left_out if key not in hung]
-        if answered:
-            return False, f"GPU {answered[0]} hung at start and answers NVML now: a restart serves it"
-        return True, "ok"
+        """Liveness: false once an NVML call on a GPU served has been hung for longer than
+        ``restart_after`` (a GPU hung since start is not one: the module says why)."""
+        with self._lock:
+            left_out = set(self._left_out)
+        overdue = {
+            key: s
+            for key, s in self._watchdog.hung_for().items()
+            if s > self._restart_after and key not in left_out
+        }
+        if not overdue:
+            return True, "ok"
+        named = ", ".join(f"{key} ({seconds:.0f} s)" for key, seconds in sorted(overdue.items(), key=str))
+        return (
+            False,
+            f"an NVML call has not returned for over {self._restart_after:g} s on GPU {named}",
+        )

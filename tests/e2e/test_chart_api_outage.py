@@ -12,7 +12,7 @@ and the running pod kept its container and its limits throughout. The exporter b
 asks NVML about each GPU under a watchdog, keeps serving the other GPU's series, and once the call
 has been hung past its bound its liveness fails and the kubelet restarts the exporter container,
 never the plugin's; the restarted exporter, finding the GPU still hung, serves the other GPU
-without it and stays live.
+without it and stays live, and once NVML answers the GPU's series come back without another restart.
 
 It stops the API server, so it runs on a control plane and nodes of its own, not the session's.
 tests/integration/test_driver_outages.py holds the same outage, and a black hole to the API server,
@@ -326,5 +326,7 @@ def test_nvml_hanging_on_one_gpu_costs_the_exporter_its_series_and_the_kubelet_r
     finally:
         charts.simulated_gpus(node)
 
-    wait_rolled_out(bed)
     poll_until(lambda: gpu_series(node.address, used) == {"0", "1"}, 180, "both GPUs' series back")
+    assert hung_gpus(node.address) == 0
+    wait_rolled_out(bed)
+    assert daemon_containers(bed)[(pod, "exporter")] == after[(pod, "exporter")], "restarted again"

@@ -58,7 +58,7 @@ class Bed:
         sources = Sources(
             node="node-a",
             claims_dir=claims,
-            gpus=[gpu(0, uuid=UUID), gpu(1, uuid=OTHER_GPU)],
+            gpus=lambda: [gpu(0, uuid=UUID), gpu(1, uuid=OTHER_GPU)],
             sample=lambda uuid: GpuSample(
                 None, None, None, None, None, None, self.listed if uuid == UUID else self.elsewhere
             ),
@@ -274,7 +274,7 @@ def test_a_check_that_keeps_failing_is_logged_once_and_its_recovery_once(
     sources = Sources(
         node="node-a",
         claims_dir=tmp_path / "claims",
-        gpus=[gpu(0, uuid=UUID)],
+        gpus=lambda: [gpu(0, uuid=UUID)],
         sample=lambda uuid: GpuSample(None, None, None, None, None, None, {}),
         problems=dict,
         records=dict,

@@ -80,7 +80,7 @@ class Bed:
                 Sources(
                     node="node-a",
                     claims_dir=self.claims_dir,
-                    gpus=self.gpus,
+                    gpus=lambda: self.gpus,
                     sample=self._sample,
                     problems=lambda: self.problems,
                     records=self._records,

@@ -1,7 +1,7 @@
 """The exporter's NVML under its watchdog: a GPU whose NVML call hangs (a wedged driver) loses only
 its own series, reads unhealthy and is counted; scrapes go on and start no more stuck threads; the
 exporter's liveness fails once the call has been hung past its bound, and recovers when it returns.
-A GPU already hung at start is left out without failing liveness, until it answers.
+A GPU already hung at start is left out without failing liveness, and joins once it answers.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Exporter:
     def __init__(self, tmp_path: Path, restart_after: float, nvml: WedgingNvml | None = None) -> None:
         self.nvml = nvml or WedgingNvml()
         self.watched = WatchedNvml(self.nvml, timeout=0.2, restart_after=restart_after)
-        self.gpus = self.watched.discover()
+        self.watched.discover()
         metrics = DaemonMetrics("node-a")
         metrics.nvml_hung.set_function(self.watched.hung)
         self.registry = CollectorRegistry()
@@ -77,7 +77,7 @@ class Exporter:
                 Sources(
                     node="node-a",
                     claims_dir=tmp_path,
-                    gpus=self.gpus,
+                    gpus=self.watched.gpus,
                     sample=self.watched.sample,
                     problems=self.watched.problems,
                     records=dict,
@@ -186,25 +186,27 @@ def test_a_restart_bound_below_the_timeout_is_refused() -> None:
         WatchedNvml(WedgingNvml(), timeout=2.0, restart_after=1.0)
 
 
-def test_a_gpu_hung_at_start_is_left_out_without_failing_liveness_until_it_answers(tmp_path: Path) -> None:
+def test_a_gpu_hung_at_start_is_left_out_without_failing_liveness_and_joins_once_it_answers(
+    tmp_path: Path,
+) -> None:
     """A restart that finds the GPU still hung must not restart again and again: the other GPU is
-    served, the hung one counted, liveness stays green past the bound; once the GPU answers,
-    liveness fails once, naming it, so that a restart serves it."""
+    served, the hung one counted, liveness stays green past the bound; once the GPU answers, its
+    series join in the same process."""
     nvml = WedgingNvml()
     nvml.wedged.set()
     exporter = Exporter(tmp_path, restart_after=0.3, nvml=nvml)
     try:
-        assert exporter.gpus == [GPUS[1]]
+        assert exporter.watched.gpus() == [GPUS[1]]
         series = exporter.scrape()
         assert set(values(series, "tessera_gpu_memory_used_bytes")) == {gpu_labels(GPUS[1])}
         assert node_value(series, "tessera_exporter_nvml_hung_gpus") == 1
         time.sleep(0.6)  # twice the restart bound
-        assert exporter.watched.alive() == (True, "ok"), "a GPU hung at start does not fail liveness"
+        assert exporter.watched.alive() == (True, "ok"), "a GPU hung since start does not fail liveness"
     finally:
         nvml.wedged.clear()
         nvml.released.set()
-    poll_until(lambda: not exporter.watched.alive()[0], 30, "liveness to fail once the GPU answers")
-    assert (
-        exporter.watched.alive()[1]
-        == "GPU at NVML index 0 hung at start and answers NVML now: a restart serves it"
-    )
+    poll_until(lambda: exporter.watched.hung() == 0, 30, "the hung call to return")
+    after = exporter.scrape()
+    assert set(values(after, "tessera_gpu_memory_used_bytes")) == {gpu_labels(GPUS[0]), gpu_labels(GPUS[1])}
+    assert exporter.watched.gpus() == GPUS, "in index order"
+    assert exporter.watched.alive() == (True, "ok")
