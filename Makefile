@@ -19,12 +19,12 @@ CUDA13_VENV := .venv-cuda13
 CUDA13_STAMP := $(CUDA13_VENV)/.installed
 CUDA13_LIST := dev/clients-cuda13
 
-.PHONY: help test demo venv clients-cuda13 host-packages binaries simgpu images lint unit integration e2e dockerfile clean
+.PHONY: help test demo venv clients-cuda13 host-packages binaries demo-binaries simgpu images lint unit integration e2e dockerfile clean
 
 help:
 	@echo "make test   set everything up, lint, and run every test tier that this machine can run"
 	@echo "make demo   set everything up and run the demo"
-	@echo "make host-packages | binaries | simgpu | images | venv | clients-cuda13 | lint | unit | integration | e2e | dockerfile | clean"
+	@echo "make host-packages | binaries | demo-binaries | simgpu | images | venv | clients-cuda13 | lint | unit | integration | e2e | dockerfile | clean"
 
 # Reinstall when the dependency lists or their pins change; pip does nothing for what is already there.
 # The install also regenerates the gRPC stubs, so a changed .proto file triggers it too. The product and
@@ -54,6 +54,11 @@ host-packages:
 # Control-plane, node and Helm binaries from the Go module proxy, cached under ~/.cache/tessera.
 binaries: host-packages
 	bash testbed/build-binaries.sh
+
+# What the demo runs, no more: every component but Prometheus (only the metrics tests run it).
+DEMO_COMPONENTS = etcd helm kubernetes containerd runc cri-tools cni-plugins kueue
+demo-binaries: host-packages
+	bash testbed/build-binaries.sh $(DEMO_COMPONENTS)
 
 simgpu:
 	$(MAKE) -C simgpu -j2
@@ -90,7 +95,7 @@ TEST_REPORT := build/test-results/junit.xml
 test: venv clients-cuda13 binaries simgpu lint
 	$(PY) -m pytest --junitxml=$(TEST_REPORT) --durations=25
 
-demo: venv binaries simgpu
+demo: venv demo-binaries simgpu
 	$(PY) -m demo
 
 clean:
