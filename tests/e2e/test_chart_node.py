@@ -15,13 +15,15 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import urllib3
 from kubernetes import client
 
 from simgpu.config import make_gpus
@@ -298,16 +300,23 @@ def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
 
 
 def test_a_webhook_pod_deleted_while_gpu_pods_are_created_refuses_none_of_them(
-    chart_bed: ChartBed, namespace: str
+    chart_bed: ChartBed, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The webhook runs two replicas (failurePolicy Fail: with none, no GPU pod is admitted). One pod
     is deleted, as a drain or an operator deletes it, while a GPU pod is created (dry run) five
     times a second: the API server calls the other replica meanwhile, the Deployment replaces the
-    deleted one, and no pod is refused or left unconverted."""
+    deleted one, and no pod is refused or left unconverted. The deleted replica's drain line (how
+    long after its deletion the API server still called it: the endpoint propagation the drain
+    must outlast, docs/webhook.md) is read from its log as it stops, and printed."""
     bed = chart_bed
     wait_rolled_out(bed)
     core = client.CoreV1Api(bed.kube)
     victim = bed.pods("webhook")[0]["metadata"]["name"]
+    log_lines: list[str] = []
+    follower = threading.Thread(
+        target=partial(_follow_log, core, bed.namespace, victim, log_lines), name="victim-log", daemon=True
+    )
+    follower.start()
     with PodStream(bed.kube, namespace, every=0.2, dry_run=True) as stream:
         poll_until(lambda: stream.calls >= 10, 60, "GPU pods created before the deletion")
         core.delete_namespaced_pod(victim, bed.namespace)
@@ -321,6 +330,25 @@ def test_a_webhook_pod_deleted_while_gpu_pods_are_created_refuses_none_of_them(
         poll_until(lambda: stream.calls >= after + 10, 60, "GPU pods created after the replacement")
     assert stream.refused == [], "no GPU pod refused while a webhook pod was deleted"
     assert stream.unconverted == []
+    follower.join(30)
+    drained = [line for line in log_lines if "drained after" in line]
+    assert drained, "the deleted replica logged no drain:\n" + "\n".join(log_lines[-20:])
+    with capsys.disabled():
+        print(f"\nwebhook replica deleted while 5 GPU pods a second were created: {drained[-1]}")
+
+
+def _follow_log(core: client.CoreV1Api, namespace: str, pod: str, into: list[str]) -> None:
+    """Append ``pod``'s log lines to ``into`` as they come, until its container stops."""
+    response = cast(
+        urllib3.HTTPResponse,
+        core.read_namespaced_pod_log(pod, namespace, follow=True, _preload_content=False),
+    )
+    pending = b""
+    for chunk in response.stream(4096):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        into.extend(line.decode(errors="replace") for line in lines)
+    into.append(pending.decode(errors="replace"))
 
 
 def test_helm_upgrade_rolls_the_daemonset_and_a_prepared_claim_survives(
