@@ -100,6 +100,9 @@ def ride_out_the_outage(node: DriverNode, prepared: ClaimRef, began: float) -> N
         time.sleep(5)
 
 
+PLUGIN_GRACE_SECONDS = 60.0
+"""The chart's kubeletPlugin.terminationGracePeriodSeconds: after it the kubelet kills the daemon."""
+
 SCHEDULER_RECOVERY_SECONDS = 180
 """How long the real kube-scheduler may take to place a pod after a minute without an API server:
 its informers back off up to 30 s with as much jitter again, and it placed the first pod 70 s after
@@ -149,7 +152,10 @@ def test_a_black_hole_to_the_api_server_for_a_minute(
     own_cluster: LocalCluster, own_kube: client.ApiClient, own_namespace: str, node: DriverNode
 ) -> None:
     """Dropped, not refused: the daemon's connections stay open and nothing comes back, which only
-    its own timeouts notice (a call waits at most 30 s, a watch 60 s without a byte)."""
+    its own timeouts notice (a call waits at most 30 s, a watch 60 s without a byte). Stopped at the
+    end of the outage, with its claim-status writes queued and one hanging, the daemon exits 0 by
+    itself within the kubelet's grace period (the chart's 60 s), and a new start serves once the
+    server is back."""
     relay = TcpRelay(own_cluster.api_port)
     try:
         through_relay(node.kubeconfig, relay.port)
@@ -158,9 +164,14 @@ def test_a_black_hole_to_the_api_server_for_a_minute(
         relay.black_hole()
         try:
             ride_out_the_outage(node, running, began)
+            assert node.process is not None
+            node.process.stop(grace=PLUGIN_GRACE_SECONDS)  # SIGKILL past the grace, as the kubelet
+            assert node.process.returncode == 0, node.process.log_tail()
         finally:
             relay.restore()
 
+        node.start()
+        node.wait_published()
         a_new_pod_is_prepared(node, own_kube, own_namespace, "after")
     finally:
         node.stop()
