@@ -27,6 +27,22 @@ from testbed.process import ManagedProcess, free_port
 
 SCRAPE_INTERVAL_S = 1
 RULES_FILE = Path(__file__).resolve().parent.parent / "charts" / "tessera" / "files" / "alert-rules.yaml"
+TEST_HOLD = "5s"
+"""The ``for:`` every shipped rule is given when a test waits for an alert to fire: still five
+evaluations pending before it fires, but not the minutes the shipped holds take. promtool's rule
+tests (tests/integration/test_metrics_exporter.py) check the shipped holds themselves."""
+
+
+def held_for(rules: Path, hold: str, folder: Path) -> Path:
+    """A copy of the rules file ``rules`` in ``folder`` whose alerting rules each have ``for: hold``."""
+    loaded = yaml.safe_load(rules.read_text())
+    for group in loaded["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = hold
+    copy = folder / f"held-{rules.name}"
+    copy.write_text(yaml.safe_dump(loaded, sort_keys=False))
+    return copy
 
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -47,9 +63,14 @@ class Sample:
 class Prometheus:
     """One Prometheus server scraping ``targets`` (host:port of node exporters)."""
 
-    def __init__(self, targets: Sequence[str], rule_files: Sequence[Path] = (RULES_FILE,)) -> None:
+    def __init__(
+        self, targets: Sequence[str], rule_files: Sequence[Path] = (RULES_FILE,), hold: str | None = None
+    ) -> None:
+        """With ``hold``, every rule's ``for:`` is that instead (a copy of each file is loaded)."""
         ensure_built("prometheus")
         self.work_dir = Path(tempfile.mkdtemp(prefix="tprom-"))
+        if hold is not None:
+            rule_files = [held_for(path, hold, self.work_dir) for path in rule_files]
         self.port = free_port()
         config = {
             "global": {

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,7 +45,7 @@ from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubelet_client import KubeletClient
 from testbed.node_host import cgroup_mounts, remove_cgroup_tree
 from testbed.polling import poll_until
-from testbed.prometheus import RULES_FILE, Prometheus, Sample, promtool
+from testbed.prometheus import RULES_FILE, TEST_HOLD, Prometheus, Sample, promtool
 from testbed.share_pods import share_pod
 from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
 
@@ -103,7 +104,9 @@ def node_bed(
     node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB, exporter_args=exporter_args)
     node.start()
     node.wait_published()
-    prometheus = Prometheus([f"{node.metrics_address}:{node.metrics_port}"]) if scraped else None
+    prometheus = (
+        Prometheus([f"{node.metrics_address}:{node.metrics_port}"], hold=TEST_HOLD) if scraped else None
+    )
     try:
         yield Bed(node, prometheus, programs)
     finally:
@@ -271,8 +274,13 @@ def test_promtool_accepts_the_shipped_rules_and_a_real_scrape_with_every_family(
     # other family is there at once.
     sampled = {"tessera_container_gpu_utilization_ratio", "tessera_container_gpu_utilization_excess_ratio"}
     assert set(FAMILIES) - sampled <= names
-    # Prometheus loaded the shipped rules and scrapes the node.
-    assert {g["file"] for g in bed.prometheus.rule_groups()} == {str(RULES_FILE)}
+    # Prometheus loaded the shipped rules (each held for TEST_HOLD) and scrapes the node.
+    shipped = yaml.safe_load(RULES_FILE.read_text())
+    loaded = [rule for group in bed.prometheus.rule_groups() for rule in group["rules"]]
+    assert sorted(rule["name"] for rule in loaded) == sorted(
+        rule["alert"] for group in shipped["groups"] for rule in group["rules"]
+    )
+    assert {rule["duration"] for rule in loaded} == {5}, "TEST_HOLD"
     poll_until(bed.prometheus.targets_up, 30, "target up")
 
 
@@ -389,7 +397,7 @@ def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert
                     return alert if alert["state"] == "firing" else None
             return None
 
-        # The rule's `for: 1m` holds it pending for a minute of evaluations first.
+        # The rule's `for:` (TEST_HOLD here; promtool checks the shipped minute) holds it pending first.
         alert = poll_until(firing, 150, "TesseraContainerGpuMemoryNearLimit firing", interval=1.0)
     finally:
         assert process.stdin is not None
@@ -407,7 +415,7 @@ def test_a_process_that_bypasses_the_shim_shows_as_its_containers_excess_and_fir
     library by its path) allocates past the claim: the shim charged nothing for it, the driver
     reports it all, and the excess names the container, is memory the GPU has that no claim accounts
     for, is logged once naming the container, and fires TesseraGpuMemoryUnaccounted. (The exporter
-    only reports here, so that the process lives through the alert's minute.)"""
+    only reports here, so that the process lives through the alert's hold.)"""
     bed = reporting_bed
     _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
     proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
@@ -435,7 +443,7 @@ def test_a_process_that_bypasses_the_shim_shows_as_its_containers_excess_and_fir
                         return alert if alert["state"] == "firing" else None
                 return None
 
-            # The rule's `for: 1m` holds it pending for a minute of evaluations first.
+            # The rule's `for:` (TEST_HOLD here; promtool checks the shipped minute) holds it pending first.
             alert = poll_until(firing, 150, "TesseraGpuMemoryUnaccounted firing", interval=1.0)
             assert alert["labels"]["node"] == bed.node.node_name
         finally:
@@ -495,6 +503,61 @@ def test_promtool_fires_the_unaccounted_memory_alert_only_past_the_per_process_t
                             every claim on it, or by a claim's processes past its limit;
                             tessera_container_gpu_memory_excess_bytes names the container, and the
                             exporter's log names the process.
+            """
+        )
+    )
+    done = promtool("test", "rules", str(tests))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_fires_the_memory_near_limit_alert_only_after_its_minute_past_90_percent(
+    tmp_path: Path,
+) -> None:
+    """The shipped rule evaluated by promtool's own rule tests (the live tests shorten its hold): a
+    container at 89 % of its limit never fires; at 95 % from 2m15s it is still pending at 3m (45 s
+    held) and fires at 3m15s, once the rule's minute has passed, naming the container."""
+    labels = (
+        'namespace="team-a", pod="p", container="main", claim="c", node="n1", device_uuid="GPU-1", '
+        'device_index="0"'
+    )
+    tests = tmp_path / "near-limit-test.yaml"
+    tests.write_text(
+        textwrap.dedent(
+            f"""\
+            rule_files:
+              - {RULES_FILE}
+            evaluation_interval: 15s
+            tests:
+              - interval: 15s
+                input_series:
+                  - series: 'tessera_container_gpu_memory_limit_bytes{{{labels}}}'
+                    values: '100x20'
+                  - series: 'tessera_container_gpu_memory_used_bytes{{{labels}}}'
+                    values: '89x8 95x12'
+                alert_rule_test:
+                  - eval_time: 2m
+                    alertname: TesseraContainerGpuMemoryNearLimit
+                    exp_alerts: []
+                  - eval_time: 3m
+                    alertname: TesseraContainerGpuMemoryNearLimit
+                    exp_alerts: []
+                  - eval_time: 3m15s
+                    alertname: TesseraContainerGpuMemoryNearLimit
+                    exp_alerts:
+                      - exp_labels:
+                          severity: warning
+                          namespace: team-a
+                          pod: p
+                          container: main
+                          claim: c
+                          node: n1
+                          device_uuid: GPU-1
+                          device_index: "0"
+                        exp_annotations:
+                          summary: Container team-a/p/main uses over 90 % of its GPU memory limit
+                          description: >-
+                            Claim c holds 95% of its memory limit on GPU 0 (GPU-1) of node n1;
+                            allocations past the limit will fail with CUDA_ERROR_OUT_OF_MEMORY.
             """
         )
     )
