@@ -164,6 +164,19 @@ def phase(core: client.CoreV1Api, name: str) -> str | None:
     return status.phase if status else None
 
 
+@pytest.fixture(autouse=True)
+def no_pod_left_unschedulable(bed: GangBed) -> Iterator[None]:
+    """After each test, whatever ran before it: the watcher has seen no pod left unschedulable but
+    the hostile tenant's, which it made unplaceable on purpose."""
+    yield
+    seen = {
+        name: message
+        for name, message in bed.unschedulable.items()
+        if name.split("/", 1)[0] not in bed.hostile_namespaces
+    }
+    assert seen == {}, seen
+
+
 def test_the_gang_waits_with_a_reason_then_runs_whole_on_real_gpus(bed: GangBed) -> None:
     api, core = bed.api, client.CoreV1Api(bed.api)
     uuids = queue_bed.published_uuids(api, bed.node.name)
@@ -451,14 +464,3 @@ def test_pods_a_tenant_keeps_from_being_placed_hold_their_share_but_not_their_no
     ]
     assert len(unplaced) == 2, f"the other two squatters' pods are never placed: {unplaced}"
     assert not [name for name in bed.unschedulable if name.startswith(f"{neighbour}/")], bed.unschedulable
-
-
-def test_no_pod_was_ever_left_unschedulable(bed: GangBed) -> None:
-    """Last in this module: the watcher has seen every pod of the tests above (but the hostile
-    tenant's, which it made unplaceable on purpose)."""
-    seen = {
-        name: message
-        for name, message in bed.unschedulable.items()
-        if name.split("/", 1)[0] not in bed.hostile_namespaces
-    }
-    assert seen == {}, seen
