@@ -131,7 +131,17 @@ class WaitingPods:
             uid = pod["metadata"]["uid"]
             if self._told.get(uid) == message:
                 continue
-            written += self._tell(pod, message, back_to=uid in self._told)
+            try:
+                written += self._tell(pod, message, back_to=uid in self._told)
+            except ApiException as error:  # e.g. its namespace is being deleted: the others still
+                log.warning(
+                    "could not tell pod %s/%s why it waits: %s %s",
+                    pod["metadata"]["namespace"],
+                    pod["metadata"]["name"],
+                    error.status,
+                    error.reason,
+                )
+                continue
             self._told[uid] = message
         return written
 

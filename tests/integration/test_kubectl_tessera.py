@@ -11,6 +11,7 @@ the scheduler writes, or real pods the scheduler placed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -353,3 +354,42 @@ def test_a_waiting_pod_is_told_why_once_per_reason_by_either_replica(
         assert not pod["spec"].get("nodeName"), "the pod waited throughout"
     finally:
         remove_account(kube, account)
+
+
+def test_a_pod_that_cannot_be_told_does_not_keep_the_others_from_being_told(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
+) -> None:
+    """A waiting pod in a namespace being deleted, where the API server refuses new Events, is
+    skipped (and logged); the other waiting pods of the same look are still told."""
+    gpu_node(80)
+    core = client.CoreV1Api(kube)
+    doomed = unique_name("doomed")
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=doomed)))
+    account = unique_name("webhook")
+    try:
+        poll_until(
+            lambda: core.read_namespaced_service_account("default", doomed), 30, "default ServiceAccount"
+        )
+        plain_gpu_pod(kube, doomed, "doomed", None, share(100), MINE)
+        wait_until_unschedulable(core, doomed, "doomed")
+        core.patch_namespaced_pod(
+            "doomed", doomed, {"metadata": {"finalizers": ["testbed.tessera.dev/hold"]}}
+        )
+        core.delete_namespace(doomed)
+        waiting_pod("told", share(100), MINE)
+        replica = waiting_pods.WaitingPods(webhook_api_client(kube, cluster, account), 0, 1, "a")
+        replica.sweep()
+        assert [e["message"] for e in waiting_events(kube, namespace, "told")] == [
+            "waits for a GPU share: " + "; ".join(why(cluster, namespace, "told")["reasons"])
+        ]
+        assert waiting_events(kube, doomed, "doomed") == []
+    finally:
+        remove_account(kube, account)
+        with contextlib.suppress(ApiException):
+            core.patch_namespaced_pod("doomed", doomed, {"metadata": {"finalizers": None}})
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(doomed)
