@@ -7,10 +7,11 @@ hostile.{md,json} into benchmarks/webhook/results/ (or --out DIR).
 The webhook runs as in production, with client-certificate auth (benchmarks/webhook/harness.py).
 The attacks, each repeated ``--repeats`` times while the stream runs: reviews whose gpumem is
 ``1e1000000``, ``1e5000`` and ``Infinity`` (with the API server's certificate, so they reach the
-quantity parser), a 10 MB body (with the certificate, so it meets the size bound rather than the
-401), a review without a certificate, and ``--slow`` connections at once (no certificate, as a
-tenant has none) that each send a request's first bytes and stall. An attack's time runs from its
-first byte sent to the answer's head received. The stream is open loop (latency from each
+quantity parser), a 10 MB body (with the certificate, so it meets the size bound), a review
+without a certificate (refused in the TLS handshake, which requires one), and ``--slow`` TCP
+connections at once that never start their handshake (a tenant has no certificate, so that is as
+far as it gets). An attack's time runs from its first byte sent to the answer's head received, or
+to the connection's refusal or close. The stream is open loop (latency from each
 request's due time) from its own client processes; /healthz and /readyz are polled every 0.2 s
 throughout. Everything is on loopback and every loop is bounded.
 """
@@ -52,10 +53,6 @@ STREAM_LEAD = 4.0
 it is called, and one more second measures the stream before the attack."""
 
 
-STALL = b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-"""What a slow client sends before it stalls: a request line and one header, no blank line."""
-
-
 @dataclass(frozen=True)
 class Attempt:
     """One attack's answer: the HTTP status (or what happened instead), the review's own status
@@ -90,9 +87,12 @@ async def _post(webhook: RunningWebhook, body: bytes, certified: bool) -> Attemp
     """Post ``body`` on a fresh TLS connection and read the answer's head while the body may still
     be going out (a refused 10 MB upload is answered from its head)."""
     opened = time.perf_counter()
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", webhook.port, ssl=_context(webhook, certified), server_hostname="127.0.0.1"
-    )
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", webhook.port, ssl=_context(webhook, certified), server_hostname="127.0.0.1"
+        )
+    except OSError as error:  # ssl.SSLError included: the server refused the handshake
+        return Attempt(f"handshake refused ({type(error).__name__})", None, time.perf_counter() - opened)
     try:
         began = time.perf_counter()
         writer.write(_head(len(body)))
@@ -100,9 +100,11 @@ async def _post(webhook: RunningWebhook, body: bytes, certified: bool) -> Attemp
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_WAIT)
         except TimeoutError:
-            return Attempt("no answer", None, time.perf_counter() - began)
-        except (asyncio.IncompleteReadError, OSError) as error:
-            return Attempt(f"closed ({type(error).__name__})", None, time.perf_counter() - began)
+            return Attempt("no answer", None, time.perf_counter() - began, began - opened)
+        except (asyncio.IncompleteReadError, OSError) as error:  # a refused handshake shows here in TLS 1.3
+            return Attempt(
+                f"closed ({type(error).__name__})", None, time.perf_counter() - began, began - opened
+            )
         seconds = time.perf_counter() - began
         status = head.split(b" ", 2)[1].decode()
         review_code = None
@@ -124,29 +126,27 @@ async def _post(webhook: RunningWebhook, body: bytes, certified: bool) -> Attemp
 
 
 async def _stall(webhook: RunningWebhook) -> Attempt:
-    """One slow client: a request's first bytes, then nothing; the answer is what the server says."""
-    opened = began = time.perf_counter()
+    """One slow client: a TCP connection that never sends its TLS ClientHello; the answer is how
+    long the server keeps it (its time runs from the TCP connect)."""
+    opened = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                "127.0.0.1", webhook.port, ssl=_context(webhook, False), server_hostname="127.0.0.1"
-            ),
-            ANSWER_WAIT,
+            asyncio.open_connection("127.0.0.1", webhook.port), ANSWER_WAIT
         )
-    except (OSError, ssl.SSLError, TimeoutError) as error:
-        return Attempt(f"handshake failed ({type(error).__name__})", None, time.perf_counter() - began)
+    except (OSError, TimeoutError) as error:
+        return Attempt(f"connect failed ({type(error).__name__})", None, time.perf_counter() - opened)
+    began = time.perf_counter()
     try:
-        began = time.perf_counter()
-        writer.write(STALL)
         try:
-            line = await asyncio.wait_for(reader.readline(), ANSWER_WAIT)
+            left = await asyncio.wait_for(reader.read(), ANSWER_WAIT)
         except TimeoutError:
-            return Attempt("no answer", None, time.perf_counter() - began)
+            return Attempt("still open", None, time.perf_counter() - began, began - opened)
         except OSError as error:
-            return Attempt(f"closed ({type(error).__name__})", None, time.perf_counter() - began)
-        seconds = time.perf_counter() - began
-        status = line.split(b" ", 2)[1].decode() if line else "closed without answer"
-        return Attempt(status, None, seconds, began - opened)
+            return Attempt(
+                f"reset ({type(error).__name__})", None, time.perf_counter() - began, began - opened
+            )
+        status = "closed" if not left else "answered"
+        return Attempt(status, None, time.perf_counter() - began, began - opened)
     finally:
         writer.transport.abort()
 
@@ -266,10 +266,7 @@ ATTACKS: list[tuple[str, str]] = [
     ("gpumem Infinity", "review, API server's certificate, `nvidia.com/gpumem: Infinity`"),
     ("10 MB body", "10,000,000-byte body with its Content-Length, API server's certificate"),
     ("no client certificate", "an ordinary GPU-pod review without a certificate"),
-    (
-        "slow connections",
-        f"concurrent connections without a certificate: {len(STALL)} bytes of a head, then nothing",
-    ),
+    ("slow connections", "concurrent TCP connections that never send their TLS ClientHello"),
 ]
 
 
@@ -371,7 +368,9 @@ def report(info: RunInfo, figures: dict[str, Any], slow: int) -> list[str]:
         f"{figures['webhook_exit_code_on_sigterm']}.",
         "",
         "How to read it: an attack's time runs from its first byte sent (after the TLS handshake, whose "
-        "own time is the handshake column) to the answer's head; a quantity review is answered HTTP "
+        "own time is the handshake column) to the answer's head, or for a refused handshake from the "
+        "TCP connect to the refusal, and for a slow connection from its TCP connect to the server's "
+        "close; a quantity review is answered HTTP "
         "200 with the pod denied, and the review "
         "code is the one the API server passes on to the pod's creator. The real stream's latencies run "
         "from each request's due time, so queueing counts; 'real failed' counts reviews not answered "
