@@ -28,7 +28,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kubectl import snapshot, why
-from tessera.kubectl.text import cut
+from tessera.kubectl.text import clean, cut
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,12 @@ def waiting_since(pod: Mapping[str, Any]) -> datetime.datetime | None:
 
 
 def message_of(verdict: why.Verdict) -> str:
-    """The Event's message: the plugin's reasons, in its order, cut to ``MESSAGE_LIMIT``."""
-    return cut("waits for a GPU share: " + "; ".join(verdict.reasons), MESSAGE_LIMIT - 32)
+    """The Event's message: the plugin's reasons, in its order, within ``MESSAGE_LIMIT``. The reasons
+    quote what the pod's author wrote (a GPU type, a UUID), and ``kubectl describe`` prints an
+    Event as it is: control and invisible characters are escaped as the plugin escapes them, so
+    no pod can send escape sequences or reordering marks to an operator's terminal."""
+    text = "waits for a GPU share: " + "; ".join(verdict.reasons)
+    return cut(clean(text, limit=MESSAGE_LIMIT), MESSAGE_LIMIT - 32)
 
 
 def event_name(pod: Mapping[str, Any], message: str) -> str:

@@ -51,6 +51,13 @@ def test_the_message_is_the_reasons_in_order_and_bounded() -> None:
     assert len(long) <= MESSAGE_LIMIT and long.endswith("chars)")
 
 
+def test_what_the_pods_author_wrote_reaches_the_message_escaped_and_bounded() -> None:
+    message = message_of(Verdict(False, ["no GPU's product contains '\x1b[2J\u202eevil'"]))
+    assert message == "waits for a GPU share: no GPU's product contains '\\x1b[2J\\u202eevil'"
+    flood = message_of(Verdict(False, ["\x1b" * 5000]))
+    assert "\x1b" not in flood and len(flood) <= MESSAGE_LIMIT
+
+
 def test_one_name_per_pod_and_message_valid_and_bounded() -> None:
     name = event_name(pod(), "m")
     assert name == event_name(pod(), "m") and name != event_name(pod(), "n")
