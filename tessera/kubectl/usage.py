@@ -87,9 +87,13 @@ def scrape(api: client.ApiClient, selector: str = EXPORTER_SELECTOR, timeout: fl
             continue
         usage.exporters += 1
         metadata = pod["metadata"]
+        port = metrics_port(pod)
+        if port is None:
+            log.debug("exporter %s has no port named %s", metadata["name"], METRICS_PORT_NAME)
+            continue
         try:
             response: Any = core.connect_get_namespaced_pod_proxy_with_path(
-                f"{metadata['name']}:{METRICS_PORT_NAME}",
+                f"{metadata['name']}:{port}",
                 metadata["namespace"],
                 "metrics",
                 _preload_content=False,
@@ -102,6 +106,17 @@ def scrape(api: client.ApiClient, selector: str = EXPORTER_SELECTOR, timeout: fl
             continue
         usage.reached += 1
     return usage
+
+
+def metrics_port(pod: dict[str, Any]) -> int | None:
+    """The number of the pod's port named ``metrics``. The pod proxy is asked by number: the API
+    server does not resolve a pod's named port (it does a Service's), and kube-apiserver 1.37 fails
+    such a request with a panic and a closed connection instead of an error."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for entry in container.get("ports") or []:
+            if entry.get("name") == METRICS_PORT_NAME and isinstance(entry.get("containerPort"), int):
+                return int(entry["containerPort"])
+    return None
 
 
 def add_to_gpus(rows: list[dict[str, Any]], usage: Usage) -> None:

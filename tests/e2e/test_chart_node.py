@@ -28,8 +28,10 @@ from kubernetes import client
 
 from simgpu.config import make_gpus
 from tessera.kube import raw_json
+from tessera.kubectl import usage as kubectl_usage
+from tessera.kubectl.cli import main as kubectl_tessera
 from tessera.names import HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, METRICS_PORT
-from tessera.quantity import quantity_to_int
+from tessera.quantity import MiB, quantity_to_int
 from tessera.webhook import waiting_pods
 from testbed import chart_bed as charts
 from testbed.chart_bed import (
@@ -249,6 +251,90 @@ def test_each_example_applied_unchanged_runs_with_its_share_placed_and_enforced(
             ]
             assert len(series) == len(pod["spec"]["containers"]), metrics
             assert all(float(line.rsplit(" ", 1)[1]) == expected.memory for line in series), series
+
+
+def test_kubectl_tessera_agrees_with_the_allocation_and_the_exporter(
+    chart_bed: ChartBed, cluster: LocalCluster, namespace: str
+) -> None:
+    """A HAMi pod holding 1000 MiB of its 2000 MiB share: `kubectl tessera pods` names the GPU, node
+    and limits the scheduler allocated, and the memory in use the node's exporter reports (read, as
+    the plugin reads it, through the API server's pod proxy); `gpus` shows the same share on that
+    GPU, with what is allocated of it, and the same figure."""
+    bed = chart_bed
+    wait_rolled_out(bed)
+    held = 1000 * MiB
+    pod = {
+        "metadata": {"name": "holds"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "gpu",
+                    "image": sorted(charts.example_images())[0],
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/sh", "-c", f"sleep 3600 | shim_probe alloc mem {held} hold"],
+                    "resources": {"limits": {HAMI_GPU: "1", HAMI_GPUMEM: "2000"}},
+                }
+            ],
+        },
+    }
+    core = client.CoreV1Api(bed.kube)
+    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+
+    def running() -> dict[str, Any] | None:
+        found = raw_json(core.read_namespaced_pod("holds", namespace, _preload_content=False))
+        return found if found["status"].get("phase") == "Running" else None
+
+    placed = poll_until(running, 120, "the pod running")
+    claim = pod_claim(bed.kube, placed)
+    device, capacity = consumed(claim)
+    node = placed["spec"]["nodeName"]
+
+    def exporter_figure() -> float | None:
+        for line in scrape(node_address(bed, node)).splitlines():
+            if (
+                line.startswith("tessera_container_gpu_memory_used_bytes{")
+                and 'pod="holds"' in line
+                and f'namespace="{namespace}"' in line
+            ):
+                return float(line.rsplit(" ", 1)[1]) or None
+        return None
+
+    exported = poll_until(exporter_figure, 60, "the exporter's figure for the pod")
+    assert exported == held
+
+    reached = kubectl_usage.scrape(bed.kube)
+    assert (reached.reached, reached.exporters) == (len(bed.nodes), len(bed.nodes)), (
+        "exporters read through the proxy"
+    )
+
+    def plugin(*argv: str) -> dict[str, Any]:
+        out, err = io.StringIO(), io.StringIO()
+        status = kubectl_tessera(
+            [*argv, "-o", "json", "--kubeconfig", str(cluster.admin_kubeconfig)], out, err
+        )
+        assert status == 0, err.getvalue()
+        data: dict[str, Any] = json.loads(out.getvalue())
+        return data
+
+    [share] = plugin("pods", "-n", namespace)["shares"]
+    assert (share["pod"], share["claim"], share["node"], share["device"]) == (
+        "holds",
+        claim["metadata"]["name"],
+        node,
+        device,
+    ), share
+    assert (share["memoryLimit"], share["memoryUsed"]) == (capacity["memory"], held), share
+    [gpu] = [g for g in plugin("gpus")["gpus"] if g["node"] == node and g["device"] == device]
+    assert gpu["uuid"] == share["uuid"]
+    [on_gpu] = [s for s in gpu["shares"] if s["namespace"] == namespace]
+    assert (on_gpu["claim"], on_gpu["memory"], on_gpu["memoryUsed"]) == (
+        claim["metadata"]["name"],
+        capacity["memory"],
+        held,
+    ), gpu
+    assert gpu["memory"]["allocated"] >= capacity["memory"], gpu
 
 
 def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
