@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 REASON = "WaitingForGPUShare"
 COMPONENT = "tessera-webhook"
 MAX_PODS = 200
-"""Pods judged in one period; the rest wait for the next (their Events are only later)."""
+"""Pods judged in one look; past that, those not yet told go first (``in_turn``), and the rest
+wait for a later look."""
 MESSAGE_LIMIT = 1024
 """Characters of an Event's message (events.k8s.io caps a note at 1 kB)."""
 _POD_NAME_LIMIT = 200
@@ -76,6 +77,12 @@ def event_name(pod: Mapping[str, Any], message: str) -> str:
     metadata = pod["metadata"]
     digest = hashlib.sha256(f"{metadata['uid']}\n{message}".encode()).hexdigest()[:16]
     return f"{metadata['name'][:_POD_NAME_LIMIT]}.tessera-{digest}"
+
+
+def in_turn(due: list[Obj], told: Mapping[str, str]) -> list[Obj]:
+    """``due`` with the pods not told anything yet first, each group in its own order: with more
+    waiting pods than one look judges, every pod is told in time, not the same first ones."""
+    return sorted(due, key=lambda pod: pod["metadata"]["uid"] in told)
 
 
 class WaitingPods:
@@ -127,7 +134,7 @@ class WaitingPods:
             return 0
         found = snapshot.read(self._api, None, frozenset({"slices", "templates"}))
         written = 0
-        for pod in due[:MAX_PODS]:
+        for pod in in_turn(due, self._told)[:MAX_PODS]:
             verdict = why.judge(pod, found)
             if verdict.fits:  # no Tessera share, or shares that fit: a GPU is not what it waits for
                 continue

@@ -339,7 +339,7 @@ def test_a_waiting_pod_is_told_why_once_per_reason_by_either_replica(
         ]
         second.sweep()
         first.sweep()
-        assert told() == [said(no_room), said(cordoned)]
+        assert sorted(told()) == sorted([said(no_room), said(cordoned)])  # one second may hold both
 
         time.sleep(1.1)  # Event times have whole seconds: the move must show
         allocated_claim(resource, namespace, node, f"gpu-{node}-1", "placed-1", memory="75Gi")

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from tessera.kubectl.why import Verdict
-from tessera.webhook.waiting_pods import MESSAGE_LIMIT, event_name, message_of, waiting_since
+from tessera.webhook.waiting_pods import MESSAGE_LIMIT, event_name, in_turn, message_of, waiting_since
 
 SINCE = "2026-12-03T10:00:00Z"
 
@@ -64,3 +64,8 @@ def test_one_name_per_pod_and_message_valid_and_bounded() -> None:
     longest = event_name(pod(name="a" * 253), "m")
     assert len(longest) <= 253
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", longest)
+
+
+def test_pods_not_yet_told_are_judged_first_each_group_in_its_order() -> None:
+    due = [{"metadata": {"uid": uid}} for uid in ("a", "b", "c", "d")]
+    assert [p["metadata"]["uid"] for p in in_turn(due, {"a": "m", "c": "m"})] == ["b", "d", "a", "c"]
