@@ -180,6 +180,14 @@ WEBHOOK_MUST = [
     ),
     Ask("list", f"{RESOURCE}/resourceslices"),
     Ask("watch", f"{RESOURCE}/resourceslices"),
+    # webhook/waiting_pods.py: the pods no node is chosen for, and what `kubectl tessera why` reads
+    # to judge them; the Event that tells each why, and moving it to now when its reasons return.
+    Ask("list", "pods"),
+    Ask("list", "nodes"),
+    Ask("list", f"{RESOURCE}/resourceclaims"),
+    Ask("list", f"{RESOURCE}/devicetaintrules"),
+    Ask("create", "events", namespace=ANYWHERE),
+    Ask("patch", "events", namespace=ANYWHERE),
 ]
 WEBHOOK_MUST_NOT = [
     # The anchor's trap: the webhook never makes claims itself (templates let Kubernetes own them).
@@ -193,7 +201,12 @@ WEBHOOK_MUST_NOT = [
     Ask("create", "pods", namespace=ANYWHERE),
     Ask("patch", "pods", namespace=ANYWHERE),
     Ask("get", "secrets", namespace=ANYWHERE),
-    Ask("list", "nodes"),
+    # Reading waiting pods and nodes is all: no watch, no single reads, nothing written to them.
+    Ask("watch", "pods"),
+    Ask("get", "pods", namespace=ANYWHERE),
+    Ask("patch", "nodes", name="some-node"),
+    Ask("watch", "nodes"),
+    *(Ask(verb, "events", namespace=ANYWHERE) for verb in ("update", "delete", "list")),
     Ask("create", "admissionregistration.k8s.io/mutatingwebhookconfigurations"),
     Ask("update", "admissionregistration.k8s.io/validatingwebhookconfigurations", name="anything"),
 ]
