@@ -57,9 +57,10 @@ def waiting_since(pod: Mapping[str, Any]) -> datetime.datetime | None:
             and condition.get("reason") == "Unschedulable"
         ):
             try:
-                return datetime.datetime.fromisoformat(str(condition.get("lastTransitionTime")))
+                since = datetime.datetime.fromisoformat(str(condition.get("lastTransitionTime")))
             except ValueError:
                 return None
+            return since if since.tzinfo is not None else None  # no zone: no comparable time
     return None
 
 

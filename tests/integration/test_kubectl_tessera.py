@@ -393,3 +393,27 @@ def test_a_pod_that_cannot_be_told_does_not_keep_the_others_from_being_told(
             core.patch_namespaced_pod("doomed", doomed, {"metadata": {"finalizers": None}})
         with contextlib.suppress(ApiException):
             core.delete_namespace(doomed)
+
+
+def test_a_pods_own_text_reaches_its_event_escaped(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    namespace: str,
+    gpu_node: Callable[..., str],
+    waiting_pod: WaitingPod,
+) -> None:
+    """From where a tenant stands: a GPU type with a terminal escape sequence and a bidirectional
+    override, which the reasons quote. The Event the webhook writes carries them escaped, so
+    `kubectl describe` shows the characters' names, never acts on them."""
+    gpu_node(80)
+    waiting_pod("escapes", share(20), {HAMI_USE_TYPE: "a100\x1b[2J\u202e"})
+    account = unique_name("webhook")
+    try:
+        waiting_pods.WaitingPods(webhook_api_client(kube, cluster, account), 0, 1, "a").sweep()
+        [message] = [e["message"] for e in waiting_events(kube, namespace, "escapes")]
+    finally:
+        remove_account(kube, account)
+    assert message.startswith("waits for a GPU share: no GPU's product contains 'a100\\x1b[2j\\u202e'"), (
+        message
+    )
+    assert "\x1b" not in message and "\u202e" not in message

@@ -41,8 +41,9 @@ def test_a_placed_pod_or_one_not_called_unschedulable_does_not_wait() -> None:
 
 
 def test_an_unreadable_condition_time_is_not_waiting() -> None:
-    condition = {**unschedulable(), "lastTransitionTime": "yesterday"}
-    assert waiting_since(pod(conditions=[condition])) is None
+    for written in ("yesterday", "2026-12-03T10:00:00", "", None):
+        condition = {**unschedulable(), "lastTransitionTime": written}
+        assert waiting_since(pod(conditions=[condition])) is None, written
 
 
 def test_the_message_is_the_reasons_in_order_and_bounded() -> None:
