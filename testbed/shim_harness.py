@@ -8,6 +8,8 @@ driver libraries are build/simgpu's; on a machine with a GPU, NVIDIA's.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.machinery
 import importlib.util
 import json
@@ -15,7 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,35 @@ PROGRAM_SOURCES = REPO / "tests" / "shim" / "programs"
 SIMGPU_TEST_HEADERS = REPO / "tests" / "simgpu" / "programs"
 
 
+BUILD_LOCK = REPO / "build" / ".build.lock"
+
+
+@contextlib.contextmanager
+def exclusive_build() -> Iterator[None]:
+    """Hold this checkout's build lock: the pytest-xdist workers of `make test` start at once and
+    each builds what its tests need, into the same folders; one at a time, the first builds and the
+    others find it done (a program compiled while another worker runs it fails with "text file
+    busy", and two compilers writing one file can leave a broken binary)."""
+    BUILD_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with BUILD_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_simgpu() -> None:
+    """The simulated driver's libraries and programs, by the project's own build (`make simgpu`),
+    as CI builds them."""
+    with exclusive_build():
+        subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+
+
 def build_shim() -> None:
     """Build the preload libraries and the cffi binding in place, as the package build does."""
+    with exclusive_build():
+        _build_shim()
+
+
+def _build_shim() -> None:
     spec = importlib.util.spec_from_file_location("tessera_shim_build", SHIM / "build.py")
     assert spec is not None and spec.loader is not None
     shim_build: Any = importlib.util.module_from_spec(spec)
@@ -65,6 +94,11 @@ def _cc(*args: str) -> None:
 def build_programs(out: Path, cuda_link_dir: Path) -> Path:
     """Compile the C test programs into ``out``; ``shim_linked`` links ``-lcuda`` from
     ``cuda_link_dir`` (build/simgpu, or the directory of NVIDIA's libcuda.so)."""
+    with exclusive_build():
+        return _build_programs(out, cuda_link_dir)
+
+
+def _build_programs(out: Path, cuda_link_dir: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{REPO / 'include' / 'cuda-abi'}", f"-I{SIMGPU_TEST_HEADERS}", f"-I{SHIM / 'include'}"]
     flags = ["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", *includes]

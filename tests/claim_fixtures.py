@@ -19,12 +19,12 @@ import pytest
 
 from testbed.shim_harness import (
     PROGRAM_BUILD,
-    REPO,
     SIMGPU_BUILD,
     Claim,
     ClaimFactory,
     build_programs,
     build_shim,
+    build_simgpu,
 )
 
 build_shim()
@@ -41,7 +41,7 @@ REAL_DRIVER = (
 @pytest.fixture(scope="session", autouse=True)
 def built() -> Path:
     """The simulated driver and the shim's test programs."""
-    subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
     return build_programs(PROGRAM_BUILD, REAL_DRIVER or SIMGPU_BUILD)
 
 

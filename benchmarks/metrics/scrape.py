@@ -203,10 +203,10 @@ def main() -> None:
 
     from simgpu.config import GiB as SIM_GiB
     from simgpu.config import NodeSpec, make_gpus, process_env, write_config
-    from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs, build_shim
+    from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs, build_shim, build_simgpu
 
     build_shim()
-    subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
     build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     info = RunInfo.start(["tessera"])
     with tempfile.TemporaryDirectory(prefix="tmetrics-") as tmp:

@@ -51,10 +51,10 @@ from benchmarks.shim.overhead import (
 )
 from testbed.shim_harness import (
     PROGRAM_BUILD,
-    REPO,
     SIMGPU_BUILD,
     build_programs,
     build_shim,
+    build_simgpu,
     claim_on,
     simulated_node,
     values,
@@ -161,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     info = RunInfo.start(MEASURED)
     build_shim()
-    subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
     build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     _compile(ALLOC_FREE_SOURCE, BENCH_BUILD / "alloc_free", "-ldl")
     stub = build_stub()

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks.run_info import RunInfo
 from testbed.shim_harness import (
     PROGRAM_BUILD,
-    REPO,
     SIMGPU_BUILD,
     Claim,
     build_programs,
     build_shim,
+    build_simgpu,
     claim_on,
     simulated_node,
     values,
@@ -107,7 +107,7 @@ def main() -> None:
     procs_run = [int(n) for n in args.processes.split(",")]
     info = RunInfo.start(MEASURED)
     build_shim()
-    subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
     build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:

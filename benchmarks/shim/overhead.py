@@ -42,6 +42,7 @@ from testbed.shim_harness import (
     SIMGPU_TEST_HEADERS,
     build_programs,
     build_shim,
+    build_simgpu,
     claim_on,
     simulated_node,
     values,
@@ -256,7 +257,7 @@ def main() -> None:
     info = RunInfo.start(MEASURED)
     build_shim()
     if args.driver_dir is None:
-        subprocess.run(["make", "-C", str(REPO / "simgpu"), "-j2"], check=True, capture_output=True)
+        build_simgpu()
     driver = args.driver_dir or SIMGPU_BUILD
     build_programs(PROGRAM_BUILD, driver)
     _compile(ALLOC_FREE_SOURCE, BENCH_BUILD / "alloc_free", "-ldl")

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks.run_info import RunInfo
 from simgpu.config import NodeSpec, make_gpus, process_env, write_config
 from simgpu.node import program_dir
+from testbed.shim_harness import build_simgpu
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ITERATIONS = 200_000
@@ -55,8 +56,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     info = RunInfo.start(MEASURED)
-    repo = Path(__file__).resolve().parents[2]
-    subprocess.run(["make", "-C", str(repo / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
     with tempfile.TemporaryDirectory(prefix="tessera-call-cost-") as tmp:
         runs = [one_run(Path(tmp), i) for i in range(args.runs)]
     info.finish()

@@ -47,7 +47,15 @@ from testbed.node_host import cgroup_mounts, remove_cgroup_tree
 from testbed.polling import poll_until
 from testbed.prometheus import RULES_FILE, TEST_HOLD, Prometheus, Sample, promtool
 from testbed.share_pods import share_pod
-from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, Claim, build_programs, build_shim, values
+from testbed.shim_harness import (
+    PROGRAM_BUILD,
+    SIMGPU_BUILD,
+    Claim,
+    build_programs,
+    build_shim,
+    build_simgpu,
+    values,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +106,7 @@ def node_bed(
     scraped: bool = True,
 ) -> Iterator[Bed]:
     build_shim()
-    subprocess.run(["make", "-C", "simgpu", "-j2"], check=True, capture_output=True)
+    build_simgpu()
     programs = build_programs(PROGRAM_BUILD, SIMGPU_BUILD)
     ensure_device_class(kube)
     node = DriverNode(cluster, fake_node(), gpus=2, memory_bytes=16 * GiB, exporter_args=exporter_args)

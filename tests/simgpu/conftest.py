@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,13 +9,13 @@ import pytest
 
 from simgpu.config import GiB, NodeSpec, make_gpus, write_config
 from simgpu.node import Node, NodeFactory
+from testbed.shim_harness import build_simgpu
 
 
 @pytest.fixture(scope="session", autouse=True)
 def built() -> None:
     """The libraries and test programs, built by the project's build exactly as CI builds them."""
-    repo = Path(__file__).resolve().parents[2]
-    subprocess.run(["make", "-C", str(repo / "simgpu"), "-j2"], check=True, capture_output=True)
+    build_simgpu()
 
 
 @pytest.fixture
