@@ -88,12 +88,21 @@ e2e: venv binaries
 dockerfile: venv host-packages
 	$(PY) -m pytest -m dockerfile
 
-# pytest exits 5 when it collected no test; make treats that, like any non-zero status, as failure.
-# Where the time goes: a JUnit report (`$(PY) -m tools.test_durations` sums it per module) and the
-# slowest tests at the end of the output.
-TEST_REPORT := build/test-results/junit.xml
+# Two phases, each its own pytest run and JUnit report (`$(PY) -m tools.test_durations` sums them per
+# module), each ending with its slowest tests. First every test not marked `alone`, on TEST_WORKERS
+# pytest-xdist workers, a whole module per worker at a time, each worker with its own control plane
+# and nodes: most of the suite waits (outages, leases, alerts, rollouts), so the waits overlap on two
+# cores. Then the `alone` tests, which measure shares of time or behaviour under load, with nothing
+# beside them. Both phases run even if the first fails; make fails if either did. pytest exits 5
+# when it collected no test, and make treats that, like any non-zero status, as failure.
+TEST_REPORTS := build/test-results
+TEST_WORKERS ?= 3
 test: venv clients-cuda13 binaries simgpu lint
-	$(PY) -m pytest --junitxml=$(TEST_REPORT) --durations=25
+	rm -f $(TEST_REPORTS)/*.xml
+	status=0; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" --junitxml=$(TEST_REPORTS)/parallel.xml --durations=25 || status=$$?; \
+	$(PY) -m pytest -m alone --junitxml=$(TEST_REPORTS)/alone.xml --durations=10 || status=$$?; \
+	exit $$status
 
 demo: venv demo-binaries simgpu
 	$(PY) -m demo

@@ -8,6 +8,7 @@ cluster fails, the tail of each component's log is attached to its report.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Generator, Iterator
 from typing import Protocol, cast
 
@@ -81,6 +82,46 @@ def fake_node(kube: client.ApiClient) -> Iterator[Callable[..., str]]:
 def pytest_configure(config: pytest.Config) -> None:
     # A cancelled CI job sends SIGTERM: unwind like Ctrl-C so fixtures stop every daemon they started.
     interrupt_on_sigterm()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shuffle-modules",
+        metavar="SEED",
+        type=int,
+        default=None,
+        help="run the test modules in an order shuffled with SEED (each module's tests keep their own"
+        " order): shows that no module needs another to have run before it",
+    )
+
+
+TIER_ORDER = ("e2e", "integration", "dockerfile", "clients")
+"""Tiers whose modules start first, slowest tier first. Under pytest-xdist (`make test`) a worker
+takes the next module when it is almost done with its last, in collection order: modules that
+wait minutes go first, and the tail of the run is made of the short ones."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order modules by tier (:data:`TIER_ORDER`, then the rest as collected), or shuffled with
+    ``--shuffle-modules``; tests inside a module keep their order, since module fixtures and some
+    tests build on the ones before them. Every xdist worker collects with the same options, so all
+    of them see the same order, as xdist requires."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.partition("::")[0], []).append(item)
+    names = list(modules)
+    seed = config.getoption("--shuffle-modules")
+    if seed is not None:
+        random.Random(seed).shuffle(names)
+    else:
+        names.sort(key=_tier_rank)  # stable: modules of one tier keep their collection order
+    items[:] = [item for name in names for item in modules[name]]
+
+
+def _tier_rank(module_path: str) -> int:
+    parts = module_path.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
 class HasLogTails(Protocol):

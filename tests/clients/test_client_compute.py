@@ -15,6 +15,9 @@ import pytest
 from testbed.shim_harness import ClaimFactory, share_of
 from tests.clients.client_lines import ClientLine
 
+# Shares of time are measured: no other test may share the CPUs (tests/conftest.py).
+pytestmark = pytest.mark.alone
+
 CAP = 30
 TOLERANCE = 1.0  # percentage points
 KERNEL_NS = 2_000_000

@@ -27,7 +27,8 @@ from testbed.pod_state import generated_claim_name, sections
 from tests.conftest import made_namespace
 from tests.e2e.test_driver_node import DONE, PROBE_IMAGE, GpuNode, one_gpu_node, probe_image, wait_done
 
-pytestmark = pytest.mark.e2e
+# Measured under load or in shares of time: no other test may share the CPUs (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 __all__ = ["probe_image"]
 

@@ -48,7 +48,8 @@ from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 from tests.conftest import made_namespace
 from tests.e2e.test_driver_node import DONE, wait_done
 
-pytestmark = pytest.mark.e2e
+# Measured under load or in shares of time: no other test may share the CPUs (tests/conftest.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 ATTACK_IMAGE = "tessera.local/tenant-attack:v1"
 # What a root tenant's shell has besides the test bed's tools: file and mount tricks.

@@ -31,7 +31,8 @@ from testbed.pod_stream import PodStream
 from testbed.polling import poll_until
 from tests.integration.test_webhook_replicas import Replicas
 
-pytestmark = pytest.mark.integration
+# Measured under load or in shares of time: no other test may share the CPUs (tests/conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 ATTACK_SECONDS = 60.0
 STREAM_SECONDS = 30.0

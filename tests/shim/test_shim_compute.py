@@ -16,6 +16,9 @@ import pytest
 
 from testbed.shim_harness import Claim, ClaimFactory, Share, share_of, values
 
+# Shares of time are measured: no other test may share the CPUs (tests/conftest.py).
+pytestmark = pytest.mark.alone
+
 TOLERANCE = 3.0  # percentage points
 
 

@@ -30,6 +30,9 @@ from tessera.shim.format import (
 )
 from testbed.shim_harness import Claim, ClaimFactory, values
 
+# Shares of time are measured: no other test may share the CPUs (tests/conftest.py).
+pytestmark = pytest.mark.alone
+
 BOARD = struct.Struct("=8sIIQQQ24s")
 
 

@@ -19,6 +19,9 @@ import pytest
 
 from simgpu.node import NodeFactory
 
+# Shares of time are measured: no other test may share the CPUs (tests/conftest.py).
+pytestmark = pytest.mark.alone
+
 WINDOW_NS = 1_000_000_000  # util_window_ms = 1000, the default
 TOLERANCE = 2.0  # percentage points
 

@@ -10,7 +10,7 @@ import pytest
 from tools.test_durations import ModuleTime, main, markdown, module_times
 
 REPORT = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest" tests="4">
+<testsuites><testsuite name="pytest" tests="4" time="150.0">
 <testcase classname="tests.e2e.test_demo" name="test_demo_runs" time="120.0"/>
 <testcase classname="tests.unit.common.test_quantity" name="test_a" time="0.5"/>
 <testcase classname="tests.unit.common.test_quantity.TestParsing" name="test_b" time="1.5"/>
@@ -37,6 +37,19 @@ def test_the_table_lists_the_top_modules_and_the_whole_suite(tmp_path: Path) -> 
     assert table[2] == "| `tests/e2e/test_demo.py` | 2 | 3.0 | 99 % |"
     assert table[-1] == "| `all modules` | 4 | 3.0 | 100 % |"
     assert len(table) == 4
+
+
+def test_the_reports_of_both_phases_add_up_per_module_and_each_reports_its_wall_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = write(tmp_path)
+    second = tmp_path / "alone.xml"
+    second.write_text(REPORT.replace('time="150.0"', 'time="30.0"'))
+    assert module_times(first, second)[0] == ModuleTime("tests/e2e/test_demo.py", 4, 360.0)
+    assert main([str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert f"{first}: wall time 2.5 minutes" in out
+    assert f"{second}: wall time 0.5 minutes" in out
 
 
 def test_a_missing_report_is_an_error_that_says_what_to_run(
