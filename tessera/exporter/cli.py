@@ -34,7 +34,7 @@ from tessera.exporter.containers import ContainerIndex
 from tessera.exporter.events import PodEvents
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.server import MetricsServer
-from tessera.exporter.watched_nvml import WatchedNvml
+from tessera.exporter.watched_nvml import WatchedNvml, initialised
 from tessera.kube import api_client
 from tessera.names import METRICS_PORT
 from tessera.quantity import quantity_to_int
@@ -131,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
         "TESSERA_EXPORTER_NVML_RESTART_AFTER",
         60.0,
         "seconds an NVML call may stay unreturned before /healthz fails, so that the kubelet restarts "
-        "the exporter",
+        "the exporter (NVML's initialisation or GPU count unreturned by then: the exporter exits 1)",
         float,
     )
     command.log_flags(p, "TESSERA_")
@@ -160,7 +160,7 @@ class Exporter(Stoppable):
         self._checks: threading.Thread | None = None
 
     def start(self) -> None:
-        self._nvml = Nvml()
+        self._nvml = initialised(Nvml, self._args.nvml_restart_after)
         nvml = WatchedNvml(
             self._nvml, self._args.nvml_timeout, self._args.nvml_restart_after, devices.shareable
         )

@@ -10,6 +10,11 @@ Discovery is watched the same way, one GPU at a time: a GPU whose NVML hangs at 
 a restart did not cure) is left out, and the others are served. Its hang does not fail liveness, as
 another restart would find it hung again, over and over; once it answers it is asked again and
 joins the GPUs served, in this process (``gpus``), with no restart.
+
+NVML's initialisation and its GPU count concern every GPU at once: when either has not returned
+within the restart bound, nothing can be served, and start fails with :class:`NvmlNotAnswering`
+(the process exits 1 with that sentence and the kubelet restarts it, with its back-off) instead of
+hanging until the startup probe gives up minutes later with no word of why.
 """
 
 from __future__ import annotations
@@ -26,6 +31,25 @@ from tessera.watchdog import Hung, Watchdog
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class NvmlNotAnswering(RuntimeError):
+    """NVML's initialisation or its GPU count has not returned within the restart bound."""
+
+
+def initialised(init: Callable[[], T], restart_after: float) -> T:
+    """``init()`` (NVML's initialisation), waited for at most ``restart_after`` seconds."""
+    try:
+        return Watchdog(restart_after, "nvml-init").call("init", init)
+    except Hung:
+        raise NvmlNotAnswering(_not_answering("initialise", restart_after)) from None
+
+
+def _not_answering(what: str, bound: float) -> str:
+    return (
+        f"NVML did not {what} within {bound:g} s (--nvml-restart-after): the driver does not answer,"
+        " and no GPU can be served; exiting, so that the kubelet restarts the exporter"
+    )
 
 
 class NvmlQueries(Protocol):
@@ -66,9 +90,14 @@ class WatchedNvml:
 
     def discover(self) -> None:
         """Find every GPU NVML lists, each under the watchdog (the module says why one that hangs is
-        left out). Call once, before any other method."""
+        left out, and why a count that hangs raises :class:`NvmlNotAnswering`). Call once, before
+        any other method."""
+        try:
+            count = Watchdog(self._restart_after, "nvml-count").call("count", self._nvml.gpu_count)
+        except Hung:
+            raise NvmlNotAnswering(_not_answering("count the GPUs", self._restart_after)) from None
         found = []
-        for index in range(self._nvml.gpu_count()):
+        for index in range(count):
             key = f"at NVML index {index}"
             try:
                 found.append(self._watchdog.call(key, functools.partial(self._nvml.gpu_at, index)))

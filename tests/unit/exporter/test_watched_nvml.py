@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tessera.driver.discovery import Gpu, GpuSample
 from tessera.exporter.collector import GpuCollector, Sources
 from tessera.exporter.metrics import DaemonMetrics
-from tessera.exporter.watched_nvml import WatchedNvml
+from tessera.exporter.watched_nvml import NvmlNotAnswering, WatchedNvml, initialised
 from tessera.watchdog import Hung
 from testbed.polling import poll_until
 from tests.unit.driver.driver_samples import gpu
@@ -184,6 +184,30 @@ def test_concurrent_scrapes_each_get_every_series(exporter: Exporter) -> None:
 def test_a_restart_bound_below_the_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="at least its timeout"):
         WatchedNvml(WedgingNvml(), timeout=2.0, restart_after=1.0)
+
+
+def test_an_nvml_that_never_initialises_fails_the_start_with_a_sentence_after_the_bound() -> None:
+    """A driver wedged for every GPU: the exporter must exit and say why, not hang unseen."""
+    wedged = threading.Event()
+    with pytest.raises(NvmlNotAnswering, match=r"NVML did not initialise within 0.2 s .*kubelet restarts"):
+        initialised(wedged.wait, restart_after=0.2)
+    wedged.set()
+    assert initialised(lambda: "nvml", restart_after=0.2) == "nvml", "an init that returns is handed back"
+
+
+def test_a_gpu_count_that_hangs_fails_discovery_with_a_sentence_after_the_restart_bound() -> None:
+    nvml = WedgingNvml()
+    counting = threading.Event()
+
+    def count() -> int:
+        counting.wait()
+        return len(GPUS)
+
+    nvml.gpu_count = count  # type: ignore[method-assign]
+    watched = WatchedNvml(nvml, timeout=0.1, restart_after=0.3)
+    with pytest.raises(NvmlNotAnswering, match=r"NVML did not count the GPUs within 0.3 s"):
+        watched.discover()
+    counting.set()
 
 
 def test_a_gpu_hung_at_start_is_left_out_without_failing_liveness_and_joins_once_it_answers(
