@@ -25,6 +25,7 @@ class TcpRelay:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._dropping = threading.Event()
+        self._hanging_up = False
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -32,6 +33,15 @@ class TcpRelay:
 
     def black_hole(self) -> None:
         self._dropping.set()
+
+    def hang_up_next(self) -> None:
+        with self._lock:
+            self._hanging_up = True
+
+    def _take_hang_up(self) -> bool:
+        with self._lock:
+            taken, self._hanging_up = self._hanging_up, False
+            return taken
 
     def restore(self) -> None:
         """Close every connection made so far and relay new ones again."""
@@ -64,18 +74,24 @@ class TcpRelay:
                 continue
             upstream.settimeout(None)
             self._track(upstream)
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, from_client in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(source, sink, from_client), daemon=True).start()
 
     def _track(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.append(sock)
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
         """Copy one direction until either side closes; while dropping, read and throw away, and
-        pass no close on either (a black hole tells the client nothing)."""
+        pass no close on either (a black hole tells the client nothing). A client's request met by
+        ``hang_up_next`` is thrown away and both ends closed."""
         with contextlib.suppress(OSError):
             while data := source.recv(_CHUNK):
+                if from_client and self._take_hang_up():
+                    for end in (source, sink):
+                        with contextlib.suppress(OSError):
+                            end.shutdown(socket.SHUT_RDWR)
+                    return
                 if not self._dropping.is_set():
                     sink.sendall(data)
         if not self._dropping.is_set():

@@ -61,6 +61,7 @@ from http import HTTPStatus
 from typing import Any, Protocol
 
 from kubernetes.client import ApiException
+from urllib3.exceptions import HTTPError as ConnectionFailure
 
 from tessera.gpu_request import Refusal
 from tessera.peer_slots import PeerSlots
@@ -183,6 +184,13 @@ class WebhookApp:
                 response, outcome = review.deny(request["uid"], str(refusal)), "denied"
             except ApiException as error:
                 message = f"could not create the pod's ResourceClaimTemplate: {error.status} {error.reason}."
+                response = review.deny(request["uid"], message, code=500)
+            except ConnectionFailure as error:  # the store already sent a lost create twice
+                log.warning("review %s: no answer from the API server: %s", request["uid"], error)
+                message = (
+                    "could not create the pod's ResourceClaimTemplate: the API server did not answer"
+                    f" ({type(error).__name__}); create the pod again."
+                )
                 response = review.deny(request["uid"], message, code=500)
             except Exception:
                 log.exception("review %s failed", request["uid"])

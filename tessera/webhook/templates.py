@@ -9,6 +9,12 @@ metadata included (the admission check trusts that record, so a template whose r
 disagree is as foreign as one with a bigger request); otherwise the pod is denied with a
 sentence that names the template.
 
+A create is safe to send twice (the name is the spec's hash, and AlreadyExists leads to the
+verification above), so one whose connection is lost before any answer (the API server stopping
+or restarting between reading it and answering, or a pooled connection it closed just then) is sent
+once more on a new connection: the client library retries no POST, and the pod would be refused
+for it (failurePolicy Fail).
+
 A template's spec is immutable in resource.k8s.io/v1, so a template verified once stays right for as
 long as the same object (the same UID) exists. Verified templates are remembered for ``ttl`` seconds
 so a warm webhook makes no API call per pod, and a watch of the webhook's templates forgets one the
@@ -18,6 +24,7 @@ and verified again. Where the watch breaks, its relist keeps only the templates 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -26,12 +33,15 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client import ApiException
+from urllib3.exceptions import ProtocolError
 
 from tessera.gpu_request import Refusal
 from tessera.kube import raw_json
 from tessera.names import MANAGED_BY_LABEL, WEBHOOK_MANAGED_BY
 from tessera.quantity import parse_quantity
 from tessera.watching import WatchThread
+
+log = logging.getLogger(__name__)
 
 _FORGOTTEN = 4096
 """UIDs of deleted templates remembered, so a verification that raced the deletion is not cached."""
@@ -120,14 +130,16 @@ class TemplateStore:
         with self._lock:
             if key in self._known and self._known[key][1] > now:
                 return False
+        body = client.V1ResourceClaimTemplate.model_validate(dict(template))
+        create = self._resource.create_namespaced_resource_claim_template
         try:
-            created = raw_json(
-                self._resource.create_namespaced_resource_claim_template(
-                    namespace,
-                    client.V1ResourceClaimTemplate.model_validate(dict(template)),
-                    _preload_content=False,
+            try:
+                created = raw_json(create(namespace, body, _preload_content=False))
+            except ProtocolError as lost:  # the module says why a second send is safe
+                log.warning(
+                    "creating template %s/%s: connection lost (%s); sending it again", namespace, name, lost
                 )
-            )
+                created = raw_json(create(namespace, body, _preload_content=False))
         except ApiException as error:
             if error.status != 409:
                 raise

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.gpu_request import GpuRequest
-from tessera.kube import create_if_absent, raw_json
+from tessera.kube import api_client, create_if_absent, raw_json
 from tessera.quantity import GiB, MiB, quantity_to_int
 from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
@@ -31,6 +31,7 @@ from testbed.fake_nodes import create_ready_node
 from testbed.kubectl import kubectl
 from testbed.names import unique_name
 from testbed.polling import poll_until
+from testbed.tcp_relay import TcpRelay
 from tests.integration.webhook_bed import RunningWebhook
 
 pytestmark = pytest.mark.integration
@@ -313,6 +314,31 @@ def test_a_template_that_already_exists_counts_as_made(bed: Bed, kube: client.Ap
     [still] = templates_in(kube, ns)
     assert still["metadata"]["uid"] == made["metadata"]["uid"]
     assert still["metadata"]["resourceVersion"] == made["metadata"]["resourceVersion"]
+
+
+def test_a_template_create_whose_connection_is_lost_before_any_answer_is_sent_again(
+    bed: Bed, cluster: LocalCluster, kube: client.ApiClient, ns: str
+) -> None:
+    """The API server stops or restarts between reading the create and answering it, on a pooled
+    connection that was alive when the create went out (a pod admitted right after an API-server
+    restart): the client library sends no POST twice, so without a second send the pod would be
+    refused with a 500. The store sends it once more, and exactly one template is made."""
+    relay = TcpRelay(cluster.api_port)
+    relayed = api_client(cluster.admin_kubeconfig)
+    relayed.configuration.host = f"https://127.0.0.1:{relay.port}"  # same address: the certificate holds
+    try:
+        store = TemplateStore(relayed)
+        # A first call leaves a live connection in the pool, TLS done: the create's bytes are the
+        # next the relay sees from this client (its answer is read whole, so that the connection
+        # goes back to the pool).
+        resource = client.ResourceV1Api(relayed)
+        raw_json(resource.list_namespaced_resource_claim_template(ns, _preload_content=False))
+        relay.hang_up_next()
+        template = claim_template(ns, "c", GpuRequest(1, 1000 * MiB, None, 10), bed.webhook.cache.fleet)
+        assert store.ensure(template) is True
+        assert [t["metadata"]["name"] for t in templates_in(kube, ns)] == [template["metadata"]["name"]]
+    finally:
+        relay.close()
 
 
 def test_nvidia_gpu_2_gets_two_different_gpus_or_waits_for_a_node_with_two(

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client import ApiException
+from urllib3.exceptions import ProtocolError
 
 from tessera.gpu_request import Refusal
 from tessera.webhook import server as server_module
@@ -35,7 +36,7 @@ from tests.webhook_clients import answer_of, client_context, handshake_refused, 
 class FakeTemplates:
     def __init__(self) -> None:
         self.made: list[dict[str, Any]] = []
-        self.failure: ApiException | None = None
+        self.failure: Exception | None = None
         self.refusal: Refusal | None = None
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
@@ -136,6 +137,19 @@ def test_dry_run_gets_the_same_patch_and_creates_nothing(running: Running) -> No
     answer = running.review(GPU_POD, dry_run=True)
     assert answer["response"]["patchType"] == "JSONPatch"
     assert running.templates.made == []
+
+
+def test_a_template_write_that_got_no_answer_denies_the_pod_with_a_sentence_not_an_internal_error(
+    running: Running,
+) -> None:
+    running.templates.failure = ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
+    response = running.review(GPU_POD)["response"]
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 500,
+        "message": "could not create the pod's ResourceClaimTemplate: the API server did not answer"
+        " (ProtocolError); create the pod again.",
+    }
 
 
 def test_a_failed_template_write_denies_the_pod_with_the_reason(running: Running) -> None:
