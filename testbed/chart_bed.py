@@ -28,10 +28,11 @@ from kubernetes import client
 
 from simgpu.config import GpuFaults, NodeSpec, library_dir, make_gpus, write_config
 from tessera.kube import raw_json
-from tessera.names import METRICS_PORT
+from tessera.names import DEVICE_CLASS, METRICS_PORT
 from tessera.quantity import GiB, MiB
 from testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
 from testbed.cluster import LocalCluster
+from testbed.driver_node import ensure_device_class
 from testbed.helm import CHART, REPO, helm, values_file
 from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from testbed.kubectl import kubectl
@@ -39,6 +40,7 @@ from testbed.names import unique_name
 from testbed.node import RealNode
 from testbed.node_runtime import node_root
 from testbed.pod_state import events
+from testbed.polling import poll_until
 from testbed.product_images import load_manifest, project_version
 from testbed.shim_harness import PROGRAM_BUILD, SIMGPU_BUILD, build_programs
 
@@ -265,6 +267,36 @@ def prepare_nodes(cluster: LocalCluster, kube: client.ApiClient, nodes: list[Rea
 
 
 @contextlib.contextmanager
+def device_class_left_to_the_chart(kube: client.ApiClient) -> Iterator[None]:
+    """The chart makes the DeviceClass gpu.tessera.dev (``deviceClass.enabled``, the default), which
+    modules run earlier on the same cluster made without Helm (ensure_device_class): Helm refuses
+    to adopt theirs. Theirs is taken away for the ``with`` block and put back afterwards, for the
+    modules that run next on this cluster, whichever order they run in."""
+    resource = client.ResourceV1Api(kube)
+    try:
+        resource.delete_device_class(DEVICE_CLASS)
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+    else:
+        poll_until(lambda: not _device_class_exists(resource), 30, "DeviceClass deleted")
+    try:
+        yield
+    finally:
+        ensure_device_class(kube)
+
+
+def _device_class_exists(resource: client.ResourceV1Api) -> bool:
+    try:
+        resource.read_device_class(DEVICE_CLASS)
+    except client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+@contextlib.contextmanager
 def installed_release(
     cluster: LocalCluster,
     kube: client.ApiClient,
@@ -276,7 +308,28 @@ def installed_release(
     uninstall: bool = True,
 ) -> Iterator[ChartBed]:
     """`helm install` of the chart with ``values`` on ``nodes`` (prepared with prepare_nodes) in a
-    namespace of its own; with ``uninstall``, uninstalled and the namespace deleted afterwards."""
+    namespace of its own; with ``uninstall``, uninstalled and the namespace deleted afterwards. With
+    the chart's DeviceClass on, one made outside Helm is set aside meanwhile
+    (:func:`device_class_left_to_the_chart`)."""
+    with contextlib.ExitStack() as stack:
+        if dict(values.get("deviceClass") or {}).get("enabled", True):
+            stack.enter_context(device_class_left_to_the_chart(kube))
+        yield stack.enter_context(
+            _installed(cluster, kube, nodes, home, values, release, namespace, uninstall)
+        )
+
+
+@contextlib.contextmanager
+def _installed(
+    cluster: LocalCluster,
+    kube: client.ApiClient,
+    nodes: list[RealNode],
+    home: Path,
+    values: Mapping[str, Any],
+    release: str | None,
+    namespace: str | None,
+    uninstall: bool,
+) -> Iterator[ChartBed]:
     release, namespace = release or unique_name("tessera"), namespace or unique_name("tessera-system")
     for node in nodes:
         label_node(kube, node, {CHART_NODE_LABEL: release})

@@ -14,13 +14,11 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tessera.kube import raw_json
 from tessera.names import DEVICE_CLASS
-from testbed.chart_bed import node_layout_values
+from testbed.chart_bed import device_class_left_to_the_chart, node_layout_values
 from testbed.cluster import LocalCluster
-from testbed.driver_node import ensure_device_class
 from testbed.kubectl import kubectl
 from testbed.names import unique_name
 from testbed.polling import poll_until
@@ -51,27 +49,10 @@ OWN_CA: dict[str, Any] = {"webhook": {"replicas": 1, "tls": {"source": "self"}}}
 
 @pytest.fixture
 def device_class_free(kube: client.ApiClient) -> Iterator[None]:
-    """The chart owns the DeviceClass gpu.tessera.dev, which other tests make without Helm: take
-    theirs away for the install, and put it back afterwards."""
-    resource = client.ResourceV1Api(kube)
-    try:
-        resource.delete_device_class(DEVICE_CLASS)
-        poll_until(lambda: not _device_class_exists(resource), 30, "DeviceClass deleted")
-    except ApiException as error:
-        if error.status != 404:
-            raise
-    yield
-    ensure_device_class(kube)
-
-
-def _device_class_exists(resource: client.ResourceV1Api) -> bool:
-    try:
-        resource.read_device_class(DEVICE_CLASS)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
+    """The chart owns the DeviceClass gpu.tessera.dev, which other tests make without Helm: theirs
+    is taken away for the install and put back afterwards."""
+    with device_class_left_to_the_chart(kube):
+        yield
 
 
 def manifest_objects(cluster: LocalCluster, home: Path, release: str, namespace: str) -> list[dict[str, Any]]:
