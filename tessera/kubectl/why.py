@@ -11,6 +11,7 @@ cordoned; no node has enough of them), as an operator would check them.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,25 @@ class Verdict:
     fits: bool
     reasons: list[str]
     gpus: list[GpuJudgement] = field(default_factory=list)
+
+
+def waiting_since(pod: Mapping[str, Any]) -> datetime.datetime | None:
+    """When the scheduler last found the pod unschedulable (its PodScheduled condition), or None
+    when it is placed or not found unschedulable."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            try:
+                since = datetime.datetime.fromisoformat(str(condition.get("lastTransitionTime")))
+            except ValueError:
+                return None
+            return since if since.tzinfo is not None else None  # no zone: no comparable time
+    return None
 
 
 def _listed(names: Sequence[str]) -> str:

@@ -45,25 +45,6 @@ _POD_NAME_LIMIT = 200
 Obj = dict[str, Any]
 
 
-def waiting_since(pod: Mapping[str, Any]) -> datetime.datetime | None:
-    """When the scheduler last found the pod unschedulable (its PodScheduled condition), or None
-    when it is placed or not found unschedulable."""
-    if (pod.get("spec") or {}).get("nodeName"):
-        return None
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if (
-            condition.get("type") == "PodScheduled"
-            and condition.get("status") == "False"
-            and condition.get("reason") == "Unschedulable"
-        ):
-            try:
-                since = datetime.datetime.fromisoformat(str(condition.get("lastTransitionTime")))
-            except ValueError:
-                return None
-            return since if since.tzinfo is not None else None  # no zone: no comparable time
-    return None
-
-
 def message_of(verdict: why.Verdict) -> str:
     """The Event's message: the plugin's reasons, in its order, within ``MESSAGE_LIMIT``. The reasons
     quote what the pod's author wrote (a GPU type, a UUID), and ``kubectl describe`` prints an
@@ -122,7 +103,7 @@ class WaitingPods:
         now = self._clock()
         due = []
         for pod in pods:
-            since = waiting_since(pod)
+            since = why.waiting_since(pod)
             if (
                 since is not None
                 and now - since >= self._after

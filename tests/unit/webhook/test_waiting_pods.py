@@ -9,8 +9,8 @@ import datetime
 import re
 from typing import Any
 
-from tessera.kubectl.why import Verdict
-from tessera.webhook.waiting_pods import MESSAGE_LIMIT, event_name, in_turn, message_of, waiting_since
+from tessera.kubectl.why import Verdict, waiting_since
+from tessera.webhook.waiting_pods import MESSAGE_LIMIT, event_name, in_turn, message_of
 
 SINCE = "2026-12-03T10:00:00Z"
 
