@@ -17,6 +17,7 @@ one digest. The two standard images are built once per set of inputs into the bi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -49,6 +50,8 @@ _INDEX = "application/vnd.oci.image.index.v1+json"
 _SKELETON_DIRECTORIES = ("dev", "etc", "proc", "sys", "tmp", "var", "run")
 # Prefix of standard_images' temporary build folders: .building-<pid>-<random>.
 _BUILDING = ".building-"
+_LOCK = ".lock-"
+"""Prefix of the lock file each digest is built under (one builder at a time per digest)."""
 _LDD_LIBRARY = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")
 
 
@@ -264,15 +267,32 @@ def cached_build(base: Path, digest: str, build: Callable[[Path], object], keep:
 
     A build goes to a temporary folder beside the final one, renamed into place when complete, so a
     killed build never leaves a half-written image where it would be used; a later call removes the
-    temporary folders of builders that are gone. Two processes building at once both succeed.
-    Each use marks the build as used now; a new build removes all but the ``keep`` most recently
-    used, so the cache stays bounded however many commits are tested.
+    temporary folders of builders that are gone. Processes that want the same build at once (the
+    pytest-xdist workers of `make test`, whose first modules all start nodes) take turns on a lock
+    of that digest: one builds, the others find its build done instead of each making its own on
+    the same two cores. Each use marks the build as used now; a new build removes all but the
+    ``keep`` most recently used, so the cache stays bounded however many commits are tested.
     """
     final = base / digest
     if final.is_dir():
         os.utime(final)
         return final
     base.mkdir(parents=True, exist_ok=True)
+    lock_path = base / f"{_LOCK}{digest}"
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_dir():  # built by the process that held the lock before
+            os.utime(final)
+            return final
+        try:
+            return _build_into(base, final, build, keep)
+        finally:
+            # Whoever waits on it looks for the build once it has the lock; whoever comes later
+            # finds the build (or, if this one failed, builds it).
+            lock_path.unlink(missing_ok=True)
+
+
+def _build_into(base: Path, final: Path, build: Callable[[Path], object], keep: int) -> Path:
     _remove_abandoned_builds(base)
     partial = Path(tempfile.mkdtemp(prefix=f"{_BUILDING}{os.getpid()}-", dir=base))
     try:

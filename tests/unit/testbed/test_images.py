@@ -7,6 +7,8 @@ import io
 import json
 import os
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,33 @@ def test_a_new_build_removes_all_but_the_most_recently_used(tmp_path: Path) -> N
 
     assert built == ["a", "b", "c"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".building-1-y", "a", "c"]
+
+
+def test_processes_wanting_the_same_build_at_once_build_it_once(tmp_path: Path) -> None:
+    """The xdist workers of `make test` all ask for the product images as their first modules start:
+    one builds, the others wait on the digest's lock and find the build done."""
+    started = threading.Event()
+    release = threading.Event()
+    builds: list[int] = []
+
+    def write(folder: Path) -> None:
+        builds.append(threading.get_ident())
+        started.set()
+        release.wait(30)
+        (folder / "image.tar").write_bytes(b"x")
+
+    results: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(images.cached_build(tmp_path, "d", write)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    assert started.wait(30)
+    time.sleep(0.2)  # the other two are waiting on the lock by now, or will find the build done
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert len(builds) == 1
+    assert results == [tmp_path / "d"] * 3
+    assert (tmp_path / "d" / "image.tar").read_bytes() == b"x"
