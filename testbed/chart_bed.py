@@ -94,7 +94,7 @@ class ChartBed:
         tails: dict[str, str] = {}
         for node in self.nodes:
             tails.update(node.log_tails())
-        for component in ("kubeletplugin", "exporter", "webhook", "admissioncheck"):
+        for component in ("kubeletplugin", "exporter", "webhook", "admissioncheck", "webview"):
             for pod in self.pods(component):
                 name = pod["metadata"]["name"]
                 for container in pod["spec"]["containers"]:
@@ -204,12 +204,15 @@ def confined_to_release_nodes(values: Mapping[str, Any], release: str) -> dict[s
 def wait_rolled_out(bed: ChartBed, timeout: float = ROLLOUT_TIMEOUT) -> None:
     """Until the DaemonSets have one ready, current pod on each node (the exporter's where the values
     enable it), and the webhook (and the admission check, where the values enable it) all their
-    replicas; a rollout that does not finish fails with the release namespace's events."""
+    replicas (and the web view, where the values enable it); a rollout that does not finish fails
+    with the release namespace's events."""
     workloads = [f"daemonset/{bed.release}-kubeletplugin", f"deployment/{bed.release}-webhook"]
     if bed.values.get("exporter", {}).get("enabled", True):
         workloads.append(f"daemonset/{bed.release}-exporter")
     if bed.values.get("queue", {}).get("admissionCheck", {}).get("enabled"):
         workloads.append(f"deployment/{bed.release}-admissioncheck")
+    if bed.values.get("webview", {}).get("enabled"):
+        workloads.append(f"deployment/{bed.release}-webview")
     for workload in workloads:
         try:
             bed.kubectl(

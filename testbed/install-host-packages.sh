@@ -8,12 +8,15 @@
 # which runs as root only: without root they are left out, with a note.
 #   buildah          the container builder, without a daemon (RUN steps in a chroot: no runtime needed)
 #   mmdebstrap       the Debian 12 base image, from Debian's packages (no registry is needed)
+# and the browser the web view's end-to-end test drives (testbed/browser.py; that test runs on real
+# nodes, so as root, too):
+#   chromium, chromium-driver   Debian's Chromium and its WebDriver, driven by Selenium
 # Everything else (kubelet, containerd, runc, crictl, CNI plugins) is built by build-binaries.sh from
 # the Go module proxy. Does nothing when every package is already installed; needs root otherwise.
 set -euo pipefail
 
 packages=(gcc libc6-dev libseccomp-dev pkg-config iproute2)
-root_only=(buildah mmdebstrap)
+root_only=(buildah mmdebstrap chromium chromium-driver)
 
 missing_of() {
   for p in "$@"; do
@@ -25,7 +28,7 @@ mapfile -t missing < <(missing_of "${packages[@]}")
 mapfile -t missing_root_only < <(missing_of "${root_only[@]}")
 if [[ $EUID -ne 0 ]]; then
   if [[ ${#missing_root_only[@]} -gt 0 ]]; then
-    echo "install-host-packages.sh: not root, so the dockerfile tier will be skipped; it needs ${missing_root_only[*]}" >&2
+    echo "install-host-packages.sh: not root, so the dockerfile tier and the web view's browser test will be skipped; they need ${missing_root_only[*]}" >&2
   fi
   if [[ ${#missing[@]} -gt 0 ]]; then
     echo "install-host-packages.sh: missing Debian packages: ${missing[*]}" >&2

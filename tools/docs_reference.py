@@ -307,12 +307,14 @@ def _parsers() -> list[tuple[str, Callable[[], argparse.ArgumentParser]]]:
     from tessera.driver import cli as driver_cli
     from tessera.exporter import cli as exporter_cli
     from tessera.webhook import cli as webhook_cli
+    from tessera.webview import cli as webview_cli
 
     return [
         ("tessera-driver", driver_cli.parser),
         ("tessera-exporter", exporter_cli.parser),
         ("tessera-webhook", webhook_cli.parser),
         ("tessera-admission-check", admission_cli.parser),
+        ("tessera-webview", webview_cli.parser),
     ]
 
 

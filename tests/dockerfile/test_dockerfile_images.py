@@ -35,10 +35,11 @@ from tests.unit.packaging.constraints_file import pins
 pytestmark = [pytest.mark.dockerfile, pytest.mark.timeout(2400)]
 
 # What the chart runs from each image, by name on PATH: its entrypoint, and the exporter
-# (exporter-daemonset.yaml, the driver's image) or the admission check (admissioncheck-deployment.yaml).
+# (exporter-daemonset.yaml, the driver's image), the admission check (admissioncheck-deployment.yaml) and
+# the web view (webview-deployment.yaml).
 CHART_PROGRAMS = {
     "driver": ("tessera-driver", "tessera-exporter"),
-    "webhook": ("tessera-webhook", "tessera-admission-check"),
+    "webhook": ("tessera-webhook", "tessera-admission-check", "tessera-webview"),
 }
 # A fixed width, so that the help text does not depend on a terminal.
 COLUMNS = "100"

@@ -25,15 +25,26 @@ from typing import Any, cast
 import pytest
 import urllib3
 from kubernetes import client
+from selenium.webdriver.common.by import By
 
 from simgpu.config import make_gpus
 from tessera.kube import raw_json
 from tessera.kubectl import usage as kubectl_usage
 from tessera.kubectl.cli import main as kubectl_tessera
-from tessera.names import HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, METRICS_PORT
+from tessera.names import (
+    DEVICE_TYPE_ATTRIBUTE,
+    DRIVER_NAME,
+    HAMI_GPU,
+    HAMI_GPUMEM,
+    HAMI_USE_TYPE,
+    METRICS_PORT,
+    UUID_ATTRIBUTE,
+)
 from tessera.quantity import MiB, quantity_to_int
 from tessera.webhook import waiting_pods
 from testbed import chart_bed as charts
+from testbed.browser import chromium
+from testbed.browser import missing as browser_missing
 from testbed.chart_bed import (
     EXAMPLE_SHARES,
     EXAMPLES,
@@ -48,7 +59,9 @@ from testbed.chart_bed import (
     wait_rolled_out,
 )
 from testbed.cluster import LocalCluster
+from testbed.helm import REPO
 from testbed.images import TOOLS_IMAGE
+from testbed.kubectl import port_forward
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
 from testbed.pod_stream import PodStream, in_metrics
@@ -82,7 +95,10 @@ def chart_bed(
     nodes = node_factory.start(2, extra_images=[*archives.values(), *workload_images])
     charts.prepare_nodes(cluster, kube, nodes)
     home = tmp_path_factory.mktemp("helm")
-    with charts.installed_release(cluster, kube, nodes, home, charts.chart_values()) as bed:
+    values = charts.chart_values()
+    # The web view, off by default, on here: its browser test reads this release's GPUs.
+    values["webview"] = {"enabled": True, "image": values["webhook"]["image"]}
+    with charts.installed_release(cluster, kube, nodes, home, values) as bed:
         yield bed
 
 
@@ -383,6 +399,117 @@ def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
     assert "NVIDIA H100 80GB HBM3" in event["message"], event
     time.sleep(2 * WAITING_LOOK_SECONDS)
     assert [(e["metadata"]["name"], e.get("count")) for e in told()] == [(event["metadata"]["name"], 1)]
+
+
+SCREENSHOT = REPO / "build" / "screenshots" / "webview.png"
+"""Where the browser test leaves its screenshot of the page (docs/images/webview.png is one)."""
+
+HOSTILE_TYPE = "<script>document.title='owned'</script><b id=owned>x</b>\u202e\x1b[2J" + "A" * 1900
+"""A GPU type as a tenant could write it in its pod's annotation (the webhook bounds it at 2 048
+characters): markup, a direction override, a terminal escape, and length."""
+
+
+def test_the_web_view_shows_every_gpu_and_share_in_a_real_browser_and_escapes_what_tenants_wrote(
+    chart_bed: ChartBed, namespace: str
+) -> None:
+    """Chromium, through `kubectl port-forward` to the chart's web view Service as its docs say:
+    the page lists every GPU the driver publishes (by UUID) and, on each, exactly the shares the
+    scheduler allocated there (by pod); a pod waiting for a type no GPU has is listed with the
+    plugin's reason; the tenant's markup in that type is shown as text, runs nothing and makes no
+    element. The view reads everything under its own read-only account: had it met a 403 the
+    page would say what it could not read, and it says nothing of the kind."""
+    if why_not := browser_missing():
+        pytest.skip(why_not)
+    bed = chart_bed
+    wait_rolled_out(bed)
+    core = client.CoreV1Api(bed.kube)
+    for name, wanted in (("runs", {}), ("wants-odd-type", {HAMI_USE_TYPE: HOSTILE_TYPE})):
+        pod = {
+            "metadata": {"name": name, "annotations": wanted},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "gpu",
+                        "image": TOOLS_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "3600"],
+                        "resources": {"limits": {HAMI_GPU: "1", HAMI_GPUMEM: "1500"}},
+                    }
+                ],
+            },
+        }
+        core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+    poll_until(
+        lambda: raw_json(core.read_namespaced_pod("runs", namespace, _preload_content=False))["spec"].get(
+            "nodeName"
+        ),
+        120,
+        "the running pod placed",
+    )
+    expected = published_and_allocated(bed.kube)
+    assert any("runs" in pods for pods in expected.values()), expected
+    with (
+        port_forward(
+            bed.cluster.admin_kubeconfig, bed.namespace, f"service/{bed.release}-webview", 8080
+        ) as port,
+        chromium() as browser,
+    ):
+
+        def page_with_the_waiting_pod() -> str | None:
+            browser.get(f"http://127.0.0.1:{port}/")
+            text = browser.find_element(By.ID, "waiting").text
+            return text if f"{namespace}/wants-odd-type" in text else None
+
+        waiting = poll_until(page_with_the_waiting_pod, 120, "the waiting pod on the page", interval=3.0)
+        shown: dict[str, set[str]] = {}
+        for gpu in browser.find_elements(By.CSS_SELECTOR, "article.gpu"):
+            uuid = str(gpu.get_attribute("data-uuid"))
+            shown[uuid] = {
+                row.find_element(By.CSS_SELECTOR, "td.pod").text
+                for row in gpu.find_elements(By.CSS_SELECTOR, "tr.share-row")
+            }
+        expected = published_and_allocated(bed.kube)  # the same moment as the page, give or take
+        assert shown == {uuid: set(pods) for uuid, pods in expected.items()}
+        assert (
+            "no GPU's product contains '<script>document.title='owned'</script><b id=owned>x</b>" in waiting
+        )
+        assert browser.title == "Tessera GPUs", "no script ran"
+        assert browser.find_elements(By.ID, "owned") == [], "no element made from the tenant's text"
+        assert browser.find_elements(By.TAG_NAME, "script") == []
+        assert "A" * 200 not in waiting, "a long value is cut"
+        assert "Could not read" not in browser.find_element(By.TAG_NAME, "header").text
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+
+
+def published_and_allocated(kube: client.ApiClient) -> dict[str, list[str]]:
+    """Each GPU the driver publishes (UUID) -> the pods holding a share of it, from the API itself."""
+    resource = client.ResourceV1Api(kube)
+    slices = raw_json(
+        resource.list_resource_slice(field_selector=f"spec.driver={DRIVER_NAME}", _preload_content=False)
+    )
+    by_device: dict[tuple[str, str], str] = {}
+    for item in slices["items"]:
+        for device in item["spec"].get("devices") or []:
+            uuid = (device.get("attributes") or {}).get(UUID_ATTRIBUTE, {}).get("string")
+            if (
+                uuid
+                and (device.get("attributes") or {}).get(DEVICE_TYPE_ATTRIBUTE, {}).get("string") != "mig"
+            ):
+                by_device[(item["spec"]["pool"]["name"], device["name"])] = uuid
+    held: dict[str, list[str]] = {uuid: [] for uuid in by_device.values()}
+    claims = raw_json(resource.list_resource_claim_for_all_namespaces(_preload_content=False))
+    for claim in claims["items"]:
+        owner = [o["name"] for o in claim["metadata"].get("ownerReferences") or [] if o["kind"] == "Pod"]
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+            "results"
+        ) or []:
+            uuid = by_device.get((result["pool"], result["device"]))
+            if uuid is not None and result["driver"] == DRIVER_NAME:
+                held[uuid] += owner
+    return held
 
 
 def test_a_webhook_pod_deleted_while_gpu_pods_are_created_refuses_none_of_them(

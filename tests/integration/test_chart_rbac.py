@@ -43,7 +43,8 @@ BASE: dict[str, Any] = {"deviceClass": {"enabled": False}}
 def release(
     cluster: LocalCluster, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    with installed(cluster, kube, tmp_path_factory.mktemp("rbac"), BASE) as release:
+    values = {**BASE, "webview": {"enabled": True}}  # optional: on here, so that its account is checked
+    with installed(cluster, kube, tmp_path_factory.mktemp("rbac"), values) as release:
         yield release
 
 
@@ -212,6 +213,37 @@ WEBHOOK_MUST_NOT = [
 ]
 
 
+WEBVIEW_MUST = [
+    Ask("list", f"{RESOURCE}/resourceslices"),
+    Ask("list", f"{RESOURCE}/devicetaintrules"),
+    Ask("list", f"{RESOURCE}/resourceclaims"),
+    Ask("list", f"{RESOURCE}/resourceclaimtemplates"),
+    Ask("list", "nodes"),
+    Ask("list", "pods"),
+]
+WEBVIEW_MUST_NOT = [
+    # Lists only: not a watch, not one object by name, and nothing beyond the six kinds.
+    *(Ask("watch", ask.resource) for ask in WEBVIEW_MUST),
+    Ask("get", "pods", namespace=ANYWHERE),
+    Ask("get", "nodes", name="some-node"),
+    *(Ask(verb, "secrets", namespace=ANYWHERE) for verb in ("get", "list")),
+    Ask("list", "secrets"),
+    Ask("list", "configmaps"),
+    Ask("list", "events"),
+    Ask("list", "kueue.x-k8s.io/workloads"),
+    # Nothing through a pod, and no write anywhere.
+    Ask("get", "pods/proxy", namespace=ANYWHERE),
+    Ask("get", "pods/log", namespace=ANYWHERE),
+    Ask("create", "pods/exec", namespace=ANYWHERE),
+    Ask("create", "pods/portforward", namespace=ANYWHERE),
+    *(Ask(verb, "pods", namespace=ANYWHERE) for verb in ("create", "update", "patch", "delete")),
+    Ask("create", "events", namespace=ANYWHERE),
+    *(Ask(verb, f"{RESOURCE}/resourceclaims", namespace=ANYWHERE) for verb in ("create", "patch", "delete")),
+    Ask("patch", f"{RESOURCE}/resourceslices"),
+    Ask("patch", "nodes", name="some-node"),
+]
+
+
 def failures(
     kube: client.ApiClient, release: Release, component: str, asks: list[Ask], expected: bool, node: str = ""
 ) -> list[str]:
@@ -229,6 +261,13 @@ def test_the_kubelet_plugin_may_do_nothing_else(kube: client.ApiClient, release:
 def test_the_exporter_may_do_what_it_needs_and_nothing_else(kube: client.ApiClient, release: Release) -> None:
     assert failures(kube, release, "exporter", EXPORTER_MUST, True, node="some-node") == []
     assert failures(kube, release, "exporter", EXPORTER_MUST_NOT, False, node="some-node") == []
+
+
+def test_the_web_view_may_list_what_its_page_shows_and_do_nothing_else(
+    kube: client.ApiClient, release: Release
+) -> None:
+    assert failures(kube, release, "webview", WEBVIEW_MUST, True) == []
+    assert failures(kube, release, "webview", WEBVIEW_MUST_NOT, False) == []
 
 
 def test_the_webhook_may_do_what_it_needs(kube: client.ApiClient, release: Release) -> None:

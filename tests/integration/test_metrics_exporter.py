@@ -23,7 +23,7 @@ import signal
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ from tessera.shim._format import ffi as _ffi
 from tessera.shim._format import lib as _lib
 from tessera.shim.format import MAX_GPUS, GpuLimit, read_limits
 from tessera.shim.install import install
+from tessera.webview import usage_history
+from tessera.webview.usage_history import polyline
 from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubelet_client import KubeletClient
@@ -414,6 +416,29 @@ def test_a_container_past_90_percent_of_its_memory_limit_fires_the_shipped_alert
     assert alert["labels"]["namespace"] == namespace
     assert alert["labels"]["container"] == "main"
     assert float(alert["value"]) == pytest.approx(950 / 1024, abs=0.001)
+
+
+def test_the_web_views_usage_history_is_the_shares_memory_as_the_real_prometheus_has_it(
+    bed: Bed, kube: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """tessera-webview's one range query, against the Prometheus that scrapes the node's exporter:
+    the pod's series, with the memory its process holds."""
+    _, claim, uid = share_pod(kube, namespace, bed.node.node_name, "p", memory="1Gi")
+    proc = prepared_claim(bed, namespace, claim, uid, tmp_path)
+    process = hold(proc, 512 * 1024 * 1024)
+    try:
+
+        def holding() -> Sequence[tuple[float, float]] | None:
+            series = usage_history.read(f"http://127.0.0.1:{bed.prometheus.port}").get((namespace, "p"))
+            return series if series and series[-1][1] == 512 * 1024 * 1024 else None
+
+        series = poll_until(holding, 60, "the pod's memory in the web view's usage history", interval=1.0)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=60)
+    assert all(0 <= value <= 512 * 1024 * 1024 for _, value in series)
+    assert polyline(series, 1024 * 1024 * 1024).endswith(",12.0"), "half the limit: half the height"
 
 
 def test_a_process_that_bypasses_the_shim_shows_as_its_containers_excess_and_fires_the_alert(

@@ -32,6 +32,7 @@ Names, labels and values derived once, for every template. Component objects are
 the chart's and cert-manager's, so that switching source never hands the replicas a Secret Helm owns. */ -}}
 {{- define "tessera.webhook.sharedTlsSecret" -}}{{ include "tessera.webhook.name" . }}-shared-tls{{- end -}}
 {{- define "tessera.webhook.host" -}}{{ include "tessera.webhook.name" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+{{- define "tessera.webview.name" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webview{{- end -}}
 {{- define "tessera.admissionCheck.name" -}}{{ include "tessera.fullname" . | trunc 48 | trimSuffix "-" }}-admissioncheck{{- end -}}
 {{/* The AdmissionCheck object (cluster-scoped): the name ClusterQueues list to use the check. */}}
 {{- define "tessera.admissionCheck.checkName" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-gpu-fit{{- end -}}

@@ -43,8 +43,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
         )
     },
 }
-# The optional admission check is rendered too, so that its container has to have a row.
-CHECK_ON = {"queue": {"admissionCheck": {"enabled": True}}}
+# The optional admission check and web view are rendered too, so that their containers have to have a row.
+CHECK_ON = {"queue": {"admissionCheck": {"enabled": True}}, "webview": {"enabled": True}}
 WITH_KUEUE = ("--api-versions", "kueue.x-k8s.io/v1beta2")
 POD_KINDS = {"Pod", "Deployment", "DaemonSet", "StatefulSet", "Job"}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 PRODUCT = REPO / "tessera"
 
-PARTS = ("driver", "exporter", "webhook", "admissioncheck", "kubectl", "shim", "proto")
+PARTS = ("driver", "exporter", "webhook", "admissioncheck", "kubectl", "webview", "shim", "proto")
 """The product's parts: each a folder of tessera/, one thing a user can name."""
 CORE = "core"
 """What the modules directly in tessera/ are called here: the shared core every part may use."""

@@ -32,12 +32,14 @@ ALLOWED: dict[str, set[str]] = {
     "webhook": {CORE},
     "admissioncheck": {CORE},
     "kubectl": {CORE, "admissioncheck"},
+    "webview": {CORE, "kubectl"},
 }
 """Which parts each part may import. The webhook and the admission check share the GPU request
 model (tessera/gpu_request.py) and the ResourceSlice reader through the core, never through each
 other: a change to how one writes cannot silently change how the other reads. The kubectl plugin
 reads, and explains, with the admission check's own fit code: its "why" must be the admission
-check's judgement, so it imports it rather than having a second one."""
+check's judgement, so it imports it rather than having a second one. The web view shows what the
+plugin shows, with the plugin's views and judgement."""
 
 ONE_SHOT_COMMANDS = {"tessera.kubectl.cli"}
 """Commands that read, print and exit: the daemons' skeleton (start, wait for a signal, stop) is
@@ -115,6 +117,7 @@ EVENT_LOOP_SERVERS = ("start_server", "create_server")
 HTTP_SERVERS_ALLOWED = {
     "tessera/serving.py": "the one way Tessera serves HTTP",
     "tessera/webhook/server.py": "the admission listener, kept for its bounds (its docstring says why)",
+    "tessera/webview/cli.py": "the web view's page, a WSGI app served by waitress (its docstring says why)",
 }
 
 
@@ -201,6 +204,7 @@ def test_the_product_installs_its_commands_and_the_development_distribution_the_
         "tessera-webhook": "tessera.webhook.cli:main",
         "tessera-admission-check": "tessera.admissioncheck.cli:main",
         "kubectl-tessera": "tessera.kubectl.cli:main",
+        "tessera-webview": "tessera.webview.cli:main",
     }
     assert scripts(REPO / "dev" / "pyproject.toml") == {"tessera-cluster": "testbed.cli:main"}
 

@@ -76,11 +76,15 @@ def test_nothing_of_the_development_tree_is_in_the_wheel(wheel: Wheel) -> None:
     assert "tessera/driver/daemon.py" in wheel.record, "the check above looked at the product's files"
 
 
-def test_the_commands_are_the_products_five_and_no_test_bed_command(wheel: Wheel) -> None:
+def test_the_web_views_template_and_style_sheet_are_in_the_wheel(wheel: Wheel) -> None:
+    assert {"tessera/webview/templates/index.html", "tessera/webview/static/webview.css"} <= set(wheel.record)
+
+
+def test_the_commands_are_the_products_six_and_no_test_bed_command(wheel: Wheel) -> None:
     assert wheel.entry_points.sections() == ["console_scripts"]
     commands = dict(wheel.entry_points["console_scripts"])
     assert commands == scripts(REPO / "pyproject.toml")
-    assert len(commands) == 5
+    assert len(commands) == 6
     assert "tessera-cluster" not in commands
     assert "tessera-cluster" in scripts(REPO / "dev" / "pyproject.toml")
 
