@@ -96,7 +96,7 @@ dockerfile: venv host-packages
 # beside them. Both phases run even if the first fails; make fails if either did. pytest exits 5
 # when it collected no test, and make treats that, like any non-zero status, as failure.
 TEST_REPORTS := build/test-results
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: venv clients-cuda13 binaries simgpu lint
 	rm -f $(TEST_REPORTS)/*.xml
 	status=0; \
