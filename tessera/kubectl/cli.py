@@ -45,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not ask the exporters for live figures (through the API server's pod proxy)",
     )
+    common.add_argument(
+        "--exporter-namespace",
+        help="the namespace of Tessera's release, where its exporters run (default: the one Helm "
+        "recorded on the DeviceClass gpu.tessera.dev); exporters are read there only",
+    )
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Tessera's fractional GPUs: who has which share of which GPU, and why a pod waits. "
@@ -108,13 +113,24 @@ def _note_missing(found: snapshot.Snapshot, err: TextIO) -> None:
         err.write(f"note: {what} could not be read (forbidden, or not served by this cluster)\n")
 
 
+def _live(api: client.ApiClient, args: argparse.Namespace, err: TextIO) -> usage.Usage:
+    """The exporters' figures; a note when it is not known where they run."""
+    figures = usage.scrape(api, args.exporter_namespace)
+    if figures.namespace is None:
+        err.write(
+            "note: no live figures: the DeviceClass gpu.tessera.dev does not say which namespace "
+            "Tessera's release is in; name it with --exporter-namespace\n"
+        )
+    return figures
+
+
 def run_gpus(api: client.ApiClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     found = snapshot.read(api, None, frozenset({"slices"}))
     _note_missing(found, err)
     rows = views.gpu_rows(found)
     migs = views.mig_rows(found)
     if not args.no_usage:
-        usage.add_to_gpus(rows, usage.scrape(api))
+        usage.add_to_gpus(rows, _live(api, args, err))
     if args.output:
         _print_data({"gpus": rows, "migInstances": migs}, args.output, out)
     elif not rows and not migs:
@@ -131,7 +147,7 @@ def run_pods(
     _note_missing(found, err)
     rows = views.share_rows(found, namespace)
     if not args.no_usage:
-        usage.add_to_shares(rows, usage.scrape(api))
+        usage.add_to_shares(rows, _live(api, args, err))
     if args.output:
         _print_data({"shares": rows}, args.output, out)
     elif not rows:

@@ -5,6 +5,12 @@ The exporter runs as a DaemonSet with no Service a laptop can reach, so each exp
 through the API server's pod proxy, the way ``kubectl get --raw`` would, with the caller's own
 credentials. Nothing here is required: a view without figures says so, and a cluster whose RBAC or
 network policy keeps the caller from the proxy still gets every other column.
+
+Exporters are looked for in the chart release's namespace only. Any namespace's pod may carry the
+exporter's labels and a port named ``metrics``, and one a tenant made would feed the views figures
+of its choosing (memory in use, busy time) for any claim. The release's namespace is Helm's
+annotation on the cluster-scoped DeviceClass the chart makes, which only a cluster administrator can
+write, unless ``--exporter-namespace`` names it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from urllib3.exceptions import HTTPError
 
 from tessera.kube import raw_json
+from tessera.names import DEVICE_CLASS
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +33,9 @@ EXPORTER_SELECTOR = "app.kubernetes.io/name=tessera,app.kubernetes.io/component=
 """The chart's labels on exporter pods (charts/tessera/templates/_helpers.tpl selectorLabels)."""
 
 METRICS_PORT_NAME = "metrics"
+
+RELEASE_NAMESPACE_ANNOTATION = "meta.helm.sh/release-namespace"
+"""Helm's annotation on every object of a release: the release's namespace."""
 
 MAX_BODY = 16 << 20
 """Bytes of one exporter's answer read at most: a scrape of a busy node is well under a megabyte."""
@@ -44,6 +54,8 @@ class Usage:
     claim_busy: dict[ClaimKey, float] = field(default_factory=dict)
     exporters: int = 0
     reached: int = 0
+    namespace: str | None = None
+    """Where the exporters were looked for; None when no namespace was found (nothing was read)."""
 
 
 _GPU_FAMILIES = {"tessera_gpu_memory_used_bytes": "gpu_memory", "tessera_gpu_utilization_ratio": "gpu_busy"}
@@ -67,18 +79,40 @@ def read_metrics(text: str, into: Usage) -> None:
                 figures[key] = max(figures.get(key, 0.0), sample.value)
 
 
-def scrape(api: client.ApiClient, selector: str = EXPORTER_SELECTOR, timeout: float = 5.0) -> Usage:
-    """Every running exporter's figures, through the API server's pod proxy; exporters that cannot
-    be listed or reached are counted, not raised."""
-    core = client.CoreV1Api(api)
-    usage = Usage()
+def release_namespace(device_class: dict[str, Any]) -> str | None:
+    """The namespace of the Helm release that made ``device_class`` (the chart's), or None."""
+    annotations = (device_class.get("metadata") or {}).get("annotations") or {}
+    namespace = annotations.get(RELEASE_NAMESPACE_ANNOTATION)
+    return str(namespace) if namespace else None
+
+
+def exporter_namespace(api: client.ApiClient) -> str | None:
+    """The chart release's namespace, from the DeviceClass it made; None when it cannot be read or
+    was not made by Helm (``deviceClass.enabled: false``)."""
     try:
-        pods = (
-            raw_json(core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)).get(
-                "items"
-            )
-            or []
-        )
+        found = raw_json(client.ResourceV1Api(api).read_device_class(DEVICE_CLASS, _preload_content=False))
+    except (ApiException, HTTPError) as error:
+        log.debug("DeviceClass %s not read: %s", DEVICE_CLASS, error)
+        return None
+    return release_namespace(found)
+
+
+def scrape(
+    api: client.ApiClient,
+    namespace: str | None = None,
+    selector: str = EXPORTER_SELECTOR,
+    timeout: float = 5.0,
+) -> Usage:
+    """Every running exporter's figures in ``namespace`` (default: the chart release's, the module
+    says why no other), through the API server's pod proxy; exporters that cannot be listed or
+    reached are counted, not raised."""
+    core = client.CoreV1Api(api)
+    usage = Usage(namespace=namespace or exporter_namespace(api))
+    if usage.namespace is None:
+        return usage
+    try:
+        listed = core.list_namespaced_pod(usage.namespace, label_selector=selector, _preload_content=False)
+        pods = raw_json(listed).get("items") or []
     except (ApiException, HTTPError) as error:
         log.debug("exporters not listed: %s", error)
         return usage

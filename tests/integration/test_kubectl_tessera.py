@@ -24,8 +24,9 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from tessera.kube import raw_json
+from tessera.kubectl import usage
 from tessera.kubectl.cli import main
-from tessera.names import DRIVER_NAME, HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, HAMI_USE_UUID
+from tessera.names import DEVICE_CLASS, DRIVER_NAME, HAMI_GPU, HAMI_GPUMEM, HAMI_USE_TYPE, HAMI_USE_UUID
 from tessera.webhook import waiting_pods
 from testbed.cluster import LocalCluster
 from testbed.dra_objects import allocated_claim
@@ -35,6 +36,7 @@ from testbed.pod_state import wait_until_unschedulable
 from testbed.polling import poll_until
 from testbed.queue_bed import plain_gpu_pod, publish_gpus
 from testbed.share_pods import share_pod
+from tests.conftest import made_namespace
 from tests.integration.webhook_bed import remove_account, webhook_api_client
 
 pytestmark = pytest.mark.integration
@@ -224,6 +226,47 @@ def test_why_for_a_pod_that_does_not_exist_is_one_line_and_status_1(
     status, out, err = kubectl_tessera(cluster, "why", "absent", "-n", namespace)
     assert (status, out) == (1, "")
     assert err == f"kubectl tessera: pod absent not found in namespace {namespace}\n"
+
+
+def test_a_tenants_pod_dressed_as_an_exporter_is_not_read_for_live_figures(
+    kube: client.ApiClient, namespace: str
+) -> None:
+    """A running pod in a tenant's namespace with the exporter's labels and a port named metrics:
+    the plugin reads exporters only in the namespace Helm recorded on the chart's DeviceClass, so
+    the tenant's pod is not among them (named explicitly, it would be: the test's control)."""
+    ensure_device_class(kube)
+    resource = client.ResourceV1Api(kube)
+    core = client.CoreV1Api(kube)
+    with made_namespace(kube) as release:
+        annotation = {"metadata": {"annotations": {usage.RELEASE_NAMESPACE_ANNOTATION: release}}}
+        resource.patch_device_class(DEVICE_CLASS, annotation)
+        try:
+            fake = {
+                "metadata": {"name": "exporter-lookalike", "labels": label_map(usage.EXPORTER_SELECTOR)},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "exporter",
+                            "image": "example.invalid/any",
+                            "ports": [{"name": "metrics", "containerPort": 31995}],
+                        }
+                    ]
+                },
+            }
+            core.create_namespaced_pod(namespace, client.V1Pod.model_validate(fake))
+            core.patch_namespaced_pod_status(
+                "exporter-lookalike", namespace, {"status": {"phase": "Running", "podIP": "127.0.0.1"}}
+            )
+            found = usage.scrape(kube)
+            assert (found.namespace, found.exporters) == (release, 0)
+            assert usage.scrape(kube, namespace).exporters == 1, "the lookalike is a running exporter pod"
+        finally:
+            gone = {"metadata": {"annotations": {usage.RELEASE_NAMESPACE_ANNOTATION: None}}}
+            resource.patch_device_class(DEVICE_CLASS, gone)
+
+
+def label_map(selector: str) -> dict[str, str]:
+    return dict(term.split("=", 1) for term in selector.split(","))
 
 
 def test_gpus_and_pods_agree_with_the_allocations_the_scheduler_wrote(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera.kubectl import usage
 from tessera.kubectl.usage import metrics_port
 
 
@@ -24,3 +25,12 @@ def test_a_pod_without_a_numbered_metrics_port_has_none() -> None:
     assert metrics_port(exporter_pod({"name": "other", "containerPort": 1})) is None
     assert metrics_port(exporter_pod({"name": "metrics", "containerPort": "31995"})) is None
     assert metrics_port({"metadata": {}}) is None
+
+
+def test_the_exporters_namespace_is_the_one_helm_recorded_on_the_charts_device_class() -> None:
+    made_by_helm = {"metadata": {"annotations": {"meta.helm.sh/release-namespace": "tessera"}}}
+    assert usage.release_namespace(made_by_helm) == "tessera"
+    assert usage.release_namespace({"metadata": {"name": "gpu.tessera.dev"}}) is None, "not Helm's"
+    assert (
+        usage.release_namespace({"metadata": {"annotations": {"meta.helm.sh/release-namespace": ""}}}) is None
+    )
