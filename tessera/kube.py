@@ -11,13 +11,18 @@ call made through :func:`api_client` has a connect and a read bound unless it na
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client import ApiException
+from urllib3.exceptions import HTTPError
+
+T = TypeVar("T")
 
 CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection to the API server: a reachable one answers in milliseconds."""
@@ -128,3 +133,34 @@ def create_if_absent(create: Callable[..., Any], *args: Any, **kwargs: Any) -> b
             raise
         return False
     return True
+
+
+def unreachable(error: Exception) -> bool:
+    """Whether ``error`` means the API server did not answer (no connection, a dropped one, a timeout)
+    or answered that it cannot serve now (5xx), rather than refusing the request itself."""
+    if isinstance(error, HTTPError):
+        return True
+    return isinstance(error, ApiException) and (not error.status or error.status >= 500)
+
+
+def when_reachable(
+    call: Callable[[], T],
+    what: str,
+    log: logging.Logger,
+    longest_wait: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``call()``, tried again, 1 s later and then twice as long up to ``longest_wait``, for as long
+    as the API server does not answer; any other failure is raised at once. For what a component
+    cannot start without: exiting instead would hand the restart to the kubelet, whose back-off
+    grows to five minutes and keeps the component down long after the API server is back."""
+    delay = 1.0
+    while True:
+        try:
+            return call()
+        except (HTTPError, ApiException) as error:
+            if not unreachable(error):
+                raise
+            log.warning("%s: the API server does not answer (%s); trying again in %.0f s", what, error, delay)
+        sleep(delay)
+        delay = min(delay * 2, longest_wait)

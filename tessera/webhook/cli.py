@@ -17,7 +17,7 @@ from kubernetes import client
 
 from tessera import command
 from tessera.command import Stoppable
-from tessera.kube import api_client
+from tessera.kube import api_client, when_reachable
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
 from tessera.webhook import seccomp
@@ -394,9 +394,15 @@ class Webhook(Stoppable):
         self._args = args
         self._policy = admission_policy(args)
         self._api = api_client(args.kubeconfig)
-        self._client_secret = client_ca_secret(args, self._api)
+        # The Secrets they read are the webhook's to serve with: it waits for the API server rather
+        # than exit, so that it serves as soon as the server is back (tessera.kube.when_reachable).
+        self._client_secret = when_reachable(
+            lambda: client_ca_secret(args, self._api), "reading the client CA Secret", log
+        )
         self._clients = client_policy(args)
-        self._certificates = certificates_from(args, self._api)
+        self._certificates = when_reachable(
+            lambda: certificates_from(args, self._api), "reading the serving certificate", log
+        )
         self._cache = SliceCache(self._api)
         self._templates = TemplateStore(self._api, ttl=args.template_ttl)
         self._waiting = (

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.kube import raw_json
+from tessera.kube import api_client, raw_json
 from testbed.cluster import LocalCluster
 from testbed.names import unique_name
 from testbed.polling import poll_until
@@ -104,3 +104,54 @@ def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigt
         registration.delete_mutating_webhook_configuration(name)
         remove_account(kube, name)
     assert "Traceback" not in (tmp_path / "webhook.log").read_text()
+
+
+def test_a_command_started_while_the_api_server_is_away_waits_for_it_and_serves_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The chart's way: the serving certificate in a Secret the replicas share. Started with the API
+    server stopped (a replica restarted during an outage), the command waits for the server, saying
+    so, instead of exiting into the kubelet's restart back-off (which kept both replicas down after
+    the server came back, and GPU pods were refused: issue 37); once the server answers, the same
+    process reads or makes its certificate and becomes ready."""
+    with LocalCluster() as own:
+        assert own.webhook_client_ca is not None
+        kube = api_client(own.admin_kubeconfig)
+        namespace = "tessera"
+        client.CoreV1Api(kube).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
+        name = unique_name("tessera-webhook")
+        port, metrics_port = free_port(), free_port()
+        body = configuration(name, f"https://127.0.0.1:{port}/mutate", "tessera")
+        client.AdmissionregistrationV1Api(kube).create_mutating_webhook_configuration(
+            client.V1MutatingWebhookConfiguration.model_validate(body)
+        )
+        own.stop_api_server()
+        log_path = tmp_path / "webhook.log"
+        log = log_path.open("w")
+        command = loopback_webhook_command(
+            own.admin_kubeconfig,
+            port,
+            metrics_port,
+            name,
+            own.webhook_client_ca.pair.cert,
+            f"--namespace={namespace}",
+            f"--tls-secret={name}-tls",
+        )
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            poll_until(lambda: "the API server does not answer" in log_path.read_text(), 60, "the wait said")
+            assert process.poll() is None, log_path.read_text()
+            own.resume_api_server()
+            poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 120, "the same process ready")
+            assert process.poll() is None
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+            kube.close()  # type: ignore[no-untyped-call]
+    assert "Traceback" not in log_path.read_text()

@@ -5,6 +5,7 @@ watch, which then lists again) instead of hanging it."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes import client
+from kubernetes.client import ApiException
+from urllib3.exceptions import NewConnectionError, ProtocolError
 
 from tessera import watching
-from tessera.kube import BoundedApiClient, api_client
+from tessera.kube import BoundedApiClient, api_client, when_reachable
 from testbed.polling import poll_until
 
 KUBECONFIG = """apiVersion: v1
@@ -270,3 +273,35 @@ def test_json_bodies_go_out_canonical_so_opaque_parameters_survive_a_status_patc
         client.CoreV1Api(api).patch_node("n", [{"op": "add", "path": "/metadata/labels/a", "value": "b"}])
     body, headers = sent[-1]
     assert body == '[{"op": "add", "path": "/metadata/labels/a", "value": "b"}]', (body, headers)
+
+
+def test_a_call_the_api_server_does_not_answer_is_tried_again_with_a_growing_wait() -> None:
+    """What a component cannot start without is waited for while the API server is away (no
+    connection, or a 5xx), so that it starts as soon as the server is back."""
+    answers: list[Exception | str] = [
+        NewConnectionError(None, "connection refused"),  # type: ignore[arg-type]
+        ApiException(status=503, reason="Service Unavailable"),
+        ProtocolError("Connection aborted."),
+        "certificate",
+    ]
+    slept: list[float] = []
+
+    def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    got = when_reachable(call, "reading", logging.getLogger("test"), longest_wait=3.0, sleep=slept.append)
+    assert got == "certificate"
+    assert slept == [1.0, 2.0, 3.0]
+
+
+def test_a_refusal_by_the_api_server_is_raised_at_once() -> None:
+    def call() -> str:
+        raise ApiException(status=403, reason="Forbidden")
+
+    slept: list[float] = []
+    with pytest.raises(ApiException):
+        when_reachable(call, "reading", logging.getLogger("test"), sleep=slept.append)
+    assert slept == []
