@@ -20,6 +20,7 @@ import contextlib
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,11 @@ from kubernetes import client
 
 from simgpu.config import GpuFaults, NodeSpec, library_dir, make_gpus, write_config
 from tessera.kube import raw_json
-from tessera.names import DEVICE_CLASS, METRICS_PORT
+from tessera.names import DEVICE_CLASS, METRICS_PORT, MIG_DEVICE_CLASS
 from tessera.quantity import GiB, MiB
 from testbed.apiserver_access import LABEL, let_pods_reach_apiserver, wait_effective
 from testbed.cluster import LocalCluster
-from testbed.driver_node import ensure_device_class
+from testbed.driver_node import ensure_device_class, ensure_mig_device_class
 from testbed.helm import CHART, REPO, helm, values_file
 from testbed.images import TOOLS_PROGRAMS, ImageSpec, build_image, host_program
 from testbed.kubectl import kubectl
@@ -271,32 +272,38 @@ def prepare_nodes(cluster: LocalCluster, kube: client.ApiClient, nodes: list[Rea
 
 @contextlib.contextmanager
 def device_class_left_to_the_chart(kube: client.ApiClient) -> Iterator[None]:
-    """The chart makes the DeviceClass gpu.tessera.dev (``deviceClass.enabled``, the default), which
-    modules run earlier on the same cluster made without Helm (ensure_device_class): Helm refuses
-    to adopt theirs. Theirs is taken away for the ``with`` block and put back afterwards, for the
-    modules that run next on this cluster, whichever order they run in."""
+    """The chart makes the DeviceClasses gpu.tessera.dev and mig.tessera.dev (``deviceClass.enabled``,
+    the default), which modules run earlier on the same cluster made without Helm
+    (ensure_device_class, ensure_mig_device_class): Helm refuses to adopt theirs. Theirs are taken
+    away for the ``with`` block and put back afterwards (gpu.tessera.dev always, mig.tessera.dev if it
+    was there), for the modules that run next on this cluster, whichever order they run in."""
     resource = client.ResourceV1Api(kube)
-    try:
-        resource.delete_device_class(DEVICE_CLASS)
-    except client.ApiException as error:
-        if error.status != 404:
-            raise
-    else:
-        poll_until(lambda: not _device_class_exists(resource), 30, "DeviceClass deleted")
+    had_mig = False
+    for name in (DEVICE_CLASS, MIG_DEVICE_CLASS):
+        try:
+            resource.delete_device_class(name)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+        else:
+            had_mig = had_mig or name == MIG_DEVICE_CLASS
+            poll_until(partial(_device_class_gone, resource, name), 30, f"{name} deleted")
     try:
         yield
     finally:
         ensure_device_class(kube)
+        if had_mig:
+            ensure_mig_device_class(kube)
 
 
-def _device_class_exists(resource: client.ResourceV1Api) -> bool:
+def _device_class_gone(resource: client.ResourceV1Api, name: str) -> bool:
     try:
-        resource.read_device_class(DEVICE_CLASS)
+        resource.read_device_class(name)
     except client.ApiException as error:
         if error.status == 404:
-            return False
+            return True
         raise
-    return True
+    return False
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from simgpu.node import Node
 from tessera.driver.config import DriverConfig
 from tessera.driver.health import dra_socket_answers
 from tessera.kube import api_client, create_if_absent, raw_json
-from tessera.names import DEVICE_CLASS, DRIVER_NAME
+from tessera.names import DEVICE_CLASS, DRIVER_NAME, MIG_DEVICE_CLASS
 from testbed.accounts import service_account_token, token_kubeconfig
 from testbed.cluster import LocalCluster
 from testbed.process import ManagedProcess, free_port
@@ -80,6 +80,21 @@ def ensure_device_class(kube: client.ApiClient) -> None:
         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER_NAME}'"}}]},
     }
     create_if_absent(
+        client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
+    )
+
+
+def ensure_mig_device_class(kube: client.ApiClient) -> bool:
+    """The DeviceClass the chart installs for MIG instances (charts/tessera/templates/deviceclass.yaml);
+    whether this call made it."""
+    expression = f"device.driver == '{DRIVER_NAME}' && device.attributes['{DRIVER_NAME}'].type == 'mig'"
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": MIG_DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+    return create_if_absent(
         client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
     )
 

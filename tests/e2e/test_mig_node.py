@@ -17,12 +17,12 @@ import pytest
 from kubernetes import client
 
 from simgpu.config import GiB, mig_instances
-from tessera.kube import create_if_absent, raw_json
-from tessera.names import DRIVER_NAME, MIG_DEVICE_CLASS
+from tessera.kube import raw_json
+from tessera.names import MIG_DEVICE_CLASS
 from tessera.quantity import MiB, quantity_to_int
 from tessera.slices import published_gpus
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode
+from testbed.driver_node import DriverNode, ensure_mig_device_class
 from testbed.node import NodeFactory
 from testbed.pod_state import sections
 from testbed.polling import poll_until
@@ -44,21 +44,6 @@ pytestmark = pytest.mark.e2e
 __all__ = ["probe_image"]
 
 PROFILES = (("1g.10gb", 10 * GiB), ("1g.10gb", 10 * GiB), ("3g.40gb", 40 * GiB))
-
-
-def ensure_mig_device_class(kube: client.ApiClient) -> bool:
-    """The chart's mig.tessera.dev (charts/tessera/templates/deviceclass.yaml); whether this call
-    made it."""
-    expression = f"device.driver == '{DRIVER_NAME}' && device.attributes['{DRIVER_NAME}'].type == 'mig'"
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": MIG_DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }
-    return create_if_absent(
-        client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
-    )
 
 
 @pytest.fixture(scope="module")

@@ -23,15 +23,15 @@ import yaml
 from kubernetes import client
 
 from tessera.gpu_request import Selection, read_mig, read_request
-from tessera.kube import create_if_absent, raw_json
-from tessera.names import DRIVER_NAME, MIG_DEVICE_CLASS
+from tessera.kube import raw_json
+from tessera.names import DRIVER_NAME
 from tessera.quantity import GiB
 from tessera.webhook.conversion import claim_template, mig_claim_template
 from tessera.webhook.mutation import converted_resource
 from tessera.webhook.templates import TemplateStore
 from testbed import pod_state
 from testbed.cluster import LocalCluster
-from testbed.driver_node import DriverNode, ensure_device_class
+from testbed.driver_node import DriverNode, ensure_device_class, ensure_mig_device_class
 from testbed.fake_nodes import create_ready_node
 from testbed.kubectl import kubectl_argv
 from testbed.names import unique_name
@@ -81,24 +81,10 @@ def mig_slice(node: str) -> dict[str, Any]:
     }
 
 
-def ensure_mig_class(kube: client.ApiClient) -> None:
-    """The DeviceClass the chart installs for MIG instances (CONTRACTS.md)."""
-    selector = f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "mig"'
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": MIG_DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": selector}}]},
-    }
-    create_if_absent(
-        client.ResourceV1Api(kube).create_device_class, client.V1DeviceClass.model_validate(body)
-    )
-
-
 @pytest.fixture(scope="module")
 def bed(cluster: LocalCluster, kube: client.ApiClient) -> Iterator[Bed]:
     ensure_device_class(kube)
-    ensure_mig_class(kube)
+    ensure_mig_device_class(kube)
     resource = client.ResourceV1Api(kube)
     gpu_node, mig_node = unique_name("node"), unique_name("node")
     for name in (gpu_node, mig_node):
