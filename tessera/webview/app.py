@@ -52,6 +52,10 @@ class CachedPage:
             return self._page
 
 
+def percent(value: int) -> str:
+    return f"{value} %"
+
+
 def create_app(page: CachedPage) -> Flask:
     app = Flask(__name__)
 
@@ -66,7 +70,7 @@ def create_app(page: CachedPage) -> Flask:
             return Response(
                 f"The API server could not be read ({reason}); try again.\n", 503, mimetype="text/plain"
             )
-        return render_template("index.html", page=shown, size=size, polyline=polyline)
+        return render_template("index.html", page=shown, size=size, percent=percent, polyline=polyline)
 
     @app.get("/healthz")
     def healthz() -> Response:

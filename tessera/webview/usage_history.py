@@ -9,6 +9,7 @@ needs no script.
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -57,7 +58,9 @@ def parse(body: bytes) -> UsageHistory:
         for series in data["data"]["result"]:
             labels = series["metric"]
             key = (str(labels.get("namespace", "")), str(labels.get("pod", "")))
-            history[key] = [(float(at), float(value)) for at, value in series["values"]]
+            points = [(float(at), float(value)) for at, value in series["values"]]
+            # Prometheus writes NaN and ±Inf as strings; they draw no point.
+            history[key] = [(at, value) for at, value in points if math.isfinite(at) and math.isfinite(value)]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise UsageUnavailable(f"Prometheus's answer could not be read: {error!r}"[:300]) from None
     return history
