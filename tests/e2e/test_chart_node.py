@@ -353,6 +353,28 @@ def test_kubectl_tessera_agrees_with_the_allocation_and_the_exporter(
     assert gpu["memory"]["allocated"] >= capacity["memory"], gpu
 
 
+def sleeping_gpu_pod(name: str, limits: dict[str, str], annotations: dict[str, str]) -> client.V1Pod:
+    """A pod of the tools image that sleeps, asking for ``limits`` the HAMi way."""
+    return client.V1Pod.model_validate(
+        {
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "gpu",
+                        "image": TOOLS_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "3600"],
+                        "resources": {"limits": limits},
+                    }
+                ],
+            },
+        }
+    )
+
+
 def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
     chart_bed: ChartBed, namespace: str
 ) -> None:
@@ -361,24 +383,11 @@ def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
     products the cluster has, and write no other while that stands (two more looks of each)."""
     bed = chart_bed
     wait_rolled_out(bed)
-    pod = {
-        "metadata": {"name": "wants-a100", "annotations": {HAMI_USE_TYPE: "a100"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "gpu",
-                    "image": TOOLS_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"limits": {HAMI_GPU: "1", HAMI_GPUMEM: "1000"}},
-                }
-            ],
-        },
-    }
     core = client.CoreV1Api(bed.kube)
-    core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+    core.create_namespaced_pod(
+        namespace,
+        sleeping_gpu_pod("wants-a100", {HAMI_GPU: "1", HAMI_GPUMEM: "1000"}, {HAMI_USE_TYPE: "a100"}),
+    )
 
     def told() -> list[dict[str, Any]]:
         return list(
@@ -424,23 +433,9 @@ def test_the_web_view_shows_every_gpu_and_share_in_a_real_browser_and_escapes_wh
     wait_rolled_out(bed)
     core = client.CoreV1Api(bed.kube)
     for name, wanted in (("runs", {}), ("wants-odd-type", {HAMI_USE_TYPE: HOSTILE_TYPE})):
-        pod = {
-            "metadata": {"name": name, "annotations": wanted},
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "gpu",
-                        "image": TOOLS_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "3600"],
-                        "resources": {"limits": {HAMI_GPU: "1", HAMI_GPUMEM: "1500"}},
-                    }
-                ],
-            },
-        }
-        core.create_namespaced_pod(namespace, client.V1Pod.model_validate(pod))
+        core.create_namespaced_pod(
+            namespace, sleeping_gpu_pod(name, {HAMI_GPU: "1", HAMI_GPUMEM: "1500"}, wanted)
+        )
     poll_until(
         lambda: raw_json(core.read_namespaced_pod("runs", namespace, _preload_content=False))["spec"].get(
             "nodeName"

@@ -5,9 +5,11 @@ the apiserver sends it, and leaving on SIGTERM with exit status 0."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,21 @@ def status_of(port: int, path: str) -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def webhook_process(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The command running with its output in ``log_path``; killed if still running afterwards. Once
+    the block has passed, its log must hold no traceback."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "Traceback" not in log_path.read_text()
+
+
 def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigterm(
     cluster: LocalCluster, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -52,58 +69,57 @@ def test_the_command_keeps_the_ca_bundle_converts_pods_and_exits_cleanly_on_sigt
         client.V1MutatingWebhookConfiguration.model_validate(body)
     )
     assert cluster.webhook_client_ca is not None
-    log = (tmp_path / "webhook.log").open("w")
-    process = subprocess.Popen(
-        loopback_webhook_command(
-            webhook_kubeconfig(kube, cluster, name, tmp_path / "kubeconfig"),
-            port,
-            metrics_port,
-            name,
-            cluster.webhook_client_ca.pair.cert,
-        ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    command = loopback_webhook_command(
+        webhook_kubeconfig(kube, cluster, name, tmp_path / "kubeconfig"),
+        port,
+        metrics_port,
+        name,
+        cluster.webhook_client_ca.pair.cert,
     )
     try:
-        poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 60, "the webhook ready")
-        assert status_of(metrics_port, "/healthz") == 200
+        with webhook_process(command, tmp_path / "webhook.log") as process:
+            poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 60, "the webhook ready")
+            assert status_of(metrics_port, "/healthz") == 200
 
-        def bundle() -> str | None:
-            read = raw_json(registration.read_mutating_webhook_configuration(name, _preload_content=False))
-            value: str | None = read["webhooks"][0]["clientConfig"].get("caBundle")
-            return value
-
-        assert b"BEGIN CERTIFICATE" in base64.b64decode(poll_until(bundle, 60, "the caBundle written"))
-        pod = {
-            "metadata": {"name": "gpu"},
-            "spec": {
-                "containers": [
-                    {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpucores": "500"}}}
-                ]
-            },
-        }
-
-        def refused_by_webhook() -> str | None:
-            try:
-                client.CoreV1Api(kube).create_namespaced_pod(
-                    namespace, client.V1Pod.model_validate(pod), dry_run="All"
+            def bundle() -> str | None:
+                read = raw_json(
+                    registration.read_mutating_webhook_configuration(name, _preload_content=False)
                 )
-            except ApiException as error:
-                return str(error.body) if "nvidia.com/gpucores is 500" in str(error.body) else None
-            return None
+                value: str | None = read["webhooks"][0]["clientConfig"].get("caBundle")
+                return value
 
-        message = poll_until(refused_by_webhook, 60, "the apiserver calling the command")
-        assert 'container \\"main\\": nvidia.com/gpucores is 500; it must be between 1 and 100.' in message
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+            assert b"BEGIN CERTIFICATE" in base64.b64decode(poll_until(bundle, 60, "the caBundle written"))
+            pod = {
+                "metadata": {"name": "gpu"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "x",
+                            "resources": {"limits": {"nvidia.com/gpucores": "500"}},
+                        }
+                    ]
+                },
+            }
+
+            def refused_by_webhook() -> str | None:
+                try:
+                    client.CoreV1Api(kube).create_namespaced_pod(
+                        namespace, client.V1Pod.model_validate(pod), dry_run="All"
+                    )
+                except ApiException as error:
+                    return str(error.body) if "nvidia.com/gpucores is 500" in str(error.body) else None
+                return None
+
+            message = poll_until(refused_by_webhook, 60, "the apiserver calling the command")
+            assert (
+                'container \\"main\\": nvidia.com/gpucores is 500; it must be between 1 and 100.' in message
+            )
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
         registration.delete_mutating_webhook_configuration(name)
         remove_account(kube, name)
-    assert "Traceback" not in (tmp_path / "webhook.log").read_text()
 
 
 def test_a_command_started_while_the_api_server_is_away_waits_for_it_and_serves_once_it_is_back(
@@ -128,8 +144,6 @@ def test_a_command_started_while_the_api_server_is_away_waits_for_it_and_serves_
             client.V1MutatingWebhookConfiguration.model_validate(body)
         )
         own.stop_api_server()
-        log_path = tmp_path / "webhook.log"
-        log = log_path.open("w")
         command = loopback_webhook_command(
             own.admin_kubeconfig,
             port,
@@ -139,19 +153,17 @@ def test_a_command_started_while_the_api_server_is_away_waits_for_it_and_serves_
             f"--namespace={namespace}",
             f"--tls-secret={name}-tls",
         )
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        log_path = tmp_path / "webhook.log"
         try:
-            poll_until(lambda: "the API server does not answer" in log_path.read_text(), 60, "the wait said")
-            assert process.poll() is None, log_path.read_text()
-            own.resume_api_server()
-            poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 120, "the same process ready")
-            assert process.poll() is None
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(60) == 0
+            with webhook_process(command, log_path) as process:
+                poll_until(
+                    lambda: "the API server does not answer" in log_path.read_text(), 60, "the wait said"
+                )
+                assert process.poll() is None, log_path.read_text()
+                own.resume_api_server()
+                poll_until(lambda: status_of(metrics_port, "/readyz") == 200, 120, "the same process ready")
+                assert process.poll() is None
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(60) == 0
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            log.close()
             kube.close()  # type: ignore[no-untyped-call]
-    assert "Traceback" not in log_path.read_text()
