@@ -227,7 +227,11 @@ def test_both_replicas_serve_the_secrets_certificate_through_a_rotation_and_one_
     assert refusals == []
     assert seen_bundles >= {1, 2}  # the bundle held both CAs on the way
     second = x509.load_pem_x509_certificate(replicas.stored()["tls.crt"])
-    [new_ca] = replicas.bundle()
+    # The replica that dropped the old CA from the Secret writes the caBundle just after (a bundle
+    # that still holds both trusts as much as the Secret): wait for it rather than race it.
+    [new_ca] = poll_until(
+        lambda: bundle if len(bundle := replicas.bundle()) == 1 else None, 30, "the caBundle down to one CA"
+    )
     assert new_ca != first_ca
     second.verify_directly_issued_by(new_ca)
     poll_until(
