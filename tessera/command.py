@@ -16,11 +16,13 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
 from tessera import logs
-from tessera.settings import setting
+from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, WATCH_IDLE_TIMEOUT, BoundedApiClient, api_client
+from tessera.settings import seconds, setting
 
 
 class Service(Protocol):
@@ -61,6 +63,40 @@ def log_flags(parser: argparse.ArgumentParser, env_prefix: str) -> None:
     levels = ("debug", "info", "warning", "error")
     setting(parser, "--log-level", env_prefix + "LOG_LEVEL", "info", "", choices=levels)
     setting(parser, "--log-format", env_prefix + "LOG_FORMAT", "text", "", choices=("text", "json"))
+
+
+def api_flags(parser: argparse.ArgumentParser, env_prefix: str) -> None:
+    """``--api-timeout`` and ``--api-watch-idle-timeout``, read from ``<env_prefix>API_TIMEOUT`` and
+    ``..._WATCH_IDLE_TIMEOUT``: how long the daemon waits on the API server before it takes a call
+    for failed or a watch for dead. The defaults suit production; shorter bounds notice an outage
+    (a black-holed route) sooner, at the cost of failing calls a slow server would have answered."""
+    setting(
+        parser,
+        "--api-timeout",
+        env_prefix + "API_TIMEOUT",
+        READ_TIMEOUT,
+        "seconds an API call may wait for the answer before it fails and is retried",
+        seconds,
+    )
+    setting(
+        parser,
+        "--api-watch-idle-timeout",
+        env_prefix + "API_WATCH_IDLE_TIMEOUT",
+        WATCH_IDLE_TIMEOUT,
+        "seconds a watch may go without a byte from the API server before it is dropped and the "
+        "list taken again (the server is asked to end each watch within half of this)",
+        seconds,
+    )
+
+
+def api_client_from(args: argparse.Namespace, kubeconfig: Path | None) -> BoundedApiClient:
+    """The client of ``kubeconfig`` (or $KUBECONFIG, or the service account) with the bounds of
+    :func:`api_flags`."""
+    return api_client(
+        kubeconfig,
+        timeout=(CONNECT_TIMEOUT, args.api_timeout),
+        watch_idle_timeout=args.api_watch_idle_timeout,
+    )
 
 
 def run_until_signalled(service: Service, log: logging.Logger) -> int:

@@ -28,9 +28,16 @@ CONNECT_TIMEOUT = 5.0
 """Seconds to open a connection to the API server: a reachable one answers in milliseconds."""
 
 READ_TIMEOUT = 30.0
-"""Seconds a call may wait for the API server's answer. The server's own limit on a request is 60 s
-(--request-timeout), but nothing Tessera asks takes more than a few seconds when the server is well;
-past this the call fails and its caller's backoff takes over."""
+"""Seconds a call may wait for the API server's answer, by default (every daemon's --api-timeout).
+The server's own limit on a request is 60 s (--request-timeout), but nothing Tessera asks takes more
+than a few seconds when the server is well; past this the call fails and its caller's backoff takes
+over."""
+
+WATCH_IDLE_TIMEOUT = 60.0
+"""Seconds a watch may go without a byte before its connection is taken for dead, by default (every
+daemon's --api-watch-idle-timeout): half-open (the API server gone without a FIN, a dropped route),
+which nothing but this notices. The watch asks the server to end it within half of this
+(tessera/watching.py), so a healthy idle watch never reaches it."""
 
 RETRIES = 1
 """Times the connection pool retries a call that failed to connect or lost its connection: once, for
@@ -68,12 +75,19 @@ class _CompactJsonBodies:
 
 class BoundedApiClient(client.ApiClient):
     """An ApiClient whose calls wait at most ``timeout`` unless a call passes ``_request_timeout``
-    (a watch does: it must outlast its server-side timeout), and whose JSON bodies are compact
-    (:class:`_CompactJsonBodies`)."""
+    (a watch does: it waits ``watch_idle_timeout`` for each byte), and whose JSON bodies are compact
+    (:class:`_CompactJsonBodies`). The bounds travel with the client, so every loop that uses it
+    keeps the bounds its daemon was configured with."""
 
-    def __init__(self, configuration: client.Configuration, timeout: Timeout) -> None:
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        timeout: Timeout,
+        watch_idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> None:
         super().__init__(configuration)
         self.timeout = timeout
+        self.watch_idle_timeout = watch_idle_timeout
         self.rest_client.pool_manager = _CompactJsonBodies(self.rest_client.pool_manager)  # type: ignore[assignment]
 
     def call_api(
@@ -94,10 +108,12 @@ def api_client(
     kubeconfig: Path | None = None,
     timeout: Timeout = (CONNECT_TIMEOUT, READ_TIMEOUT),
     context: str | None = None,
+    watch_idle_timeout: float = WATCH_IDLE_TIMEOUT,
 ) -> BoundedApiClient:
     """An ApiClient for the given kubeconfig, $KUBECONFIG, or the pod's service account, in that order,
-    whose calls wait at most ``timeout``; ``context`` names a kubeconfig context other than the
-    current one (kubectl's ``--context``).
+    whose calls wait at most ``timeout`` and whose watches at most ``watch_idle_timeout`` for a
+    byte; ``context`` names a kubeconfig context other than the current one (kubectl's
+    ``--context``).
 
     $KUBECONFIG may list several files (a:b), as kubectl allows; the client merges them."""
     configuration = client.Configuration()
@@ -111,7 +127,7 @@ def api_client(
     else:
         raise RuntimeError("no Kubernetes credentials: pass a kubeconfig, set KUBECONFIG, or run in a pod")
     configuration.retries = RETRIES
-    return BoundedApiClient(configuration, timeout)
+    return BoundedApiClient(configuration, timeout, watch_idle_timeout)
 
 
 def raw_json(response: Any) -> dict[str, Any]:

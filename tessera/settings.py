@@ -32,11 +32,23 @@ def setting(
     if raw is not None:
         try:
             value = parse(raw)
-        except ValueError as error:
+        except (ValueError, argparse.ArgumentTypeError) as error:
             parser.error(f"${env}={raw!r} is not valid: {error}")
     if parse is not str:
         kwargs.setdefault("type", parse)
     parser.add_argument(flag, default=value, help=f"{help} [env {env}]".lstrip(), **kwargs)
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, above 0 and finite: a bound that can never pass (0, a negative, NaN)
+    would make every call fail at once, and an infinite one is no bound."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 def switch(parser: argparse.ArgumentParser, flag: str, env: str, default: bool, help: str) -> None:

@@ -16,17 +16,23 @@ from typing import Any
 from kubernetes.client import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from tessera.kube import CONNECT_TIMEOUT
+from tessera.kube import CONNECT_TIMEOUT, WATCH_IDLE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
 _WATCH_SECONDS = 30
-"""Server-side watch timeout: a watch is renewed (from the last resourceVersion) this often."""
+"""Server-side watch timeout at most: a watch is renewed (from the last resourceVersion) this often,
+or within half the client's idle bound when that is shorter."""
 
-_WATCH_READ_TIMEOUT = _WATCH_SECONDS + 30.0
-"""Seconds a watch may go without a byte before the connection is taken for dead (half-open: the API
-server gone without a FIN, a dropped route) and the loop relists. A healthy idle watch ends well
-before this, when the server closes it at its own timeout."""
+
+def _watch_bounds(list_call: Callable[..., Any]) -> tuple[int, float]:
+    """(server-side watch timeout, seconds the watch may go without a byte) for ``list_call``, a
+    client's list method: the idle bound is its client's (``BoundedApiClient.watch_idle_timeout``,
+    a daemon's --api-watch-idle-timeout), and the server ends a watch within half of it, so a
+    healthy idle watch ends at the server's word before the client takes it for dead."""
+    api = getattr(getattr(list_call, "__self__", None), "api_client", None)
+    idle = float(getattr(api, "watch_idle_timeout", WATCH_IDLE_TIMEOUT))
+    return max(1, min(_WATCH_SECONDS, int(idle / 2))), idle
 
 
 class Reachability:
@@ -76,6 +82,7 @@ def watch_forever(
     0.5 s, 1 s, 2 s... up to ``max_backoff`` between failures. Each list's outcome goes to
     ``reachability`` under ``what``."""
     backoff = 0.5
+    server_timeout, idle_timeout = _watch_bounds(list_call)
     while not stop.is_set():
         try:
             response = list_call(_preload_content=False, **selectors)
@@ -89,10 +96,10 @@ def watch_forever(
                 response = list_call(
                     watch=True,
                     resource_version=version,
-                    timeout_seconds=_WATCH_SECONDS,
+                    timeout_seconds=server_timeout,
                     allow_watch_bookmarks=True,
                     _preload_content=False,
-                    _request_timeout=(CONNECT_TIMEOUT, _WATCH_READ_TIMEOUT),
+                    _request_timeout=(CONNECT_TIMEOUT, idle_timeout),
                     **selectors,
                 )
                 try:

@@ -27,10 +27,9 @@ from tessera.admissioncheck.controller import Stats, WorkloadController
 from tessera.admissioncheck.fit import DEFAULT_BUDGET
 from tessera.admissioncheck.inventory import Inventory
 from tessera.command import Stoppable, UsageError
-from tessera.kube import api_client
-from tessera.leader_election import LeaderElector, identity
+from tessera.leader_election import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, LeaderElector, identity
 from tessera.serving import Endpoints, HttpServer, registry_metrics
-from tessera.settings import setting, switch
+from tessera.settings import seconds, setting, switch
 
 log = logging.getLogger("tessera.admissioncheck")
 
@@ -97,10 +96,37 @@ def parser() -> argparse.ArgumentParser:
         FIELD_MANAGER,
         "name of the Lease the replicas hold in turn",
     )
+    setting(
+        p,
+        "--leader-election-lease-duration",
+        env + "LEADER_ELECTION_LEASE_DURATION",
+        LEASE_DURATION,
+        "seconds a standby waits, after it last saw the Lease renewed, before taking it over: how long "
+        "Workloads wait undecided after the leader dies without releasing it",
+        seconds,
+    )
+    setting(
+        p,
+        "--leader-election-renew-deadline",
+        env + "LEADER_ELECTION_RENEW_DEADLINE",
+        RENEW_DEADLINE,
+        "seconds the leader may go without renewing the Lease before it stops deciding; less than the "
+        "lease duration",
+        seconds,
+    )
+    setting(
+        p,
+        "--leader-election-retry-period",
+        env + "LEADER_ELECTION_RETRY_PERIOD",
+        RETRY_PERIOD,
+        "seconds between attempts to take or renew the Lease; less than the renew deadline",
+        seconds,
+    )
     p.add_argument(
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
     command.log_flags(p, env)
+    command.api_flags(p, env)
     return p
 
 
@@ -144,14 +170,23 @@ class AdmissionCheck(Stoppable):
         if args.leader_elect:
             if not args.leader_election_namespace:
                 raise UsageError("--leader-elect needs --leader-election-namespace (or $POD_NAMESPACE)")
-            self.elector = LeaderElector(
-                api,
-                args.leader_election_namespace,
-                args.leader_election_id,
-                identity(),
-                on_started=self.controller.start,
-                on_lost=self._lost,
-            )
+            try:
+                self.elector = LeaderElector(
+                    api,
+                    args.leader_election_namespace,
+                    args.leader_election_id,
+                    identity(),
+                    on_started=self.controller.start,
+                    on_lost=self._lost,
+                    lease_duration=args.leader_election_lease_duration,
+                    renew_deadline=args.leader_election_renew_deadline,
+                    retry_period=args.leader_election_retry_period,
+                )
+            except ValueError as error:
+                raise UsageError(
+                    f"{error} (--leader-election-retry-period, --leader-election-renew-deadline, "
+                    "--leader-election-lease-duration)"
+                ) from None
         registry = CollectorRegistry()
         registry.register(DecisionMetrics(lambda: self.controller.stats))
         Gauge(
@@ -223,7 +258,9 @@ class AdmissionCheck(Stoppable):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return command.main(parser(), lambda args: AdmissionCheck(args, api_client(args.kubeconfig)), log, argv)
+    return command.main(
+        parser(), lambda args: AdmissionCheck(args, command.api_client_from(args, args.kubeconfig)), log, argv
+    )
 
 
 if __name__ == "__main__":

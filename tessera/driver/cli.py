@@ -12,7 +12,6 @@ from pathlib import Path
 from tessera import command
 from tessera.driver.config import DriverConfig, DriverSource
 from tessera.driver.daemon import Daemon
-from tessera.kube import api_client
 from tessera.settings import repeated, setting, switch
 
 log = logging.getLogger("tessera.driver")
@@ -139,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
     )
     setting(p, "--health-address", "TESSERA_HEALTH_ADDRESS", "0.0.0.0", "address for the health endpoints")
     command.log_flags(p, "TESSERA_")
+    command.api_flags(p, "TESSERA_")
     return p
 
 
@@ -182,7 +182,7 @@ def daemon(args: argparse.Namespace) -> Daemon:
         config.validate()
     except ValueError as error:
         raise command.UsageError(error) from None
-    return Daemon(config, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+    return Daemon(config, command.api_client_from(args, Path(args.kubeconfig) if args.kubeconfig else None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,7 @@ from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
-from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, api_client
+from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, BoundedApiClient, api_client
 from tessera.serving import HttpServer
 from tessera.watching import Reachability
 
@@ -173,7 +173,8 @@ class Daemon(Stoppable):
         # never run then.
         if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
             return
-        if not _first_of(self.cordon.synced, self._stop, CONNECT_TIMEOUT + READ_TIMEOUT):
+        call_bound = sum(self._kube.timeout) if isinstance(self._kube, BoundedApiClient) else None
+        if not _first_of(self.cordon.synced, self._stop, call_bound or CONNECT_TIMEOUT + READ_TIMEOUT):
             return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)

@@ -35,7 +35,6 @@ from tessera.exporter.events import PodEvents
 from tessera.exporter.metrics import DaemonMetrics
 from tessera.exporter.server import MetricsServer
 from tessera.exporter.watched_nvml import WatchedNvml, initialised
-from tessera.kube import api_client
 from tessera.names import METRICS_PORT
 from tessera.quantity import quantity_to_int
 from tessera.serving import Endpoints, HttpServer
@@ -135,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
         float,
     )
     command.log_flags(p, "TESSERA_")
+    command.api_flags(p, "TESSERA_")
     return p
 
 
@@ -279,7 +279,7 @@ def exporter(args: argparse.Namespace) -> Exporter:
         raise command.UsageError(
             f"the bypass period must be more than 0 and less than 1 second, not {args.bypass_period}"
         )
-    return Exporter(args, api_client(Path(args.kubeconfig) if args.kubeconfig else None))
+    return Exporter(args, command.api_client_from(args, Path(args.kubeconfig) if args.kubeconfig else None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from tessera import command
 from tessera.command import Stoppable
-from tessera.kube import api_client, when_reachable
+from tessera.kube import when_reachable
 from tessera.serving import TlsFiles, read_client_ca
 from tessera.settings import setting, switch
 from tessera.webhook import seccomp
@@ -270,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
         "--kubeconfig", type=Path, default=None, help="kubeconfig; default $KUBECONFIG, else in-cluster"
     )
     command.log_flags(p, env)
+    command.api_flags(p, env)
     return p
 
 
@@ -393,7 +394,7 @@ class Webhook(Stoppable):
             )
         self._args = args
         self._policy = admission_policy(args)
-        self._api = api_client(args.kubeconfig)
+        self._api = command.api_client_from(args, args.kubeconfig)
         # The Secrets they read are the webhook's to serve with: it waits for the API server rather
         # than exit, so that it serves as soon as the server is back (tessera.kube.when_reachable).
         self._client_secret = when_reachable(

@@ -21,7 +21,6 @@ from waitress import create_server
 from waitress.server import BaseWSGIServer
 
 from tessera import command
-from tessera.kube import api_client
 from tessera.kubectl import snapshot
 from tessera.settings import setting
 from tessera.webview import usage_history
@@ -69,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
         float,
     )
     command.log_flags(p, "TESSERA_WEBVIEW_")
+    command.api_flags(p, "TESSERA_WEBVIEW_")
     return p
 
 
@@ -99,7 +99,7 @@ class WebView(command.Stoppable):
         super().__init__()
         self.fatal: str | None = None
         self._args = args
-        self._api = api_client(args.kubeconfig)
+        self._api = command.api_client_from(args, args.kubeconfig)
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 

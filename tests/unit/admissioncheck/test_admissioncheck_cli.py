@@ -67,6 +67,29 @@ def test_leader_election_without_a_namespace_is_a_usage_error(monkeypatch: pytes
     assert alone.elector is None and not alone.deciding()
 
 
+def test_the_lease_timings_are_settings_and_must_nest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retry period < renew deadline < lease duration, or no elector is made: a leader that could
+    renew no faster than its standby takes over would let two replicas decide at once."""
+    monkeypatch.setenv("POD_NAMESPACE", "tessera-system")
+    monkeypatch.setenv("TESSERA_ADMISSION_CHECK_LEADER_ELECTION_LEASE_DURATION", "6")
+    check = AdmissionCheck(
+        parser().parse_args(["--leader-election-renew-deadline=4", "--leader-election-retry-period=1"]),
+        client.ApiClient(),
+    )
+    assert check.elector is not None
+    assert (check.elector.lease_duration, check.elector.renew_deadline, check.elector.retry_period) == (
+        6,
+        4,
+        1,
+    )
+    monkeypatch.delenv("TESSERA_ADMISSION_CHECK_LEADER_ELECTION_LEASE_DURATION")
+    defaults = AdmissionCheck(parser().parse_args([]), client.ApiClient()).elector
+    assert defaults is not None
+    assert (defaults.lease_duration, defaults.renew_deadline, defaults.retry_period) == (15, 10, 2)
+    with pytest.raises(UsageError, match="retry period < renew deadline < lease duration"):
+        AdmissionCheck(parser().parse_args(["--leader-election-renew-deadline=20"]), client.ApiClient())
+
+
 def test_the_probe_port_answers_the_probes_alone_and_the_health_port_the_metrics_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -9,11 +9,13 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tessera import command
 from tessera.command import run_until_signalled
+from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, WATCH_IDLE_TIMEOUT, BoundedApiClient
 
 
 class Recorder:
@@ -117,3 +119,35 @@ def test_main_configures_logging_from_the_environment_and_runs_the_service(
     assert command.main(_parser(), service, logging.getLogger("t"), []) == 1
     assert made[0].log_level == "warning" and logging.getLogger().level == logging.WARNING
     assert "[env TESSERA_TEST_LOG_FORMAT]" in _parser().format_help()
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def test_the_api_bounds_come_from_the_flags_or_the_environment_else_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every daemon's client waits --api-timeout for an answer and --api-watch-idle-timeout for a
+    watch's next byte; the outage tests run the daemons with shorter bounds through these."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+
+    def client_of(argv: list[str]) -> BoundedApiClient:
+        p = argparse.ArgumentParser(prog="t")
+        command.api_flags(p, "TESSERA_TEST_")
+        return command.api_client_from(p.parse_args(argv), kubeconfig)
+
+    defaults = client_of([])
+    assert (defaults.timeout, defaults.watch_idle_timeout) == (
+        (CONNECT_TIMEOUT, READ_TIMEOUT),
+        WATCH_IDLE_TIMEOUT,
+    )
+    monkeypatch.setenv("TESSERA_TEST_API_WATCH_IDLE_TIMEOUT", "20")
+    configured = client_of(["--api-timeout=7"])
+    assert (configured.timeout, configured.watch_idle_timeout) == ((CONNECT_TIMEOUT, 7.0), 20.0)

@@ -148,15 +148,13 @@ def test_a_call_that_names_its_own_timeout_keeps_it(
 
 @pytest.mark.timeout(60)
 def test_a_watch_that_goes_silent_is_dropped_and_the_list_taken_again(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    silent_for: StartServer,
+    tmp_path: Path, silent_for: StartServer
 ) -> None:
-    """The server accepted the watch and then fell silent (no event, no close): after the watch's read
-    bound the loop gives the connection up and lists again, so the cache is rebuilt, not frozen."""
-    monkeypatch.setattr(watching, "_WATCH_READ_TIMEOUT", 0.5)
+    """The server accepted the watch and then fell silent (no event, no close): after the client's
+    watch idle bound (a daemon's --api-watch-idle-timeout) the loop gives the connection up and lists
+    again, so the cache is rebuilt, not frozen. The watch asked the server to end it sooner."""
     server = silent_for(lambda path: "watch=true" in path)
-    core = client.CoreV1Api(api_client(server.kubeconfig(tmp_path / "kubeconfig")))
+    core = client.CoreV1Api(api_client(server.kubeconfig(tmp_path / "kubeconfig"), watch_idle_timeout=2.0))
     synced = threading.Semaphore(0)
     stop = threading.Event()
 
@@ -174,7 +172,9 @@ def test_a_watch_that_goes_silent_is_dropped_and_the_list_taken_again(
     try:
         assert synced.acquire(timeout=30), "the first list"
         assert synced.acquire(timeout=30), "listed again after the silent watch"
-        assert any("watch=true" in path and "resourceVersion=7" in path for path in server.requests)
+        watches = [path for path in server.requests if "watch=true" in path]
+        assert any("resourceVersion=7" in path for path in watches)
+        assert all("timeoutSeconds=1&" in path + "&" for path in watches), watches
     finally:
         stop.set()
         server.release.set()

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tessera.settings import repeated, setting, switch
+from tessera.settings import repeated, seconds, setting, switch
 
 
 def parse(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str]) -> argparse.Namespace:
@@ -55,3 +55,22 @@ def test_each_help_names_the_variable_the_flag_reads() -> None:
         "watch": "watch or not [env T_WATCH]",
         "extra": "extras; repeatable [env T_EXTRA, a,b]",
     }
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bound_in_seconds_that_could_never_pass_or_never_end_stops_the_program(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    p = argparse.ArgumentParser(prog="t")
+    setting(p, "--wait", "T_WAIT", 30.0, "a bound", seconds)
+    with pytest.raises(SystemExit):
+        p.parse_args([f"--wait={value}"])
+    assert "--wait" in capsys.readouterr().err
+    monkeypatch.setenv("T_WAIT", value)
+    with pytest.raises(SystemExit):
+        setting(argparse.ArgumentParser(prog="t"), "--wait", "T_WAIT", 30.0, "a bound", seconds)
+    assert f"$T_WAIT='{value}' is not valid" in capsys.readouterr().err
+    monkeypatch.setenv("T_WAIT", "2.5")
+    p = argparse.ArgumentParser(prog="t")
+    setting(p, "--wait", "T_WAIT", 30.0, "a bound", seconds)
+    assert p.parse_args([]).wait == 2.5
