@@ -115,6 +115,7 @@ class DriverNode:
         metrics_address: str = "127.0.0.1",
         metrics_port: int | None = None,
         exporter_args: Sequence[str] = (),
+        daemon_args: Sequence[str] = (),
     ) -> None:
         self.cluster = cluster
         self.node_name = node_name
@@ -147,6 +148,8 @@ class DriverNode:
         self.metrics_port = 0
         self.exporter_args = list(exporter_args)
         """More tessera-exporter flags (its bypass loop's action, tolerance and bound)."""
+        self.daemon_args = list(daemon_args)
+        """More tessera-driver flags (its API server bounds)."""
         self.process: ManagedProcess | None = None
         self.exporter: ManagedProcess | None = None
         self.starts = 0
@@ -179,6 +182,7 @@ class DriverNode:
             f"--health-port={self.health_port}",
             "--health-address=127.0.0.1",
             "--log-level=debug",
+            *self.daemon_args,
         ]
 
     def exporter_argv(self) -> list[str]:
