@@ -488,16 +488,18 @@ def admission_check_process(
 
 
 @contextlib.contextmanager
-def checked_kueue_cluster() -> Iterator[tuple[LocalCluster, client.ApiClient, ManagedProcess, int]]:
+def checked_kueue_cluster(
+    *check_args: str,
+) -> Iterator[tuple[LocalCluster, client.ApiClient, ManagedProcess, int]]:
     """The local control plane with Kueue (charging GPU memory and cores through
-    ``KUEUE_RESOURCES``) and the admission check running with its caches synced: the cluster, an
-    admin client, the check's process and its health port."""
+    ``KUEUE_RESOURCES``) and the admission check, with ``check_args`` added to its flags, running
+    with its caches synced: the cluster, an admin client, the check's process and its health port."""
     missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
     if missing:
         raise RuntimeError(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
     with LocalCluster(kueue=KueueOptions(extra_config={"resources": KUEUE_RESOURCES})) as cluster:
         api = api_client(cluster.admin_kubeconfig)
-        process, port = admission_check_process(cluster)
+        process, port = admission_check_process(cluster, *check_args)
         process.wait_until(lambda: http_status(port, "/readyz") == 200, 120, "caches synced")
         yield cluster, api, process, port
 
