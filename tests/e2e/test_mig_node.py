@@ -68,12 +68,21 @@ def mig_node(
 
 
 def node_slice(kube: client.ApiClient, node: str) -> dict[str, Any]:
-    (item,) = raw_json(
-        client.ResourceV1Api(kube).list_resource_slice(
-            field_selector=f"spec.nodeName={node}", _preload_content=False
-        )
-    )["items"]
-    return dict(item)
+    """The node's one slice. The kubelet may delete it at any time (when it starts, or 30 s after a
+    registration of the daemon timed out on a loaded machine) and the daemon puts it back within
+    moments (tessera/driver/slices.py), so a moment without it is waited out, not taken as the
+    answer."""
+
+    def published() -> dict[str, Any] | None:
+        items = raw_json(
+            client.ResourceV1Api(kube).list_resource_slice(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+        )["items"]
+        assert len(items) <= 1, f"one slice per node, found {len(items)}"
+        return dict(items[0]) if items else None
+
+    return poll_until(published, 60, f"the slice of {node}")
 
 
 def kinds(published: dict[str, Any]) -> list[tuple[str, str]]:
