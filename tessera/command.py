@@ -11,14 +11,16 @@ not start or failed, 2 (one line on stderr) when the flags make no sense.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from tessera import logs
 from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, WATCH_IDLE_TIMEOUT, BoundedApiClient, api_client
@@ -123,14 +125,34 @@ def run_until_signalled(service: Service, log: logging.Logger) -> int:
     return 0
 
 
+def end_process(status: int) -> NoReturn:
+    """Exit with ``status`` now, skipping the interpreter's shutdown.
+
+    Why: a stopped service may leave loops in daemon threads (a watch or a write the API server
+    never answers: bounded by their own timeouts, not stopped), still inside an SSL read or a log
+    write. The interpreter's shutdown and the C libraries' exit handlers then run around them, and
+    under load a daemon stopped cleanly during an API outage aborted there (SIGABRT, after its
+    "stopped" line), which the kubelet counts as a crash. Everything logged so far is flushed
+    first; nothing else is left to do by then."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
 def main(
     parser: argparse.ArgumentParser,
     service: Callable[[argparse.Namespace], Service],
     log: logging.Logger,
     argv: Sequence[str] | None = None,
+    *,
+    end: Callable[[int], object] = end_process,
 ) -> int:
     """Parse ``argv`` (the process's arguments when None), configure logging, make the service from
-    the flags and run it until a signal; the exit status."""
+    the flags, run it until a signal, and ``end`` the process with its exit status
+    (:func:`end_process`; a test passes its own). Flags that make no sense return 2 before
+    anything has started."""
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     try:
@@ -138,4 +160,6 @@ def main(
     except UsageError as error:
         print(f"{parser.prog}: {error}", file=sys.stderr)
         return 2
-    return run_until_signalled(running, log)
+    status = run_until_signalled(running, log)
+    end(status)
+    return status
