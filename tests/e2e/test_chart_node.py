@@ -3,7 +3,8 @@ webhook (Deployment) as pods from the locally built images (testbed/product_imag
 images images/Dockerfile builds) on two test-bed nodes with simulated GPUs. The examples in
 examples/, applied with kubectl unchanged, run with their shares placed and their limits enforced
 inside the containers; `helm test` passes; port 31995 on each node answers with the examples'
-metrics; a GPU pod no GPU can take is told why by one Event of the webhook's; a webhook pod
+metrics; `kubectl tessera` agrees with the allocations, and a GPU pod that waits is told each of
+the five reasons by `why` and by one Event of the webhook's; a webhook pod
 deleted while GPU pods are created refuses none; `helm upgrade` with changed values rolls the
 DaemonSet and a prepared claim survives it.
 
@@ -12,6 +13,7 @@ What the test bed sets through values, and why: testbed/chart_bed.py.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
@@ -32,11 +34,13 @@ from tessera.kube import raw_json
 from tessera.kubectl import usage as kubectl_usage
 from tessera.kubectl.cli import main as kubectl_tessera
 from tessera.names import (
+    CORDONED_TAINT,
     DEVICE_TYPE_ATTRIBUTE,
     DRIVER_NAME,
     HAMI_GPU,
     HAMI_GPUMEM,
     HAMI_USE_TYPE,
+    HAMI_USE_UUID,
     METRICS_PORT,
     UUID_ATTRIBUTE,
 )
@@ -63,7 +67,7 @@ from testbed.helm import REPO
 from testbed.images import TOOLS_IMAGE
 from testbed.kubectl import port_forward
 from testbed.node import NodeFactory
-from testbed.pod_state import events, sections
+from testbed.pod_state import events, sections, wait_for_pod, wait_until_unschedulable
 from testbed.pod_stream import PodStream, in_metrics
 from testbed.polling import poll_until
 from testbed.product_images import load_manifest, product_images, project_version
@@ -73,6 +77,8 @@ pytestmark = pytest.mark.e2e
 
 WAITING_LOOK_SECONDS = 15.0
 """The webhook's --explain-waiting-period (its default): how often each replica looks at waiting pods."""
+PRODUCT = make_gpus(1)[0].name
+"""What the release's simulated GPUs call themselves."""
 WAITING_EVENT_SECONDS = 120.0
 """How long a waiting pod's Event may take: the scheduler's first attempt, the test bed's 5 s
 (explainWaitingAfterSeconds), a look, and room for a loaded machine."""
@@ -325,14 +331,7 @@ def test_kubectl_tessera_agrees_with_the_allocation_and_the_exporter(
         "exporters read through the proxy"
     )
 
-    def plugin(*argv: str) -> dict[str, Any]:
-        out, err = io.StringIO(), io.StringIO()
-        status = kubectl_tessera(
-            [*argv, "-o", "json", "--kubeconfig", str(cluster.admin_kubeconfig)], out, err
-        )
-        assert status == 0, err.getvalue()
-        data: dict[str, Any] = json.loads(out.getvalue())
-        return data
+    plugin = partial(kubectl_tessera_json, cluster)
 
     [share] = plugin("pods", "-n", namespace)["shares"]
     assert (share["pod"], share["claim"], share["node"], share["device"]) == (
@@ -375,39 +374,147 @@ def sleeping_gpu_pod(name: str, limits: dict[str, str], annotations: dict[str, s
     )
 
 
-def test_a_gpu_pod_no_gpu_can_take_is_told_why_once_by_the_webhook(
+def kubectl_tessera_json(cluster: LocalCluster, *argv: str) -> dict[str, Any]:
+    """``kubectl tessera ARGV -o json`` as kubectl runs it, with the test bed's kubeconfig."""
+    out, err = io.StringIO(), io.StringIO()
+    status = kubectl_tessera([*argv, "-o", "json", "--kubeconfig", str(cluster.admin_kubeconfig)], out, err)
+    assert status == 0, err.getvalue()
+    data: dict[str, Any] = json.loads(out.getvalue())
+    return data
+
+
+def idle_bed_gpus(bed: ChartBed) -> dict[str, list[tuple[str, str]]]:
+    """Node -> its GPUs (device, UUID) in device order, once no claim holds a share of any of them
+    (earlier tests' namespaces are deleted without waiting, and their shares go with their pods)."""
+    nodes = {node.name for node in bed.nodes}
+
+    def idle() -> dict[str, list[tuple[str, str]]] | None:
+        gpus = [
+            g for g in kubectl_tessera_json(bed.cluster, "gpus", "--no-usage")["gpus"] if g["node"] in nodes
+        ]
+        if len(gpus) != len(nodes) * GPUS_PER_NODE or any(g["memory"]["allocated"] for g in gpus):
+            return None
+        by_node: dict[str, list[tuple[str, str]]] = {}
+        for gpu in sorted(gpus, key=lambda g: (g["node"], g["device"])):
+            by_node.setdefault(gpu["node"], []).append((gpu["device"], gpu["uuid"]))
+        return by_node
+
+    return poll_until(idle, 180, "the release's GPUs free of shares")
+
+
+@contextlib.contextmanager
+def device_cordoned(kube: client.ApiClient, node: str, device: str) -> Iterator[None]:
+    """``device`` of ``node`` cordoned by a DeviceTaintRule, as docs/driver.md shows, for the
+    block's length."""
+    resource = client.ResourceV1Api(kube)
+    rule = f"cordon-{node}-{device}"
+    resource.create_device_taint_rule(
+        client.V1DeviceTaintRule.model_validate(
+            {
+                "metadata": {"name": rule},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER_NAME, "pool": node, "device": device},
+                    "taint": {"key": CORDONED_TAINT, "value": "maintenance", "effect": "NoSchedule"},
+                },
+            }
+        )
+    )
+    try:
+        yield
+    finally:
+        resource.delete_device_taint_rule(rule)
+
+
+def wait_running(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    def running() -> bool:
+        status = core.read_namespaced_pod(name, namespace).status
+        return status is not None and status.phase == "Running"
+
+    wait_for_pod(core, namespace, name, running, 120, f"{namespace}/{name} running")
+
+
+def test_each_reason_a_gpu_pod_waits_is_told_by_why_and_once_by_the_webhook(
     chart_bed: ChartBed, namespace: str
 ) -> None:
-    """A HAMi pod asking for an A100 where the nodes have H100s: the scheduler leaves it Pending with
-    its generic sentence, and the webhook's replicas put one Event on it that names the type and the
-    products the cluster has, and write no other while that stands (two more looks of each)."""
+    """The five reasons of a waiting GPU pod, at once on the release's two real nodes (two 80 GiB
+    H100s each, here a0 a1 b0 b1), after three running pods hold 70 GiB of a0, b0 and b1 and a
+    DeviceTaintRule cordons a1: a type no GPU has; a UUID no GPU has; 20 GiB on a0, b0 or b1 (10 GiB
+    free on each); 20 GiB on any of them (only a1 has room, and it is cordoned); two GPUs among a0
+    and b0 (one on each node). `kubectl tessera why` gives each pod its one sentence; the webhook's
+    replicas put one Event on each pod with that sentence, and write no other while it stands
+    (two more looks of each replica)."""
     bed = chart_bed
     wait_rolled_out(bed)
+    (node_a, ((_, a0), (a1_device, a1))), (node_b, ((_, b0), (_, b1))) = sorted(idle_bed_gpus(bed).items())
     core = client.CoreV1Api(bed.kube)
-    core.create_namespaced_pod(
-        namespace,
-        sleeping_gpu_pod("wants-a100", {HAMI_GPU: "1", HAMI_GPUMEM: "1000"}, {HAMI_USE_TYPE: "a100"}),
-    )
 
-    def told() -> list[dict[str, Any]]:
-        return list(
-            raw_json(
-                core.list_namespaced_event(
-                    namespace,
-                    field_selector=f"involvedObject.name=wants-a100,reason={waiting_pods.REASON}",
-                    _preload_content=False,
-                )
-            )["items"]
+    def share(gi: int, uuids: list[str], gpus: int = 1) -> tuple[dict[str, str], dict[str, str]]:
+        return {HAMI_GPU: str(gpus), HAMI_GPUMEM: str(gi * 1024)}, {HAMI_USE_UUID: ",".join(uuids)}
+
+    for uuid in (a0, b0, b1):
+        core.create_namespaced_pod(namespace, sleeping_gpu_pod(f"holds-{uuid.lower()}", *share(70, [uuid])))
+    for uuid in (a0, b0, b1):
+        wait_running(core, namespace, f"holds-{uuid.lower()}")
+    expected = {
+        "wants-a100": "no GPU's product contains 'a100' (this cluster has: ",
+        "wants-uuid": "no GPU has UUID 'GPU-nowhere' (this cluster has: ",
+        "cordoned-out": f"every GPU that fits is cordoned: {a1} on {node_a} ({CORDONED_TAINT})",
+        "two-gpus": "the claim asks for 2 different GPUs on one node, and no node has 2 GPUs with room: "
+        f"{node_a} has 1 ({a0}), {node_b} has 1 ({b0})",
+    }
+    waiting = {
+        "wants-a100": ({HAMI_GPU: "1", HAMI_GPUMEM: "1000"}, {HAMI_USE_TYPE: "a100"}),
+        "wants-uuid": ({HAMI_GPU: "1", HAMI_GPUMEM: "1000"}, {HAMI_USE_UUID: "GPU-nowhere"}),
+        "too-big": share(20, [a0, b0, b1]),
+        "cordoned-out": share(20, [a0, a1, b0, b1]),
+        "two-gpus": share(5, [a0, b0], gpus=2),
+    }
+    with device_cordoned(bed.kube, node_a, a1_device):
+        for name, (limits, annotations) in waiting.items():
+            core.create_namespaced_pod(namespace, sleeping_gpu_pod(name, limits, annotations))
+        for name in waiting:
+            wait_until_unschedulable(core, namespace, name, timeout=WAITING_EVENT_SECONDS)
+        said = {name: kubectl_tessera_json(bed.cluster, "why", name, "-n", namespace) for name in waiting}
+        for name in waiting:
+            assert not said[name]["fits"], said[name]
+            assert len(said[name]["reasons"]) == 1, said[name]
+        for name, sentence in expected.items():
+            [reason] = said[name]["reasons"]
+            assert reason.startswith(sentence) if name.startswith("wants-") else reason == sentence, reason
+        # Each GPU the claim may use, in the order the slices are listed.
+        room, lines = said["too-big"]["reasons"][0].split(": ", 1)
+        assert room == "no GPU the claim may use has room"
+        assert sorted(lines.split("; ")) == sorted(
+            f"{uuid} on {node} has 10Gi free, the claim asks 20Gi"
+            for uuid, node in ((a0, node_a), (b0, node_b), (b1, node_b))
         )
+        # The cluster may hold other modules' GPUs too: the first five products or UUIDs are named.
+        assert PRODUCT in said["wants-a100"]["reasons"][0]
+        assert a0 in said["wants-uuid"]["reasons"][0] or " more)" in said["wants-uuid"]["reasons"][0]
 
-    [event] = poll_until(told, WAITING_EVENT_SECONDS, "the webhook's Event on the waiting pod")
-    assert event["type"] == "Warning" and event["source"]["component"] == "tessera-webhook", event
-    assert event["message"].startswith(
-        "waits for a GPU share: no GPU's product contains 'a100' (this cluster has: "
-    ), event
-    assert "NVIDIA H100 80GB HBM3" in event["message"], event
-    time.sleep(2 * WAITING_LOOK_SECONDS)
-    assert [(e["metadata"]["name"], e.get("count")) for e in told()] == [(event["metadata"]["name"], 1)]
+        def told() -> dict[str, list[dict[str, Any]]] | None:
+            found: dict[str, list[dict[str, Any]]] = {name: [] for name in waiting}
+            for event in raw_json(
+                core.list_namespaced_event(
+                    namespace, field_selector=f"reason={waiting_pods.REASON}", _preload_content=False
+                )
+            )["items"]:
+                found[event["involvedObject"]["name"]].append(event)
+            return found if all(found.values()) else None
+
+        first = poll_until(told, WAITING_EVENT_SECONDS, "the webhook's Event on each waiting pod")
+        for name, [event] in first.items():
+            assert event["type"] == "Warning" and event["source"]["component"] == "tessera-webhook", event
+            assert event["message"] == "waits for a GPU share: " + said[name]["reasons"][0], event
+        time.sleep(2 * WAITING_LOOK_SECONDS)
+        again = told()
+        assert again is not None
+        assert {
+            name: [(e["metadata"]["name"], e.get("count")) for e in events] for name, events in again.items()
+        } == {name: [(event["metadata"]["name"], 1)] for name, [event] in first.items()}
+        for name in [*waiting, *(f"holds-{uuid.lower()}" for uuid in (a0, b0, b1))]:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        idle_bed_gpus(bed)  # the next test starts from free GPUs; the cordon goes after the pods
 
 
 SCREENSHOT = REPO / "build" / "screenshots" / "webview.png"
