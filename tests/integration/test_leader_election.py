@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -31,19 +30,6 @@ pytestmark = pytest.mark.integration
 
 NAMESPACE = "default"
 LEASE, RENEW, RETRY = 4.0, 2.5, 0.5
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def kube(cluster: LocalCluster) -> Iterator[client.ApiClient]:
-    api = api_client(cluster.admin_kubeconfig)
-    yield api
-    api.close()  # type: ignore[no-untyped-call]
 
 
 @dataclass
