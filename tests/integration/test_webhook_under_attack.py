@@ -36,10 +36,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 ATTACK_SECONDS = 60.0
 STREAM_SECONDS = 30.0
-STREAMS = 12
+STREAMS = 13
 """Pod streams at once, each creating a dry-run GPU pod every ``STREAM_EVERY`` seconds (paced by due
-times, so an answer slower than that delays only its own stream's next create): 50 creates a second
-offered together, which each stream keeps up while the API server answers within 240 ms."""
+times, so an answer slower than that delays only its own stream's next create): 54 creates a second
+offered together, so that the bar's 50 are made although some answers take longer than 240 ms
+(52.5/s measured on the 2-core machine, the test alone; the test prints the rate it got)."""
 STREAM_EVERY = 0.24
 PROBE_TIMEOUT = 1.0
 """The kubelet's default probe timeout."""
