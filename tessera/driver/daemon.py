@@ -37,7 +37,7 @@ from tessera.driver.health import dra_socket_answers
 from tessera.driver.slices import SlicePublisher
 from tessera.driver.state import DeviceState
 from tessera.driver.state_lock import StateLock
-from tessera.kube import CONNECT_TIMEOUT, READ_TIMEOUT, BoundedApiClient, api_client
+from tessera.kube import BoundedApiClient, api_client
 from tessera.serving import HttpServer
 from tessera.watching import Reachability
 
@@ -50,7 +50,7 @@ _STOP_CHECK = 0.05
 
 
 class Daemon(Stoppable):
-    def __init__(self, config: DriverConfig, kube: client.ApiClient | None = None) -> None:
+    def __init__(self, config: DriverConfig, kube: BoundedApiClient | None = None) -> None:
         config.validate()
         self.config = config
         self._kube = kube or api_client()
@@ -173,8 +173,7 @@ class Daemon(Stoppable):
         # never run then.
         if not _first_of(self.tracker.assessed, self._stop, config.nvml_timeout + 1.0):
             return
-        call_bound = sum(self._kube.timeout) if isinstance(self._kube, BoundedApiClient) else None
-        if not _first_of(self.cordon.synced, self._stop, call_bound or CONNECT_TIMEOUT + READ_TIMEOUT):
+        if not _first_of(self.cordon.synced, self._stop, sum(self._kube.timeout)):
             return
         publish()
         self._background("slice-publisher", self.publisher.run, self._stop, config.resync_interval)
