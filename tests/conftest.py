@@ -8,6 +8,7 @@ cluster fails, the tail of each component's log is attached to its report.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections.abc import Callable, Generator, Iterator
 from typing import Protocol, cast
@@ -77,6 +78,19 @@ def fake_node(kube: client.ApiClient) -> Iterator[Callable[..., str]]:
     core = client.CoreV1Api(kube)
     for name in made:
         core.delete_node(name)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """Give the root logger its handlers and level back after each test. A test that runs a command's
+    main() configures logging as the daemon would (tessera/logs.py): a handler on the sys.stderr of
+    that moment, which is the test's capture, closed when the test ends; left behind, it made every
+    later log line of the process fail with "I/O operation on closed file"."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def pytest_configure(config: pytest.Config) -> None:

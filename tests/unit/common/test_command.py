@@ -98,16 +98,6 @@ def test_flags_that_make_no_sense_exit_2_with_one_line_and_nothing_started(
     assert capsys.readouterr().err == "tessera-test: the node name is required\n"
 
 
-@pytest.fixture
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    yield
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-
-
-@pytest.mark.usefixtures("_restore_logging")
 def test_main_configures_logging_from_the_environment_and_runs_the_service(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
