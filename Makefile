@@ -90,7 +90,9 @@ dockerfile: venv host-packages
 
 # Two phases, each its own pytest run and JUnit report (`$(PY) -m tools.test_durations` sums them per
 # module), each ending with its slowest tests. First every test not marked `alone`, on TEST_WORKERS
-# pytest-xdist workers, a whole module per worker at a time, each worker with its own control plane
+# pytest-xdist workers, a whole module per worker at a time (the modules sharing the control plane
+# with Kueue as one unit: tests/conftest.py), in the order tests/conftest.py gives them (slowest
+# tier first; xdist's own reordering by test count is off), each worker with its own control plane
 # and nodes: most of the suite waits (outages, leases, alerts, rollouts), so the waits overlap on two
 # cores. Then the `alone` tests, which measure shares of time or behaviour under load, with nothing
 # beside them. Both phases run even if the first fails; make fails if either did. pytest exits 5
@@ -102,7 +104,7 @@ TEST_WORKERS ?= 4
 test: venv clients-cuda13 binaries simgpu lint
 	rm -f $(TEST_REPORTS)/*.xml
 	status=0; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" --junitxml=$(TEST_REPORTS)/parallel.xml --durations=25 || status=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" --junitxml=$(TEST_REPORTS)/parallel.xml --durations=25 || status=$$?; \
 	$(PY) -m pytest -m alone --junitxml=$(TEST_REPORTS)/alone.xml --durations=10 || status=$$?; \
 	exit $$status
 

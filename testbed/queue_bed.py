@@ -487,20 +487,34 @@ def admission_check_process(
     return process, port
 
 
+def kueue_cluster() -> LocalCluster:
+    """A local control plane (not started) with Kueue charging GPU memory and cores through
+    ``KUEUE_RESOURCES``: the one configuration every queue test and the benchmarks run Kueue with."""
+    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
+    if missing:
+        raise RuntimeError(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    return LocalCluster(kueue=KueueOptions(extra_config={"resources": KUEUE_RESOURCES}))
+
+
+def ready_admission_check(
+    cluster: LocalCluster, *check_args: str, name: str = "tessera-admission-check"
+) -> tuple[ManagedProcess, int]:
+    """:func:`admission_check_process` with ``check_args`` added to its flags, once its caches
+    have synced: the process and its health port."""
+    process, port = admission_check_process(cluster, *check_args, name=name)
+    process.wait_until(lambda: http_status(port, "/readyz") == 200, 120, "caches synced")
+    return process, port
+
+
 @contextlib.contextmanager
 def checked_kueue_cluster(
     *check_args: str,
 ) -> Iterator[tuple[LocalCluster, client.ApiClient, ManagedProcess, int]]:
-    """The local control plane with Kueue (charging GPU memory and cores through
-    ``KUEUE_RESOURCES``) and the admission check, with ``check_args`` added to its flags, running
-    with its caches synced: the cluster, an admin client, the check's process and its health port."""
-    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
-    if missing:
-        raise RuntimeError(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
-    with LocalCluster(kueue=KueueOptions(extra_config={"resources": KUEUE_RESOURCES})) as cluster:
+    """A :func:`kueue_cluster` of its own, running, with a :func:`ready_admission_check`: the
+    cluster, an admin client, the check's process and its health port."""
+    with kueue_cluster() as cluster:
         api = api_client(cluster.admin_kubeconfig)
-        process, port = admission_check_process(cluster, *check_args)
-        process.wait_until(lambda: http_status(port, "/readyz") == 200, 120, "caches synced")
+        process, port = ready_admission_check(cluster, *check_args)
         yield cluster, api, process, port
 
 

@@ -1,7 +1,10 @@
 """Fixtures shared by every test tier: the local control plane, API clients and namespaces.
 
 The cluster is session-scoped (starting it costs seconds; sharing it costs nothing because every test
-works in its own namespace and names its cluster-scoped objects uniquely). When a test that used the
+works in its own namespace and names its cluster-scoped objects uniquely). The control plane with
+Kueue (``kueue_cluster``) is shared too, by the modules listed in ``KUEUE_MODULES``, one module
+after another: they run next to each other (on one pytest-xdist worker under `make test`), each
+finds it as the one before it did, and it stops after the last of them. When a test that used a
 cluster fails, the tail of each component's log is attached to its report.
 """
 
@@ -15,14 +18,17 @@ from typing import Protocol, cast
 
 import pytest
 from kubernetes import client
+from xdist.scheduler import LoadScopeScheduling
 
 from tessera.kube import api_client
+from testbed import queue_bed
 from testbed.binaries import COMPONENTS
 from testbed.cluster import LocalCluster
 from testbed.fake_nodes import create_ready_node
 from testbed.interrupts import interrupt_on_sigterm
 from testbed.names import unique_name
 from testbed.polling import poll_until
+from testbed.shared_cluster import SharedCluster, Turn
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +44,74 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def kube(cluster: LocalCluster) -> client.ApiClient:
     return api_client(cluster.admin_kubeconfig)
+
+
+KUEUE_MODULES = frozenset(
+    {
+        "tests/e2e/test_queue_bar_real_node.py",
+        "tests/integration/test_admission_check_failover.py",
+        "tests/integration/test_admission_check_kueue.py",
+        "tests/integration/test_chart_queue_install.py",
+        "tests/integration/test_queue_bar.py",
+    }
+)
+"""The modules that take turns on ``kueue_cluster``: one unit of work, run one after another (on one
+worker under `make test`). Named by path because pytest-xdist's scheduler sees only node IDs: its
+own group marks no longer reach it under pytest 9.2 (pytest-xdist#1386), so the list is the one
+thing both the workers and the scheduler read. ``kueue_cluster`` refuses a module not listed."""
+
+_NEXT_ITEM = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.fixture(scope="session")
+def _kueue_control_plane() -> Iterator[SharedCluster]:
+    shared = SharedCluster(queue_bed.kueue_cluster)
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue_cluster(
+    request: pytest.FixtureRequest, _kueue_control_plane: SharedCluster
+) -> Iterator[LocalCluster]:
+    """The local control plane with Kueue configured as docs/queue.md says (gpumem and gpucores
+    charged as tessera.dev/gpu-memory and gpu-cores, times nvidia.com/gpu), this module's turn on it.
+    When the module ends, what it started beside the control plane stops and what it made goes
+    (testbed/shared_cluster.py), unless no module after it uses the cluster: then it stops."""
+    module = request.node.nodeid
+    if module not in KUEUE_MODULES:
+        pytest.fail(
+            f"{module} uses kueue_cluster but is not in KUEUE_MODULES (tests/conftest.py): the modules"
+            " sharing it must run one after another"
+        )
+    missing = [name for name in ("etcd", "kubernetes", "kueue") if COMPONENTS[name].missing()]
+    if missing:
+        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    cluster = _kueue_control_plane.get()
+    turn = Turn.begin(cluster)
+    yield cluster
+    following = request.session.stash.get(_NEXT_ITEM, None)
+    if following is not None and _unit_of(following.nodeid) == KUEUE_UNIT:
+        turn.end()
+    else:
+        _kueue_control_plane.stop()
+
+
+KUEUE_UNIT = "kueue-control-plane"
+
+
+def _unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or :data:`KUEUE_UNIT` for the modules of
+    :data:`KUEUE_MODULES`."""
+    module = nodeid.partition("::")[0]
+    return KUEUE_UNIT if module in KUEUE_MODULES else module
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Tell module fixtures, which tear down inside the last test's teardown, what runs next."""
+    item.session.stash[_NEXT_ITEM] = nextitem
+    return (yield)
 
 
 @contextlib.contextmanager
@@ -111,31 +185,55 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 TIER_ORDER = ("e2e", "integration", "dockerfile", "clients")
 """Tiers whose modules start first, slowest tier first. Under pytest-xdist (`make test`) a worker
-takes the next module when it is almost done with its last, in collection order: modules that
-wait minutes go first, and the tail of the run is made of the short ones."""
+takes the next unit of modules when it is almost done with its last, in collection order: modules
+that wait minutes go first, and the tail of the run is made of the short ones."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order modules by tier (:data:`TIER_ORDER`, then the rest as collected), or shuffled with
-    ``--shuffle-modules``; tests inside a module keep their order, since module fixtures and some
-    tests build on the ones before them. Every xdist worker collects with the same options, so all
-    of them see the same order, as xdist requires."""
+    """Order units of work (each module, or the :data:`KUEUE_MODULES` together) by tier
+    (:data:`TIER_ORDER`, then the rest as collected), or shuffled with ``--shuffle-modules``; the
+    modules of one unit run next to each other. Tests inside a module keep their order, since module
+    fixtures and some tests build on the ones before them. Every xdist worker collects with the same
+    options, so all of them see the same order, as xdist requires."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.partition("::")[0], []).append(item)
-    names = list(modules)
+    units: dict[str, list[str]] = {}
+    for module in modules:
+        units.setdefault(_unit_of(module), []).append(module)
     seed = config.getoption("--shuffle-modules")
     if seed is not None:
-        random.Random(seed).shuffle(names)
+        shuffle = random.Random(seed).shuffle
+        for unit_modules in units.values():
+            shuffle(unit_modules)
+        order = list(units)
+        shuffle(order)
     else:
-        names.sort(key=_tier_rank)  # stable: modules of one tier keep their collection order
-    items[:] = [item for name in names for item in modules[name]]
+        for unit_modules in units.values():
+            unit_modules.sort(key=_tier_rank)  # stable: modules of one tier keep their collection order
+        order = sorted(units, key=lambda unit: _tier_rank(units[unit][0]))
+    items[:] = [item for unit in order for module in units[unit] for item in modules[module]]
 
 
 def _tier_rank(module_path: str) -> int:
     parts = module_path.split("/")
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+
+
+class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    """pytest-xdist's ``loadfile`` distribution, with the :data:`KUEUE_MODULES` as one unit: a worker
+    takes a whole module, or all of those modules, at a time, so module fixtures are made once and
+    the modules sharing the control plane with Kueue run one after another on one worker."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return _unit_of(nodeid)
+
+
+@pytest.hookimpl
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling | None:
+    """`make test` runs ``--dist loadfile``: distribute by :class:`ModuleScheduling` then."""
+    return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 class HasLogTails(Protocol):

@@ -37,7 +37,6 @@ from testbed import queue_bed
 from testbed.cluster import LocalCluster
 from testbed.driver_node import DriverNode, ensure_device_class
 from testbed.kubectl import kubectl
-from testbed.kueue import KueueOptions
 from testbed.names import unique_name
 from testbed.node import NodeFactory, RealNode
 from testbed.polling import poll_until
@@ -70,74 +69,68 @@ class GangBed:
 
 
 @pytest.fixture(scope="module")
-def bed(probe_image: Path) -> Iterator[GangBed]:
+def bed(probe_image: Path, kueue_cluster: LocalCluster) -> Iterator[GangBed]:
     if os.geteuid() != 0:
         pytest.skip("real nodes need root: containerd and the kubelet mount, and manage cgroups and links")
-    options = KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})
-    with LocalCluster(kueue=options) as cluster:
-        api = api_client(cluster.admin_kubeconfig)
-        ensure_device_class(api)
-        factory = NodeFactory(cluster)
+    api = api_client(kueue_cluster.admin_kubeconfig)
+    ensure_device_class(api)
+    factory = NodeFactory(kueue_cluster)
+    driver: DriverNode | None = None
+    unschedulable: dict[str, str] = {}
+    together: list[set[str]] = []
+    stop = threading.Event()
+    webhook: RunningWebhook | None = None
+    try:
         [node] = factory.start(1, extra_images=[probe_image])
         driver = DriverNode(
-            cluster,
+            kueue_cluster,
             node.name,
             kubelet_root=node.paths.kubelet_root,
             cdi_dir=node.paths.cdi_dir,
             gpus=4,
             memory_bytes=48 * GiB,
         )
-        unschedulable: dict[str, str] = {}
-        together: list[set[str]] = []
-        stop = threading.Event()
-        webhook: RunningWebhook | None = None
-        try:
-            driver.start()
-            driver.wait_ready()
-            webhook = RunningWebhook(api, cluster)
-            process, port = queue_bed.admission_check_process(cluster)
-            process.wait_until(lambda: queue_bed.http_status(port, "/readyz") == 200, 120, "caches synced")
-            queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", "gpus", {}))
-            queue_bed.create(api, queue_bed.admission_check(CHECK))
-            quota = {"nvidia.com/gpu": "100", queue_bed.GPU_MEMORY: "1000Gi", queue_bed.GPU_CORES: "10000"}
-            queue_bed.create(api, queue_bed.cluster_queue("gang-cq", "gpus", quota, checks=[CHECK]))
-            core = client.CoreV1Api(api)
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-            poll_until(lambda: core.read_namespaced_service_account("default", NAMESPACE), 60, "default SA")
-            queue_bed.create(api, queue_bed.local_queue("q", NAMESPACE, "gang-cq"))
-            running: dict[str, bool] = {}
+        driver.start()
+        driver.wait_ready()
+        webhook = RunningWebhook(api, kueue_cluster)
+        queue_bed.ready_admission_check(kueue_cluster)
+        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", "gpus", {}))
+        queue_bed.create(api, queue_bed.admission_check(CHECK))
+        quota = {"nvidia.com/gpu": "100", queue_bed.GPU_MEMORY: "1000Gi", queue_bed.GPU_CORES: "10000"}
+        queue_bed.create(api, queue_bed.cluster_queue("gang-cq", "gpus", quota, checks=[CHECK]))
+        core = client.CoreV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+        poll_until(lambda: core.read_namespaced_service_account("default", NAMESPACE), 60, "default SA")
+        queue_bed.create(api, queue_bed.local_queue("q", NAMESPACE, "gang-cq"))
+        running: dict[str, bool] = {}
 
-            def on_pod(kind: str, obj: Any) -> None:
-                for pod in obj["items"] if kind == "SYNCED" else [obj]:
-                    name = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
-                    for condition in (pod.get("status") or {}).get("conditions") or []:
-                        if (
-                            condition.get("type") == "PodScheduled"
-                            and condition.get("reason") == "Unschedulable"
-                        ):
-                            unschedulable[name] = condition.get("message", "")
-                    labels = pod["metadata"].get("labels", {})
-                    if (
-                        pod["metadata"].get("namespace") == NAMESPACE
-                        and labels.get("batch.kubernetes.io/job-name") == "gang"
-                    ):
-                        running[name] = (
-                            kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running"
-                        )
-                        together.append({n for n, up in running.items() if up})
+        def on_pod(kind: str, obj: Any) -> None:
+            for pod in obj["items"] if kind == "SYNCED" else [obj]:
+                name = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+                for condition in (pod.get("status") or {}).get("conditions") or []:
+                    if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                        unschedulable[name] = condition.get("message", "")
+                labels = pod["metadata"].get("labels", {})
+                if (
+                    pod["metadata"].get("namespace") == NAMESPACE
+                    and labels.get("batch.kubernetes.io/job-name") == "gang"
+                ):
+                    running[name] = kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running"
+                    together.append({n for n, up in running.items() if up})
 
-            threading.Thread(
-                target=watch_forever,
-                args=(core.list_pod_for_all_namespaces, on_pod, stop, "pods"),
-                daemon=True,
-            ).start()
-            yield GangBed(cluster, api, node, unschedulable, together)
-        finally:
-            stop.set()
-            if webhook is not None:
-                webhook.stop()
+        threading.Thread(
+            target=watch_forever,
+            args=(core.list_pod_for_all_namespaces, on_pod, stop, "pods"),
+            daemon=True,
+        ).start()
+        yield GangBed(kueue_cluster, api, node, unschedulable, together)
+    finally:
+        stop.set()
+        if webhook is not None:
+            webhook.stop()
+        if driver is not None:
             driver.cleanup()
-            factory.stop_all()
+        factory.stop_all()
 
 
 def filler(name: str, uuid: str) -> dict[str, Any]:

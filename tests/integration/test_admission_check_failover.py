@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
+from tessera.kube import api_client
 from testbed import queue_bed
+from testbed.cluster import LocalCluster
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from testbed.process import ManagedProcess
@@ -54,16 +55,16 @@ def decisions(process: ManagedProcess) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two_replicas() -> Iterator[tuple[client.ApiClient, list[tuple[ManagedProcess, int]]]]:
-    with queue_bed.checked_kueue_cluster(*LEASE_TIMINGS) as (cluster, api, first, first_port):
-        second, second_port = queue_bed.admission_check_process(
-            cluster, *LEASE_TIMINGS, name="tessera-admission-check-2"
-        )
-        second.wait_until(lambda: queue_bed.http_status(second_port, "/readyz") == 200, 120, "caches synced")
-        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", "default-flavor", {}))
-        queue_bed.create(api, queue_bed.admission_check(CHECK))
-        queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", "default-flavor", QUOTA, checks=[CHECK]))
-        yield api, [(first, first_port), (second, second_port)]
+def two_replicas(kueue_cluster: LocalCluster) -> tuple[client.ApiClient, list[tuple[ManagedProcess, int]]]:
+    api = api_client(kueue_cluster.admin_kubeconfig)
+    first, first_port = queue_bed.ready_admission_check(kueue_cluster, *LEASE_TIMINGS)
+    second, second_port = queue_bed.ready_admission_check(
+        kueue_cluster, *LEASE_TIMINGS, name="tessera-admission-check-2"
+    )
+    queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", "default-flavor", {}))
+    queue_bed.create(api, queue_bed.admission_check(CHECK))
+    queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", "default-flavor", QUOTA, checks=[CHECK]))
+    return api, [(first, first_port), (second, second_port)]
 
 
 def test_the_leader_killed_while_workloads_wait_the_standby_admits_what_fits_once(

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from tessera.admissioncheck.controller import ARRIVAL_WINDOW_SECONDS
 from tessera.gpu_request import GpuRequest, request_to_annotation
-from tessera.kube import raw_json
+from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB, quantity_to_int
 from testbed import queue_bed
 from testbed.cluster import LocalCluster
@@ -49,12 +49,13 @@ class QueueBed:
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[QueueBed]:
-    with queue_bed.checked_kueue_cluster() as (cluster, api, process, port):
-        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
-        queue_bed.create(api, queue_bed.admission_check(CHECK))
-        queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", FLAVOR, HUGE_QUOTA, checks=[CHECK]))
-        yield QueueBed(cluster, api, process, port)
+def bed(kueue_cluster: LocalCluster) -> QueueBed:
+    api = api_client(kueue_cluster.admin_kubeconfig)
+    process, port = queue_bed.ready_admission_check(kueue_cluster)
+    queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
+    queue_bed.create(api, queue_bed.admission_check(CHECK))
+    queue_bed.create(api, queue_bed.cluster_queue("gpu-cq", FLAVOR, HUGE_QUOTA, checks=[CHECK]))
+    return QueueBed(kueue_cluster, api, process, port)
 
 
 @pytest.fixture

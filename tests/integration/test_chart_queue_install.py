@@ -26,9 +26,8 @@ from tessera.kube import api_client, raw_json
 from tessera.quantity import GiB, quantity_to_int
 from testbed import queue_bed
 from testbed.accounts import token_kubeconfig
-from testbed.binaries import COMPONENTS
 from testbed.cluster import LocalCluster
-from testbed.kueue import VALIDATING_CONFIGURATION, KueueOptions
+from testbed.kueue import VALIDATING_CONFIGURATION
 from testbed.names import unique_name
 from testbed.polling import poll_until
 from testbed.process import ManagedProcess
@@ -45,17 +44,6 @@ ANYWHERE = "some-namespace"
 NO_CLUSTER_SINGLETONS: dict[str, Any] = {
     "deviceClass": {"enabled": False},
 }
-
-
-@pytest.fixture(scope="module")
-def kueue_cluster() -> Iterator[LocalCluster]:
-    """A control plane with Kueue v0.17, configured as docs/queue.md says (gpumem and gpucores
-    charged as tessera.dev/gpu-memory and gpu-cores, times nvidia.com/gpu)."""
-    missing = [n for n in ("etcd", "kubernetes", "kueue", "helm") if COMPONENTS[n].missing()]
-    if missing:
-        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
-    with LocalCluster(kueue=KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})) as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tessera.kube import raw_json
+from tessera.kube import api_client, raw_json
 from tessera.watching import watch_forever
 from testbed import pod_state, queue_bed
 from testbed.cluster import LocalCluster
@@ -79,27 +79,28 @@ class Bar:
 
 
 @pytest.fixture(scope="module")
-def bar() -> Iterator[Bar]:
-    with queue_bed.checked_kueue_cluster() as (cluster, api, _, _):
-        ensure_device_class(api)
-        queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
-        queue_bed.create(api, queue_bed.admission_check(CHECK))
-        for name, value in PRIORITIES.items():
-            queue_bed.create(api, queue_bed.priority_class(name, value))
-        watcher = PodWatcher()
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=watch_forever,
-            args=(client.CoreV1Api(api).list_pod_for_all_namespaces, watcher.handle, stop, "pods"),
-            daemon=True,
-        )
-        thread.start()
-        webhook = RunningWebhook(api, cluster)
-        try:
-            yield Bar(cluster, api, watcher, webhook)
-        finally:
-            stop.set()
-            webhook.stop()
+def bar(kueue_cluster: LocalCluster) -> Iterator[Bar]:
+    api = api_client(kueue_cluster.admin_kubeconfig)
+    queue_bed.ready_admission_check(kueue_cluster)
+    ensure_device_class(api)
+    queue_bed.create(api, queue_bed.kueue_object("ResourceFlavor", FLAVOR, {}))
+    queue_bed.create(api, queue_bed.admission_check(CHECK))
+    for name, value in PRIORITIES.items():
+        queue_bed.create(api, queue_bed.priority_class(name, value))
+    watcher = PodWatcher()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=watch_forever,
+        args=(client.CoreV1Api(api).list_pod_for_all_namespaces, watcher.handle, stop, "pods"),
+        daemon=True,
+    )
+    thread.start()
+    webhook = RunningWebhook(api, kueue_cluster)
+    try:
+        yield Bar(kueue_cluster, api, watcher, webhook)
+    finally:
+        stop.set()
+        webhook.stop()
 
 
 @pytest.fixture
