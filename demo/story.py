@@ -26,8 +26,6 @@ from tessera.quantity import GiB, MiB, quantity_to_int
 from testbed import chart_bed as charts
 from testbed import queue_bed
 from testbed.chart_bed import EXAMPLES, ChartBed
-from testbed.cluster import LocalCluster
-from testbed.kueue import KueueOptions
 from testbed.node import NodeFactory
 from testbed.pod_state import events, sections
 from testbed.polling import poll_until
@@ -106,8 +104,7 @@ def demo_bed(work: Path) -> Iterator[ChartBed]:
     """The control plane with Kueue, NODES real nodes with simulated GPUs, and the chart installed
     with the admission check and the example queues; everything stopped afterwards."""
     step("Starting a local control plane (etcd, kube-apiserver, controller manager, scheduler) and Kueue")
-    options = KueueOptions(extra_config={"resources": queue_bed.KUEUE_RESOURCES})
-    with LocalCluster(kueue=options) as cluster:
+    with queue_bed.kueue_cluster() as cluster:
         kube = api_client(cluster.admin_kubeconfig)
         factory = NodeFactory(cluster)
         try:

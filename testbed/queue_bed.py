@@ -34,7 +34,6 @@ from tessera.watching import watch_forever
 from tessera.webhook.conversion import claim_template
 from tessera.webhook.fleet import Fleet
 from testbed.accounts import grant_in_namespace, service_account_token, token_kubeconfig
-from testbed.binaries import COMPONENTS
 from testbed.cluster import LocalCluster
 from testbed.fake_nodes import create_ready_node
 from testbed.kueue import KueueOptions
@@ -489,10 +488,8 @@ def admission_check_process(
 
 def kueue_cluster() -> LocalCluster:
     """A local control plane (not started) with Kueue charging GPU memory and cores through
-    ``KUEUE_RESOURCES``: the one configuration every queue test and the benchmarks run Kueue with."""
-    missing = [n for n in ("etcd", "kubernetes", "kueue") if COMPONENTS[n].missing()]
-    if missing:
-        raise RuntimeError(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    ``KUEUE_RESOURCES``: the configuration the queue tests, the demo and the benchmarks run Kueue
+    with. Starting it builds what is missing (tests check first: a build outlasts a test)."""
     return LocalCluster(kueue=KueueOptions(extra_config={"resources": KUEUE_RESOURCES}))
 
 
