@@ -244,6 +244,9 @@ def test_a_tenants_pod_dressed_as_an_exporter_is_not_read_for_live_figures(
             fake = {
                 "metadata": {"name": "exporter-lookalike", "labels": label_map(usage.EXPORTER_SELECTOR)},
                 "spec": {
+                    # Never placed: a real node of the session's (a kubelet) would take the pod and
+                    # write its own status (image not pulled, Pending) over the one below.
+                    "schedulingGates": [{"name": "tessera.dev/never"}],
                     "containers": [
                         {
                             "name": "exporter",
