@@ -253,7 +253,7 @@ def test_a_tenants_pod_dressed_as_an_exporter_is_not_read_for_live_figures(
                             "image": "example.invalid/any",
                             "ports": [{"name": "metrics", "containerPort": 31995}],
                         }
-                    ]
+                    ],
                 },
             }
             core.create_namespaced_pod(namespace, client.V1Pod.model_validate(fake))
