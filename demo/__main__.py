@@ -27,7 +27,9 @@ from testbed.interrupts import interrupt_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--keep", action="store_true", help="keep the cluster up afterwards, until Ctrl-C, for exploration"
+        "--keep",
+        action="store_true",
+        help="keep the cluster up afterwards, until Ctrl-C or SIGTERM, for exploration",
     )
     parser.add_argument(
         "--ci", action="store_true", help="the short CI form: exit 1 unless every claim of the output holds"
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += not holds
             story.say(f"    {'ok    ' if holds else 'FAILED'} {claim}")
         if args.keep:
-            story.step("The cluster stays up until Ctrl-C. In another shell:")
+            story.step("The cluster stays up until Ctrl-C (or SIGTERM). In another shell:")
             story.say(f"    export KUBECONFIG={bed.cluster.admin_kubeconfig}")
             story.say(f"    {binary('kubectl')} get pods -A -o wide")
             with contextlib.suppress(KeyboardInterrupt):
