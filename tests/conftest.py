@@ -31,12 +31,17 @@ from testbed.polling import poll_until
 from testbed.shared_cluster import SharedCluster, Turn
 
 
+def _fail_unless_built(*components: str) -> None:
+    """Fail the test at once when a test-bed binary is missing: building takes minutes, longer than
+    a test may take (a cluster would build it on start). `make test` builds first."""
+    missing = [name for name in components if COMPONENTS[name].missing()]
+    if missing:
+        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    missing = [name for name in ("etcd", "kubernetes") if COMPONENTS[name].missing()]
-    if missing:
-        # Building takes minutes: longer than a test may take. `make test` builds first.
-        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    _fail_unless_built("etcd", "kubernetes")
     with LocalCluster() as running:
         yield running
 
@@ -84,9 +89,7 @@ def kueue_cluster(
             f"{module} uses kueue_cluster but is not in KUEUE_MODULES (tests/conftest.py): the modules"
             " sharing it must run one after another"
         )
-    missing = [name for name in ("etcd", "kubernetes", "kueue") if COMPONENTS[name].missing()]
-    if missing:
-        pytest.fail(f"test-bed binaries not built ({', '.join(missing)}): run `make binaries`")
+    _fail_unless_built("etcd", "kubernetes", "kueue")
     cluster = _kueue_control_plane.get()
     turn = Turn.begin(cluster)
     yield cluster
